@@ -1,0 +1,241 @@
+#pragma once
+/// spawn(): runs a function in N forked worker processes that can rendezvous with each other,
+/// and collects how each ended. Tests use it, and the launcher builds on it.
+///
+/// Fork before anything touches CUDA (or starts threads) in the parent: a forked child gets
+/// only the calling thread, and a CUDA context does not survive fork.
+
+#include <fcntl.h>       // open
+#include <signal.h>      // kill, SIGTERM, SIGKILL
+#include <stdlib.h>      // mkdtemp
+#include <sys/prctl.h>   // prctl(PR_SET_PDEATHSIG)
+#include <sys/types.h>   // pid_t
+#include <sys/wait.h>    // waitpid
+#include <unistd.h>      // fork, _exit
+
+#include <algorithm>    // std::min
+#include <cerrno>       // errno
+#include <chrono>       // std::chrono
+#include <cstdio>       // std::fflush
+#include <cstring>      // strsignal
+#include <exception>    // std::exception
+#include <filesystem>   // std::filesystem::remove_all
+#include <string>       // std::string
+#include <thread>       // std::this_thread::sleep_for
+#include <type_traits>  // std::invoke_result_t
+#include <vector>       // std::vector
+
+#include "ncclkit/bootstrap/world_info.hpp"
+#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
+
+namespace ncclkit {
+
+/// How one worker ended.
+struct WorkerStatus {
+  int rank = 0;
+  pid_t pid = -1;
+  bool exited = false;       ///< exited normally, with `exit_code`
+  int exit_code = -1;
+  int signal = 0;            ///< killed by this signal (when !exited)
+  bool stopped_by_spawn = false;  ///< spawn killed it (another worker failed, or the timeout)
+
+  bool ok() const { return exited && exit_code == 0; }
+  /// "rank 3 (pid 123) exited with code 1", "rank 2 (pid 99) was killed by signal 9 (Killed)".
+  std::string describe() const {
+    std::string text = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") ";
+    if (exited) {
+      text += "exited with code " + std::to_string(exit_code);
+    } else {
+      text += "was killed by signal " + std::to_string(signal) + " (" + ::strsignal(signal) + ")";
+    }
+    if (stopped_by_spawn) text += ", stopped by spawn";
+    return text;
+  }
+};
+
+struct SpawnOptions {
+  /// Whole-run limit; when it passes, every worker still running is killed.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  /// After one worker fails, how long the others get between SIGTERM and SIGKILL.
+  std::chrono::milliseconds grace = std::chrono::seconds(2);
+  /// Rendezvous folder for the workers' FileStore; empty: a fresh temporary folder, removed at
+  /// the end.
+  std::string rendezvous_dir;
+};
+
+/// All workers' statuses, in rank order.
+struct SpawnResult {
+  std::vector<WorkerStatus> workers;
+  bool timed_out = false;
+
+  bool ok() const {
+    for (const auto& w : workers)
+      if (!w.ok()) return false;
+    return !timed_out;
+  }
+  /// The first failure, for messages; "all N workers succeeded" when none failed.
+  std::string describe() const {
+    std::string text;
+    for (const auto& w : workers) {
+      if (!w.ok()) text += (text.empty() ? "" : "; ") + w.describe();
+    }
+    if (timed_out) text = "spawn timed out; " + text;
+    return text.empty() ? "all " + std::to_string(workers.size()) + " workers succeeded" : text;
+  }
+};
+
+namespace detail {
+
+template <class Fn>
+[[noreturn]] void run_spawned_worker(Fn& fn, const WorldInfo& world) {
+  // Die with the parent, even if it is SIGKILLed; then close the race where it died already.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  set_log_rank(world.rank);
+  int code = 0;
+  try {
+    if constexpr (std::is_void_v<std::invoke_result_t<Fn&, const WorldInfo&>>) {
+      fn(world);
+    } else {
+      code = static_cast<int>(fn(world));
+    }
+  } catch (const std::exception& e) {
+    log_error(std::string("worker failed: ") + e.what());
+    code = 1;
+  } catch (...) {
+    log_error("worker failed with an unknown exception");
+    code = 1;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
+inline void record_wait_status(WorkerStatus& worker, int status) {
+  if (WIFEXITED(status)) {
+    worker.exited = true;
+    worker.exit_code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    worker.exited = false;
+    worker.signal = WTERMSIG(status);
+  }
+}
+
+}  // namespace detail
+
+/// Forks `nprocs` workers, each running `fn(const WorldInfo&)` (returning void or an exit
+/// code; an exception counts as exit code 1 and is logged). Each worker's WorldInfo has its
+/// rank, world_size = local_world_size = nprocs and init_url "file://<dir>" of a private
+/// rendezvous folder, so `make_store(world.init_url, ...)` gives every worker the same store.
+///
+/// Returns when all workers have ended. When one fails (non-zero exit or a signal), the others
+/// get SIGTERM, then SIGKILL after `options.grace`; when `options.timeout` passes, all get
+/// SIGKILL. Workers die with the calling process (PR_SET_PDEATHSIG). Not thread-safe with
+/// respect to other fork()s in the same process.
+template <class Fn>
+SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
+  if (nprocs < 1) {
+    throw ConfigError("spawn: nprocs=" + std::to_string(nprocs) + " must be at least 1");
+  }
+  std::string dir = options.rendezvous_dir;
+  const bool own_dir = dir.empty();
+  if (own_dir) {
+    char pattern[] = "/tmp/ncclkit-spawn-XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) {
+      throw ConfigError(std::string("spawn: cannot create a temporary rendezvous folder in /tmp: ") +
+                        std::strerror(errno));
+    }
+    dir = pattern;
+  }
+
+  SpawnResult result;
+  result.workers.resize(static_cast<std::size_t>(nprocs));
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int rank = 0; rank < nprocs; ++rank) {
+    WorldInfo world;
+    world.rank = rank;
+    world.world_size = nprocs;
+    world.local_rank = rank;
+    world.local_world_size = nprocs;
+    world.init_url = "file://" + dir;
+    world.source = "spawn";
+    pid_t pid = ::fork();
+    if (pid == 0) detail::run_spawned_worker(fn, world);
+    if (pid < 0) {
+      int err = errno;
+      for (int r = 0; r < rank; ++r) ::kill(result.workers[static_cast<std::size_t>(r)].pid, SIGKILL);
+      for (int r = 0; r < rank; ++r) ::waitpid(result.workers[static_cast<std::size_t>(r)].pid, nullptr, 0);
+      if (own_dir) std::filesystem::remove_all(dir);
+      throw ConfigError("spawn: fork of worker " + std::to_string(rank) + " of " + std::to_string(nprocs) +
+                        " failed: " + std::strerror(err) + " (too many processes? check ulimit -u)");
+    }
+    result.workers[static_cast<std::size_t>(rank)].rank = rank;
+    result.workers[static_cast<std::size_t>(rank)].pid = pid;
+  }
+
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + options.timeout;
+  std::vector<bool> done(static_cast<std::size_t>(nprocs), false);
+  int remaining = nprocs;
+  bool terminating = false;
+  Clock::time_point kill_at{};
+  auto poll_interval = std::chrono::microseconds(200);
+  while (remaining > 0) {
+    bool progressed = false;
+    for (int rank = 0; rank < nprocs; ++rank) {
+      auto& worker = result.workers[static_cast<std::size_t>(rank)];
+      if (done[static_cast<std::size_t>(rank)]) continue;
+      int status = 0;
+      pid_t got = ::waitpid(worker.pid, &status, WNOHANG);
+      if (got == 0) continue;
+      done[static_cast<std::size_t>(rank)] = true;
+      --remaining;
+      progressed = true;
+      if (got < 0) {  // should not happen: our own child
+        worker.exited = true;
+        worker.exit_code = -1;
+        continue;
+      }
+      detail::record_wait_status(worker, status);
+      if (!worker.ok() && !terminating) {
+        if (!worker.stopped_by_spawn) log_warn("spawn: " + worker.describe() + "; stopping the other workers");
+        terminating = true;
+        kill_at = Clock::now() + options.grace;
+        for (int other = 0; other < nprocs; ++other) {
+          if (done[static_cast<std::size_t>(other)]) continue;
+          result.workers[static_cast<std::size_t>(other)].stopped_by_spawn = true;
+          ::kill(result.workers[static_cast<std::size_t>(other)].pid, SIGTERM);
+        }
+      }
+    }
+    if (remaining == 0) break;
+    const auto now = Clock::now();
+    if (!terminating && now >= deadline) {
+      result.timed_out = true;
+      terminating = true;
+      kill_at = now;
+      for (int other = 0; other < nprocs; ++other)
+        if (!done[static_cast<std::size_t>(other)]) result.workers[static_cast<std::size_t>(other)].stopped_by_spawn = true;
+    }
+    if (terminating && now >= kill_at) {
+      for (int other = 0; other < nprocs; ++other)
+        if (!done[static_cast<std::size_t>(other)]) ::kill(result.workers[static_cast<std::size_t>(other)].pid, SIGKILL);
+      kill_at = now + std::chrono::seconds(1);  // re-send if something is slow to die
+    }
+    if (progressed) {
+      poll_interval = std::chrono::microseconds(200);
+    } else {
+      std::this_thread::sleep_for(poll_interval);
+      poll_interval = std::min<std::chrono::microseconds>(poll_interval * 2, std::chrono::milliseconds(10));
+    }
+  }
+  if (own_dir) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+  return result;
+}
+
+}  // namespace ncclkit

@@ -1,0 +1,67 @@
+#pragma once
+/// The `Backend` concept: what generic code (fusion, compression, the trainer, the perf engine)
+/// may use of a communicator. Modelled by `ncclkit::nccl::Communicator` (GPU memory, CUDA
+/// streams) and `ncclkit::gloo::Communicator` (host memory, work queues run by threads).
+///
+/// Generic code is templated on the backend, not written against a virtual class, so the hot
+/// path has no runtime dispatch and each backend keeps its native handle types.
+///
+/// Streams. Every operation takes a `Stream` last. Work on one stream runs in issue order; work
+/// on different streams may overlap. `default_stream()` is where compute runs;
+/// `comm_stream()` is a stream reserved for communication, so collectives can overlap compute:
+///   - NCCL: `Stream` is `cudaStream_t`, `Event` a CUDA event; nothing blocks the host.
+///   - Gloo: `Stream` names a work queue. The default stream runs work inline in the calling
+///     thread (the call returns when it is done); the comm stream hands work to one worker
+///     thread per communicator that runs it in submission order (the call returns at once).
+/// `record(stream)` marks the work issued so far on `stream`; `wait(event, stream)` makes later
+/// work on `stream` wait for it; `synchronize(stream)` blocks the host until `stream` is idle
+/// and rethrows a failure of work that ran there.
+///
+/// Collectives take `TensorView`s whose `where` must equal `Backend::memory_kind`. In-place
+/// means `out.data == in.data` (for all_gather: `in` is the rank's slice of `out`; for
+/// reduce_scatter: `out` is the rank's slice of `in`). Every rank must issue the same
+/// collectives in the same order. A failure (peer lost, timeout) throws `CommError` (at issue
+/// or at synchronize) and leaves the communicator unusable.
+
+#include <concepts>  // std::same_as, std::convertible_to
+#include <cstddef>   // std::size_t
+
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/tensor.hpp"
+
+namespace ncclkit {
+
+template <class B>
+concept Backend = requires(B& backend, const B& const_backend, TensorView in, TensorView out,
+                           ReduceOp op, int root, typename B::Stream stream,
+                           typename B::Event event, std::size_t bytes, void* pointer,
+                           const void* const_pointer, double factor) {
+  typename B::Stream;
+  typename B::Event;
+  { B::memory_kind } -> std::convertible_to<MemoryKind>;
+
+  // Identity.
+  { const_backend.rank() } -> std::same_as<int>;
+  { const_backend.size() } -> std::same_as<int>;
+
+  // Streams and ordering.
+  { backend.default_stream() } -> std::same_as<typename B::Stream>;
+  { backend.comm_stream() } -> std::same_as<typename B::Stream>;
+  { backend.record(stream) } -> std::same_as<typename B::Event>;
+  backend.wait(event, stream);
+  backend.synchronize(stream);
+
+  // Collectives on type-erased views (the element type travels in the view).
+  backend.all_reduce(in, out, op, stream);      // in.count == out.count
+  backend.broadcast(in, out, root, stream);     // in read on root only
+  backend.all_gather(in, out, stream);          // out.count == in.count * size()
+  backend.reduce_scatter(in, out, op, stream);  // in.count == out.count * size()
+
+  // Memory of the backend's kind, and the element-wise work fusion and compression need.
+  { backend.allocate(bytes) } -> std::same_as<void*>;
+  backend.deallocate(pointer);
+  backend.copy(pointer, const_pointer, bytes, stream);  // non-overlapping, same memory kind
+  backend.scale(out, factor, stream);                   // out[i] *= factor, in out's type
+};
+
+}  // namespace ncclkit

@@ -1,0 +1,79 @@
+#pragma once
+/// Reading configuration from environment variables, with errors that name the variable.
+/// ncclkit's own variables carry the prefix `NCCLKIT_`; docs/environment.md lists them all.
+
+#include <chrono>       // std::chrono::milliseconds
+#include <cstdint>      // std::int64_t
+#include <cstdlib>      // std::getenv
+#include <optional>     // std::optional
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+
+#include "ncclkit/core/error.hpp"
+
+namespace ncclkit {
+
+/// The variable's value, or nullopt when it is unset or empty.
+inline std::optional<std::string> env_string(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+/// Parses a whole string as a decimal integer; nullopt when it is not one.
+inline std::optional<std::int64_t> parse_int(std::string_view text) {
+  if (text.empty()) return std::nullopt;
+  std::size_t i = 0;
+  bool negative = false;
+  if (text[0] == '-' || text[0] == '+') {
+    negative = text[0] == '-';
+    i = 1;
+  }
+  if (i == text.size()) return std::nullopt;
+  std::int64_t value = 0;
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (c < '0' || c > '9') return std::nullopt;
+    if (value > (INT64_MAX - (c - '0')) / 10) return std::nullopt;  // overflow
+    value = value * 10 + (c - '0');
+  }
+  return negative ? -value : value;
+}
+
+/// The variable as an integer; nullopt when unset. A value that is not an integer is a
+/// ConfigError naming the variable and the value.
+inline std::optional<std::int64_t> env_int(const char* name) {
+  auto text = env_string(name);
+  if (!text) return std::nullopt;
+  auto value = parse_int(*text);
+  if (!value) {
+    throw ConfigError(std::string("environment variable ") + name + "='" + *text +
+                      "' is not an integer; set it to a whole number or unset it");
+  }
+  return value;
+}
+
+/// A duration in seconds (fractions allowed, e.g. "2.5"); `fallback` when unset.
+inline std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback) {
+  auto text = env_string(name);
+  if (!text) return fallback;
+  char* end = nullptr;
+  double seconds = std::strtod(text->c_str(), &end);
+  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > 1e9) {
+    throw ConfigError(std::string("environment variable ") + name + "='" + *text +
+                      "' is not a positive number of seconds; set it like " + name + "=300");
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+/// Default timeout of store calls and rendezvous: NCCLKIT_STORE_TIMEOUT seconds, else 300 s.
+inline std::chrono::milliseconds default_store_timeout() {
+  return env_seconds("NCCLKIT_STORE_TIMEOUT", std::chrono::seconds(300));
+}
+
+/// Default timeout of collectives and communicator init: NCCLKIT_TIMEOUT seconds, else 600 s.
+inline std::chrono::milliseconds default_comm_timeout() {
+  return env_seconds("NCCLKIT_TIMEOUT", std::chrono::seconds(600));
+}
+
+}  // namespace ncclkit
