@@ -1,0 +1,22 @@
+#pragma once
+/// ncclkit's umbrella header: everything this build can use.
+///   - always: core types, stores, bootstrap (C++20 and POSIX only);
+///   - the Gloo backend when Gloo's headers are found (define NCCLKIT_NO_GLOO to leave it out);
+///   - the NCCL backend when NCCL's and CUDA's headers are found (NCCLKIT_NO_NCCL leaves it out).
+
+#include "ncclkit/version.hpp"
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/half.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/core/tensor.hpp"
+
+#include "ncclkit/store/barrier.hpp"
+#include "ncclkit/store/prefix_store.hpp"
+#include "ncclkit/store/store.hpp"
+
+#include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/bootstrap/world_info.hpp"
