@@ -20,6 +20,7 @@
 #include <cstring>      // strsignal
 #include <exception>    // std::exception
 #include <filesystem>   // std::filesystem::remove_all
+#include <optional>     // std::optional (the TcpStore server of SpawnStore::kTcp)
 #include <string>       // std::string
 #include <thread>       // std::this_thread::sleep_for
 #include <type_traits>  // std::invoke_result_t
@@ -29,6 +30,8 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/store/detail/socket.hpp"
+#include "ncclkit/store/tcp_store.hpp"
 
 namespace ncclkit {
 
@@ -55,6 +58,12 @@ struct WorkerStatus {
   }
 };
 
+/// Which store spawn() gives its workers.
+enum class SpawnStore {
+  kFile,  ///< a FileStore in a private temporary folder: init_url "file://<dir>"
+  kTcp,   ///< a TcpStoreServer in the calling process: init_url "tcp://127.0.0.1:PORT"
+};
+
 struct SpawnOptions {
   /// Whole-run limit; when it passes, every worker still running is killed.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -63,6 +72,10 @@ struct SpawnOptions {
   /// Rendezvous folder for the workers' FileStore; empty: a fresh temporary folder, removed at
   /// the end.
   std::string rendezvous_dir;
+  /// The workers' store. kTcp: the socket is bound (127.0.0.1, a free port) before forking and
+  /// served by a TcpStoreServer thread started only after the last fork, so no process is
+  /// forked while it runs threads; the server lives until every worker has ended.
+  SpawnStore store = SpawnStore::kFile;
 };
 
 /// All workers' statuses, in rank order.
@@ -127,7 +140,8 @@ inline void record_wait_status(WorkerStatus& worker, int status) {
 /// Forks `nprocs` workers, each running `fn(const WorldInfo&)` (returning void or an exit
 /// code; an exception counts as exit code 1 and is logged). Each worker's WorldInfo has its
 /// rank, world_size = local_world_size = nprocs and init_url "file://<dir>" of a private
-/// rendezvous folder, so `make_store(world.init_url, ...)` gives every worker the same store.
+/// rendezvous folder (with SpawnStore::kTcp: "tcp://127.0.0.1:PORT" of a server in the
+/// caller), so `make_store(world.init_url, ...)` gives every worker the same store.
 ///
 /// Returns when all workers have ended. When one fails (non-zero exit or a signal), the others
 /// get SIGTERM, then SIGKILL after `options.grace`; when `options.timeout` passes, all get
@@ -138,8 +152,17 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
   if (nprocs < 1) {
     throw ConfigError("spawn: nprocs=" + std::to_string(nprocs) + " must be at least 1");
   }
+  const bool tcp = options.store == SpawnStore::kTcp;
+  // Bound and listening before the fork: workers' connections queue in its backlog until the
+  // server thread (started after the last fork) accepts them.
+  detail::Socket listener;
+  int tcp_port = 0;
+  if (tcp) {
+    listener = detail::listen_tcp("127.0.0.1", 0);
+    tcp_port = detail::local_port(listener.get());
+  }
   std::string dir = options.rendezvous_dir;
-  const bool own_dir = dir.empty();
+  const bool own_dir = dir.empty() && !tcp;
   if (own_dir) {
     char pattern[] = "/tmp/ncclkit-spawn-XXXXXX";
     if (::mkdtemp(pattern) == nullptr) {
@@ -159,10 +182,17 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
     world.world_size = nprocs;
     world.local_rank = rank;
     world.local_world_size = nprocs;
-    world.init_url = "file://" + dir;
+    world.init_url = tcp ? "tcp://127.0.0.1:" + std::to_string(tcp_port) : "file://" + dir;
+    if (tcp) {
+      world.master_addr = "127.0.0.1";
+      world.master_port = tcp_port;
+    }
     world.source = "spawn";
     pid_t pid = ::fork();
-    if (pid == 0) detail::run_spawned_worker(fn, world);
+    if (pid == 0) {
+      if (listener) ::close(listener.get());  // the parent serves it; _exit skips destructors
+      detail::run_spawned_worker(fn, world);
+    }
     if (pid < 0) {
       int err = errno;
       for (int r = 0; r < rank; ++r) ::kill(result.workers[static_cast<std::size_t>(r)].pid, SIGKILL);
@@ -173,6 +203,17 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
     }
     result.workers[static_cast<std::size_t>(rank)].rank = rank;
     result.workers[static_cast<std::size_t>(rank)].pid = pid;
+  }
+
+  std::optional<TcpStoreServer> server;
+  if (tcp) {
+    try {
+      server.emplace(TcpStoreServer::from_listening_socket(listener.release()));
+    } catch (...) {
+      for (const auto& w : result.workers) ::kill(w.pid, SIGKILL);
+      for (const auto& w : result.workers) ::waitpid(w.pid, nullptr, 0);
+      throw;
+    }
   }
 
   using Clock = std::chrono::steady_clock;
