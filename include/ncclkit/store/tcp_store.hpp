@@ -736,6 +736,13 @@ class TcpStore final : public Store {
 
   ~TcpStore() override = default;
 
+  // The base's convenience overloads (strings, initializer lists, default timeouts).
+  using Store::check;
+  using Store::compare_set;
+  using Store::get;
+  using Store::set;
+  using Store::wait;
+
   /// The server's port (the one picked when is_server asked for port 0).
   int port() const { return port_; }
 
@@ -933,7 +940,8 @@ class TcpStore final : public Store {
         return true;
       }
       std::size_t got = 0;
-      auto status = detail::receive_some(socket.get(), in_.prepare(256), in_.writable(), deadline, got, err);
+      std::uint8_t* into = in_.prepare(256);  // before writable(): it changes what that returns
+      auto status = detail::receive_some(socket.get(), into, in_.writable(), deadline, got, err);
       if (status != detail::IoStatus::kDone) {
         error = status == detail::IoStatus::kTimedOut ? "no handshake reply in time"
                 : status == detail::IoStatus::kClosed ? "the server closed the connection during the handshake"
@@ -1006,7 +1014,8 @@ class TcpStore final : public Store {
       const std::size_t room = result.frame_bytes > in_.size() ? result.frame_bytes - in_.size() : 4096;
       std::size_t got = 0;
       int err = 0;
-      switch (detail::receive_some(socket_.get(), in_.prepare(room), in_.writable(), deadline, got, err)) {
+      std::uint8_t* into = in_.prepare(room);  // before writable(): it changes what that returns
+      switch (detail::receive_some(socket_.get(), into, in_.writable(), deadline, got, err)) {
         case detail::IoStatus::kDone:
           in_.commit(got);
           break;
