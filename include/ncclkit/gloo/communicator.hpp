@@ -1,0 +1,910 @@
+#pragma once
+/// ncclkit::gloo::Communicator: collectives on host memory over Gloo's TCP transport, created
+/// from an ncclkit `Store` and `WorldInfo`. Models the `Backend` concept (core/backend.hpp), so
+/// fusion, compression, the trainer and the perf engine run on CPUs exactly as on GPUs.
+///
+/// Collectives: broadcast, all_reduce (sum, prod, min, max, avg), reduce, all_gather and
+/// all_gatherv (uneven sizes), reduce_scatter, barrier; element types int8, uint8, int32,
+/// uint32, int64, uint64, Half, BFloat16, float, double. Each takes `TensorView`s (the type
+/// travels in the view) or, through typed overloads, `std::span<T>`s; the stream comes last.
+///
+/// Streams (`Stream`): the default stream runs a collective in the calling thread, which
+/// returns when it is done; the comm stream hands it to the communicator's worker thread
+/// (CommQueue) and returns at once; `record`, `wait` and `synchronize` order and join the two.
+/// Buffers of work on the comm stream must stay alive and untouched until it has finished.
+/// Both streams use the same Gloo connections: a collective on one waits for one running on the
+/// other, and every rank must issue its collectives in the same order (for work on both
+/// streams, order it with events, as on a GPU).
+///
+/// Failures. Gloo reports every failure (a peer exited, a timeout) as a `gloo::Exception`, and
+/// its context is unusable afterwards. The communicator turns it into `CommError` naming rank,
+/// operation, sequence number, size and time waited, and refuses every later call with
+/// `CommError`. Every collective is bounded by `CommunicatorOptions::timeout` (Gloo's own 30 s
+/// default is never used); a collective split into chunks shares one deadline.
+///
+/// What this Gloo snapshot (Debian 0.0~git20220518) lacks, and how it is provided:
+///   - bfloat16, and a fast float16: reductions are ncclkit's (reduce_kernels.hpp), for every
+///     type, passed to Gloo as its reduction callback.
+///   - an options-style reduce_scatter: a ring reduce-scatter on Gloo's transport buffers
+///     (each rank sends and receives (n-1)/n of the data, as NCCL's ring does).
+///   - loops that count past 2^31 elements: buffers are cut into chunks of at most
+///     `chunk_elements` elements per Gloo call.
+///   - a barrier in `connectFullMesh`: the constructor runs one after connecting, and the
+///     destructor one before closing connections, so no rank closes a socket a peer still
+///     reads from.
+
+#include <gloo/allgather.h>                 // gloo::allgather
+#include <gloo/allgatherv.h>                // gloo::allgatherv
+#include <gloo/allreduce.h>                 // gloo::allreduce
+#include <gloo/barrier.h>                   // gloo::barrier
+#include <gloo/broadcast.h>                 // gloo::broadcast
+#include <gloo/common/error.h>              // gloo::Exception, gloo::IoException
+#include <gloo/reduce.h>                    // gloo::reduce
+#include <gloo/rendezvous/context.h>        // gloo::rendezvous::Context
+#include <gloo/transport/tcp/device.h>      // gloo::transport::tcp::CreateDevice
+#include <gloo/transport/unbound_buffer.h>  // gloo::transport::UnboundBuffer
+#include <gloo/types.h>                     // gloo::Slot
+
+#include <algorithm>    // std::min, std::max
+#include <atomic>       // std::atomic
+#include <chrono>       // std::chrono
+#include <cstddef>      // std::size_t, std::byte
+#include <cstdint>      // std::uint64_t
+#include <cstdio>       // std::snprintf
+#include <cstring>      // std::memcpy
+#include <exception>    // std::exception
+#include <functional>   // std::function
+#include <memory>       // std::shared_ptr, std::unique_ptr
+#include <mutex>        // std::mutex
+#include <new>          // std::align_val_t
+#include <numeric>      // std::accumulate
+#include <span>         // std::span
+#include <string>       // std::string
+#include <type_traits>  // std::remove_const_t
+#include <utility>      // std::move
+#include <vector>       // std::vector
+
+#include "ncclkit/bootstrap/world_info.hpp"
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/core/tensor.hpp"
+#include "ncclkit/gloo/comm_queue.hpp"
+#include "ncclkit/gloo/reduce_kernels.hpp"
+#include "ncclkit/gloo/store_adapter.hpp"
+#include "ncclkit/store/prefix_store.hpp"
+#include "ncclkit/store/store.hpp"
+
+namespace ncclkit::gloo {
+
+/// Default and largest chunk: Gloo's math loops count in `int`; 2^30 elements keeps every
+/// chunk far below 2^31 and chunk boundaries aligned.
+inline constexpr std::size_t kDefaultChunkElements = std::size_t{1} << 30;
+inline constexpr std::size_t kMaxChunkElements = (std::size_t{1} << 31) - 1;
+
+/// Knobs of a communicator; designated initialisers recommended:
+/// `Communicator comm(store, world, {.timeout = 30s, .interface = "eth0"});`
+struct CommunicatorOptions {
+  /// Limit of each collective (and of connecting at creation). Default NCCLKIT_TIMEOUT or
+  /// 600 s. Gloo's own default (30 s) is never used.
+  std::chrono::milliseconds timeout = default_comm_timeout();
+  /// Network interface whose address this rank binds and advertises ("eth0", "lo"). Empty:
+  /// NCCLKIT_GLOO_SOCKET_IFNAME if set, else `hostname` is used.
+  std::string interface;
+  /// Host name or IP address to bind and advertise when no interface is given. Empty:
+  /// NCCLKIT_GLOO_HOSTNAME if set, else this machine's host name (which must resolve to an
+  /// address the peers can reach).
+  std::string hostname;
+  /// Most elements one Gloo call handles; larger buffers are cut into chunks. Must be in
+  /// [1, 2^31 - 1]; tests set it small to exercise the chunked paths.
+  std::size_t chunk_elements = kDefaultChunkElements;
+  /// Name in logs and errors, and the scope of its store keys: every rank must create its
+  /// communicators of one name in the same order.
+  std::string name = "gloo";
+};
+
+/// Names one of a communicator's two work queues. Cheap to copy; compare with ==.
+struct Stream {
+  enum class Queue : std::uint8_t {
+    kInline,  ///< run in the calling thread; the call returns when the work is done
+    kComm,    ///< run on the communicator's worker thread, in submission order
+  };
+  Queue queue = Queue::kInline;
+  friend constexpr bool operator==(Stream, Stream) = default;
+};
+
+namespace detail {
+
+inline std::string format_bytes(std::size_t bytes) {
+  char text[48];
+  if (bytes >= (std::size_t{1} << 30)) {
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  } else if (bytes >= (std::size_t{1} << 20)) {
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  } else if (bytes >= 1024) {
+    std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / 1024);
+  } else {
+    std::snprintf(text, sizeof text, "%zu B", bytes);
+  }
+  return text;
+}
+
+inline std::string format_seconds(std::chrono::steady_clock::duration d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f s", std::chrono::duration<double>(d).count());
+  return text;
+}
+
+/// What an error message says about a collective.
+struct OpInfo {
+  const char* name = "";
+  std::uint64_t sequence = 0;
+  std::size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  std::size_t bytes = 0;
+  std::string detail;  ///< "sum", "root 3", ...
+};
+
+/// Calls `fn` with a pointer of an unsigned type as wide as `type`'s elements (Gloo's typed
+/// setters only use the width: the reduction is ncclkit's).
+template <class Fn>
+decltype(auto) with_element_width(DataType type, Fn&& fn) {
+  switch (size_of(type)) {
+    case 1: return fn(static_cast<std::uint8_t*>(nullptr));
+    case 2: return fn(static_cast<std::uint16_t*>(nullptr));
+    case 4: return fn(static_cast<std::uint32_t*>(nullptr));
+    default: return fn(static_cast<std::uint64_t*>(nullptr));
+  }
+}
+
+inline std::byte* byte_ptr(void* p) { return static_cast<std::byte*>(p); }
+
+/// Owns the aligned scratch memory some collectives need.
+struct Scratch {
+  std::unique_ptr<std::byte[]> memory;
+  explicit Scratch(std::size_t bytes) : memory(bytes ? new std::byte[bytes] : nullptr) {}
+  void* get() const { return memory.get(); }
+};
+
+/// Everything a communicator owns, on the heap so that a moved communicator's queued tasks
+/// keep pointing at the right place.
+struct CommunicatorState {
+  int rank = 0;
+  int size = 1;
+  CommunicatorOptions options;
+  KernelIsa isa = default_isa();
+  std::string store_description;
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<::gloo::rendezvous::Context> context;
+  std::mutex context_mutex;  ///< one collective at a time on the Gloo context
+  std::atomic<bool> failed{false};
+  std::mutex failure_mutex;
+  std::string failure;  ///< the first failure's message (guarded by failure_mutex)
+  std::atomic<std::uint64_t> sequence{0};
+  std::unique_ptr<CommQueue> queue;
+
+  std::string who() const {
+    return "ncclkit::gloo::Communicator '" + options.name + "' rank " + std::to_string(rank) + " of " +
+           std::to_string(size);
+  }
+
+  std::string describe(const OpInfo& op) const {
+    std::string text = std::string(op.name) + " #" + std::to_string(op.sequence) + " (" +
+                       std::string(name_of(op.dtype)) + ", " + std::to_string(op.count) + " elements, " +
+                       format_bytes(op.bytes);
+    if (!op.detail.empty()) text += ", " + op.detail;
+    return text + ")";
+  }
+
+  /// Throws CommError when an earlier failure made the communicator unusable.
+  void check_usable(const char* op_name) {
+    if (!failed.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    throw CommError(who() + ": " + op_name + " refused: the communicator is unusable after an earlier failure (" +
+                    failure + "). Destroy it; create a new one with every rank if the job continues.");
+  }
+
+  [[noreturn]] void fail(const OpInfo& op, std::chrono::steady_clock::duration waited, const std::string& cause) {
+    std::string message = who() + ": " + describe(op) + " failed after " + format_seconds(waited) + " (timeout " +
+                          format_seconds(options.timeout) + "): " + cause +
+                          ". The communicator is unusable now. A peer probably exited, crashed or "
+                          "stalled: look at the other ranks' logs; raise the timeout "
+                          "(CommunicatorOptions::timeout, NCCLKIT_TIMEOUT) if ranks are just slow.";
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (failure.empty()) failure = describe(op) + " failed: " + cause;
+    }
+    failed.store(true, std::memory_order_release);
+    log_error(message);
+    throw CommError(message);
+  }
+
+  /// Runs one collective's body under the context lock, with failures mapped to CommError.
+  /// `body` receives the deadline shared by all of the collective's Gloo calls.
+  template <class Body>
+  void execute(const OpInfo& op, Body&& body) {
+    std::lock_guard<std::mutex> lock(context_mutex);
+    check_usable(op.name);
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + options.timeout;
+    try {
+      body(deadline);
+    } catch (const ::gloo::Exception& e) {
+      fail(op, std::chrono::steady_clock::now() - start, std::string("Gloo: ") + e.what());
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail(op, std::chrono::steady_clock::now() - start, e.what());
+    }
+  }
+
+  /// Time left until `deadline`, at least 1 ms (Gloo treats 0 as "no timeout").
+  static std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  }
+
+  // ---- collective bodies (called under the lock, world size > 1) ----------------------------
+
+  void all_reduce_now(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                      std::chrono::steady_clock::time_point deadline) {
+    const std::size_t element = size_of(type);
+    const ReduceFunction reduce = reduce_function(type, op, isa);
+    const bool pre_scale = op == ReduceOp::kAvg && is_floating(type);
+    if (pre_scale) {
+      // Scale the inputs by 1/n before summing: the average of 16-bit values cannot overflow
+      // where the average itself fits. Scaling into `out` makes the Gloo call in place.
+      scale(type, out, in, count, 1.0 / size, isa);
+      in = out;
+    }
+    for (std::size_t offset = 0; offset < count; offset += options.chunk_elements) {
+      const std::size_t n = std::min(options.chunk_elements, count - offset);
+      ::gloo::AllreduceOptions opts(context);
+      with_element_width(type, [&]<class W>(W*) {
+        W* out_chunk = static_cast<W*>(out) + offset;
+        if (in != out) opts.setInput(const_cast<W*>(static_cast<const W*>(in)) + offset, n);
+        opts.setOutput(out_chunk, n);
+      });
+      (void)element;
+      opts.setReduceFunction(reduce);
+      opts.setTimeout(remaining(deadline));
+      ::gloo::allreduce(opts);
+    }
+    if (op == ReduceOp::kAvg && !is_floating(type)) divide(type, out, count, size);
+  }
+
+  void broadcast_now(const void* in, void* out, std::size_t count, DataType type, int root,
+                     std::chrono::steady_clock::time_point deadline) {
+    for (std::size_t offset = 0; offset < count; offset += options.chunk_elements) {
+      const std::size_t n = std::min(options.chunk_elements, count - offset);
+      ::gloo::BroadcastOptions opts(context);
+      with_element_width(type, [&]<class W>(W*) {
+        if (rank == root && in != out) opts.setInput(const_cast<W*>(static_cast<const W*>(in)) + offset, n);
+        opts.setOutput(static_cast<W*>(out) + offset, n);
+      });
+      opts.setRoot(root);
+      opts.setTimeout(remaining(deadline));
+      ::gloo::broadcast(opts);
+    }
+  }
+
+  void reduce_now(const void* in, void* out, std::size_t count, DataType type, ReduceOp op, int root,
+                  std::chrono::steady_clock::time_point deadline) {
+    const ReduceFunction reduce = reduce_function(type, op, isa);
+    // Gloo's ring reduce uses the output as scratch on every rank: non-roots without an
+    // output buffer get one.
+    Scratch scratch(out == nullptr ? count * size_of(type) : 0);
+    if (out == nullptr) out = scratch.get();
+    if (op == ReduceOp::kAvg && is_floating(type)) {
+      scale(type, out, in, count, 1.0 / size, isa);
+      in = out;
+    }
+    for (std::size_t offset = 0; offset < count; offset += options.chunk_elements) {
+      const std::size_t n = std::min(options.chunk_elements, count - offset);
+      ::gloo::ReduceOptions opts(context);
+      with_element_width(type, [&]<class W>(W*) {
+        if (in != out) opts.setInput(const_cast<W*>(static_cast<const W*>(in)) + offset, n);
+        opts.setOutput(static_cast<W*>(out) + offset, n);
+      });
+      opts.setRoot(root);
+      opts.setReduceFunction(reduce);
+      opts.setTimeout(remaining(deadline));
+      ::gloo::reduce(opts);
+    }
+    if (op == ReduceOp::kAvg && !is_floating(type) && rank == root) divide(type, out, count, size);
+  }
+
+  /// Gathers rank r's `counts[r]` elements into `out` (rank order). `in` null: in place (this
+  /// rank's part is already in `out`).
+  void all_gatherv_now(const void* in, void* out, const std::vector<std::size_t>& counts, DataType type,
+                       std::chrono::steady_clock::time_point deadline) {
+    const std::size_t element = size_of(type);
+    std::vector<std::size_t> offsets(counts.size());
+    std::size_t total = 0;
+    std::size_t largest = 0;
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      offsets[r] = total;
+      total += counts[r];
+      largest = std::max(largest, counts[r]);
+    }
+    if (total == 0) return;
+    const bool equal = std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; });
+    if (total <= options.chunk_elements) {
+      if (equal) {
+        ::gloo::AllgatherOptions opts(context);
+        with_element_width(type, [&]<class W>(W*) {
+          if (in != nullptr) opts.setInput(const_cast<W*>(static_cast<const W*>(in)), counts[0]);
+          opts.setOutput(static_cast<W*>(out), total);
+        });
+        opts.setTimeout(remaining(deadline));
+        ::gloo::allgather(opts);
+      } else {
+        if (in == nullptr) in = byte_ptr(out) + offsets[rank] * element;
+        ::gloo::AllgathervOptions opts(context);
+        with_element_width(type, [&]<class W>(W*) {
+          opts.setInput(const_cast<W*>(static_cast<const W*>(in)), counts[rank]);
+          opts.setOutput(static_cast<W*>(out), counts);
+        });
+        opts.setTimeout(remaining(deadline));
+        ::gloo::allgatherv(opts);
+      }
+      return;
+    }
+    // Chunked: round k gathers elements [k*c, (k+1)*c) of every rank's part into scratch,
+    // then copies each part to its place. The extra copy only happens past the chunk limit.
+    if (in == nullptr) in = byte_ptr(out) + offsets[rank] * element;
+    const std::size_t c = std::max<std::size_t>(1, options.chunk_elements / counts.size());
+    Scratch scratch(std::min(c * counts.size(), total) * element);
+    for (std::size_t begin = 0; begin < largest; begin += c) {
+      std::vector<std::size_t> round(counts.size());
+      std::size_t round_total = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        round[r] = counts[r] > begin ? std::min(c, counts[r] - begin) : 0;
+        round_total += round[r];
+      }
+      ::gloo::AllgathervOptions opts(context);
+      with_element_width(type, [&]<class W>(W*) {
+        opts.setInput(const_cast<W*>(static_cast<const W*>(in)) + std::min(begin, counts[rank]), round[rank]);
+        opts.setOutput(static_cast<W*>(scratch.get()), round);
+      });
+      opts.setTimeout(remaining(deadline));
+      ::gloo::allgatherv(opts);
+      std::size_t from = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        if (round[r] == 0) continue;
+        std::memcpy(byte_ptr(out) + (offsets[r] + begin) * element, byte_ptr(scratch.get()) + from * element,
+                    round[r] * element);
+        from += round[r];
+      }
+    }
+  }
+
+  /// Ring reduce-scatter on Gloo's transport. Rank r ends with chunk r of the reduction. In
+  /// step k (0 <= k < n-1) rank r sends its partial sum of chunk (r-k-1) mod n to rank r+1 and
+  /// receives rank r-1's partial of chunk (r-k-2) mod n, adds its own input and passes it on
+  /// in the next step; after n-1 steps the partial it holds is chunk r, complete. Columns of
+  /// at most `segment` elements go round one after another, so scratch stays small.
+  void reduce_scatter_now(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                          std::chrono::steady_clock::time_point deadline) {
+    const std::size_t element = size_of(type);
+    const ReduceFunction reduce = reduce_function(type, op, isa);
+    constexpr std::size_t kSegmentBytes = std::size_t{4} << 20;
+    const std::size_t segment =
+        std::max<std::size_t>(1, std::min({count, options.chunk_elements, kSegmentBytes / element}));
+    Scratch scratch(2 * segment * element);
+    auto buffer = context->createUnboundBuffer(scratch.get(), 2 * segment * element);
+    const int next = (rank + 1) % size;
+    const int previous = (rank + size - 1) % size;
+    // A slot prefix Gloo's own collectives do not use (they take 0x01..0x08).
+    constexpr std::uint8_t kReduceScatterSlotPrefix = 0x40;
+    const auto slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, 0);
+    const auto* input = static_cast<const std::byte*>(in);
+    for (std::size_t column = 0; column < count; column += segment) {
+      const std::size_t width = std::min(segment, count - column);
+      const std::size_t bytes = width * element;
+      auto chunk = [&](int r) { return input + (static_cast<std::size_t>(r) * count + column) * element; };
+      // Step 0 sends straight from the input: wrap it in its own transport buffer.
+      const int first_send = (rank + size - 1) % size;
+      auto source = context->createUnboundBuffer(const_cast<std::byte*>(chunk(first_send)), bytes);
+      for (int step = 0; step < size - 1; ++step) {
+        const std::size_t slot_offset = static_cast<std::size_t>(step % 2) * segment * element;
+        const int recv_chunk = (rank + 2 * size - step - 2) % size;
+        buffer->recv(previous, slot, slot_offset, bytes);
+        if (step == 0) {
+          source->send(next, slot, 0, bytes);
+        } else {
+          const std::size_t send_offset = static_cast<std::size_t>((step - 1) % 2) * segment * element;
+          buffer->send(next, slot, send_offset, bytes);
+        }
+        if (!buffer->waitRecv(remaining(deadline))) throw CommError("receive aborted");
+        void* received = byte_ptr(scratch.get()) + slot_offset;
+        void* target = step == size - 2 ? byte_ptr(out) + column * element : received;
+        reduce(target, chunk(recv_chunk), received, width);
+        // The send must be done before its buffer is received into again (two steps on).
+        bool sent = step == 0 ? source->waitSend(remaining(deadline)) : buffer->waitSend(remaining(deadline));
+        if (!sent) throw CommError("send aborted");
+      }
+    }
+    if (op == ReduceOp::kAvg) divide(type, out, count, size);
+  }
+
+  void barrier_now(std::chrono::steady_clock::time_point deadline) {
+    ::gloo::BarrierOptions opts(context);
+    opts.setTimeout(remaining(deadline));
+    ::gloo::barrier(opts);
+  }
+};
+
+inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto* x = static_cast<const std::byte*>(a);
+  const auto* y = static_cast<const std::byte*>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace detail
+
+/// A Gloo communicator over TCP. Move-only RAII: the constructor connects every pair of ranks
+/// (collective: every rank of `world` must construct one, with the same name, in the same
+/// order), the destructor closes the connections. Models `ncclkit::Backend`.
+///
+/// Thread safety: collectives may be issued from any thread, but the order in which a rank
+/// issues them must be the same on every rank. The worker thread of the comm stream is the
+/// only thread that runs work issued there.
+class Communicator {
+ public:
+  using Stream = gloo::Stream;
+  using Event = gloo::Event;
+  /// Collectives read and write host memory.
+  static constexpr MemoryKind memory_kind = MemoryKind::kHost;
+
+  /// Connects to the other ranks of `world` through `store` (rendezvous only: the store is not
+  /// used after the constructor returns, and may be destroyed then). Store keys live under
+  /// "ncclkit/gloo/<name>/<generation>/", where the generation is agreed through a counter in
+  /// the store, so reruns and several communicators on one store never mix.
+  /// Throws ConfigError (bad options or interface), TimeoutError (peers missing at the
+  /// rendezvous, naming the store keys) or CommError (connecting or the first barrier failed).
+  Communicator(ncclkit::Store& store, const WorldInfo& world, CommunicatorOptions options = {})
+      : Communicator(std::shared_ptr<ncclkit::Store>(std::shared_ptr<ncclkit::Store>(), &store), world,
+                     std::move(options)) {}
+
+  Communicator(std::shared_ptr<ncclkit::Store> store, const WorldInfo& world, CommunicatorOptions options = {})
+      : state_(std::make_unique<detail::CommunicatorState>()) {
+    if (!store) throw ConfigError("ncclkit::gloo::Communicator: the store is null");
+    world.validate();
+    auto& s = *state_;
+    s.rank = world.rank;
+    s.size = world.world_size;
+    s.options = std::move(options);
+    validate_options(s.options);
+    s.store_description = store->describe();
+    s.queue = std::make_unique<CommQueue>(s.options.name);
+    if (s.size > 1) connect(*state_, store);
+  }
+
+  /// Drains nothing: work still queued on the comm stream is cancelled (with a warning; call
+  /// synchronize(comm_stream()) first). Then, if the communicator is healthy, a barrier (bounded
+  /// by the timeout) so that no rank closes connections a peer is still reading, and the
+  /// connections are closed. Never throws.
+  ~Communicator() { destroy(); }
+
+  Communicator(Communicator&&) noexcept = default;
+  Communicator& operator=(Communicator&& other) noexcept {
+    if (this != &other) {
+      destroy();
+      state_ = std::move(other.state_);
+    }
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // ---- identity -------------------------------------------------------------------------------
+
+  int rank() const { return state().rank; }
+  int size() const { return state().size; }
+  const CommunicatorOptions& options() const { return state().options; }
+  /// Whether an earlier failure made the communicator unusable.
+  bool failed() const { return state().failed.load(); }
+  /// Collectives issued so far (the last one's sequence number).
+  std::uint64_t sequence() const { return state().sequence.load(); }
+  /// Which copy of the reduction loops this communicator uses.
+  KernelIsa isa() const { return state().isa; }
+  /// The Gloo context, for calling Gloo directly (the perf tool's --raw mode). Null when the
+  /// world has one rank. Do not use it while work is queued on the comm stream.
+  std::shared_ptr<::gloo::Context> native_context() const { return state().context; }
+
+  // ---- streams ----------------------------------------------------------------------------------
+
+  /// The inline queue: work runs in the calling thread.
+  Stream default_stream() const { return Stream{Stream::Queue::kInline}; }
+  /// The communication queue: work runs on this communicator's worker thread, in order.
+  Stream comm_stream() const { return Stream{Stream::Queue::kComm}; }
+
+  /// An event for the work issued so far on `stream` (inline work is done already: the event
+  /// is complete).
+  Event record(Stream stream) {
+    if (stream.queue == Stream::Queue::kInline) return Event{};
+    return state().queue->record();
+  }
+
+  /// Makes later work on `stream` wait for `event`. Inline stream: blocks the calling thread
+  /// until the event completes and rethrows its failure. Comm stream: returns at once; the
+  /// worker waits before running what comes next (nothing to do for this queue's own events).
+  void wait(const Event& event, Stream stream) {
+    if (event.query() && stream.queue == Stream::Queue::kComm) return;
+    if (stream.queue == Stream::Queue::kInline) return event.wait();
+    if (event.belongs_to(state().queue->state())) return;
+    state().queue->submit([event] { event.wait(); });
+  }
+
+  /// Blocks until the work issued on `stream` has finished; rethrows the first failure there
+  /// (a CommError). Inline stream: nothing to wait for.
+  void synchronize(Stream stream) {
+    if (stream.queue == Stream::Queue::kComm) state().queue->synchronize();
+  }
+
+  // ---- collectives on views ---------------------------------------------------------------------
+
+  /// out[i] = op over ranks of in[i]. in.count == out.count; in place when in.data == out.data,
+  /// else the buffers must not overlap. kAvg: floating types are scaled by 1/size() before the
+  /// sum; integers are summed, then divided (truncating).
+  void all_reduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+    check_views("all_reduce", in, out);
+    if (in.count != out.count) mismatch("all_reduce", "in.count == out.count", in.count, out.count);
+    check_alias("all_reduce", in, out);
+    auto op_info = info("all_reduce", in.count, in.dtype, std::string(name_of(op)));
+    submit(stream, std::move(op_info), [in, out, op](detail::CommunicatorState& s, auto deadline) {
+      if (s.size == 1) return local_reduce(s, in, out, op);
+      s.all_reduce_now(in.data, out.data, in.count, in.dtype, op, deadline);
+    });
+  }
+
+  /// Copies root's `in` to every rank's `out` (out.count elements). `in` is read on the root
+  /// only (it may equal `out` there); other ranks may pass an empty view.
+  void broadcast(TensorView in, TensorView out, int root, Stream stream = {}) {
+    check_root("broadcast", root);
+    check_views("broadcast", rank() == root ? in : out, out);
+    if (rank() == root && in.count != out.count) mismatch("broadcast", "in.count == out.count on the root", in.count, out.count);
+    if (rank() == root) check_alias("broadcast", in, out);
+    auto op_info = info("broadcast", out.count, out.dtype, "root " + std::to_string(root));
+    submit(stream, std::move(op_info), [in, out, root](detail::CommunicatorState& s, auto deadline) {
+      if (s.size == 1) return copy_view(in, out);
+      s.broadcast_now(in.data, out.data, out.count, out.dtype, root, deadline);
+    });
+  }
+
+  /// Reduces every rank's `in` into root's `out`. On the root, out.count == in.count (in place
+  /// when equal pointers). Elsewhere `out` may be empty (scratch is allocated) or a buffer of
+  /// in.count elements, which is then overwritten with partial results.
+  void reduce(TensorView in, TensorView out, ReduceOp op, int root, Stream stream = {}) {
+    check_root("reduce", root);
+    const bool has_out = rank() == root || out.data != nullptr;
+    check_views("reduce", in, has_out ? out : in);
+    if (has_out && in.count != out.count) mismatch("reduce", "in.count == out.count", in.count, out.count);
+    if (has_out) check_alias("reduce", in, out);
+    auto op_info = info("reduce", in.count, in.dtype, std::string(name_of(op)) + ", root " + std::to_string(root));
+    submit(stream, std::move(op_info), [in, out, op, root, has_out](detail::CommunicatorState& s, auto deadline) {
+      if (s.size == 1) return local_reduce(s, in, out, op);
+      s.reduce_now(in.data, has_out ? out.data : nullptr, in.count, in.dtype, op, root, deadline);
+    });
+  }
+
+  /// out = concatenation of every rank's `in` in rank order; out.count == in.count * size().
+  /// In place when in.data points at this rank's slice of `out`.
+  void all_gather(TensorView in, TensorView out, Stream stream = {}) {
+    check_views("all_gather", in, out);
+    if (out.count != in.count * static_cast<std::size_t>(size())) {
+      mismatch("all_gather", "out.count == in.count * size()", in.count, out.count);
+    }
+    const bool in_place = in.data == detail::byte_ptr(out.data) + in.bytes() * static_cast<std::size_t>(rank());
+    if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gather");
+    auto op_info = info("all_gather", out.count, out.dtype, "");
+    std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
+    submit(stream, std::move(op_info), [in, out, in_place, counts = std::move(counts)](detail::CommunicatorState& s, auto deadline) {
+      if (s.size == 1) return copy_view(in, out);
+      s.all_gatherv_now(in_place ? nullptr : in.data, out.data, counts, out.dtype, deadline);
+    });
+  }
+
+  /// All-gather with uneven parts: rank r contributes counts[r] elements (in.count ==
+  /// counts[rank()]); out holds them in rank order (out.count == sum of counts). Every rank
+  /// passes the same counts. In place when in.data points at this rank's part of `out`.
+  void all_gatherv(TensorView in, TensorView out, std::span<const std::size_t> counts, Stream stream = {}) {
+    if (counts.size() != static_cast<std::size_t>(size())) {
+      throw ConfigError(state().who() + ": all_gatherv needs one count per rank: got " + std::to_string(counts.size()) +
+                        " counts for " + std::to_string(size()) + " ranks");
+    }
+    check_views("all_gatherv", in, out);
+    if (in.count != counts[static_cast<std::size_t>(rank())]) {
+      mismatch("all_gatherv", "in.count == counts[rank()]", in.count, counts[static_cast<std::size_t>(rank())]);
+    }
+    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    if (out.count != total) mismatch("all_gatherv", "out.count == sum of counts", total, out.count);
+    const std::size_t before = std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
+    const bool in_place = in.data == detail::byte_ptr(out.data) + before * size_of(out.dtype);
+    if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gatherv");
+    auto op_info = info("all_gatherv", out.count, out.dtype, "");
+    std::vector<std::size_t> copy(counts.begin(), counts.end());
+    submit(stream, std::move(op_info), [in, out, in_place, counts = std::move(copy)](detail::CommunicatorState& s, auto deadline) {
+      if (s.size == 1) return copy_view(in, out);
+      s.all_gatherv_now(in_place ? nullptr : in.data, out.data, counts, out.dtype, deadline);
+    });
+  }
+
+  /// out = chunk rank() of the reduction of every rank's `in`; in.count == out.count * size().
+  /// `in` is read only. In place when out.data points at this rank's chunk of `in`. kAvg:
+  /// the sum divided by size() (integers truncate).
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+    check_views("reduce_scatter", in, out);
+    if (in.count != out.count * static_cast<std::size_t>(size())) {
+      mismatch("reduce_scatter", "in.count == out.count * size()", in.count, out.count);
+    }
+    const bool in_place = out.data == detail::byte_ptr(in.data) + out.bytes() * static_cast<std::size_t>(rank());
+    if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("reduce_scatter");
+    auto op_info = info("reduce_scatter", in.count, in.dtype, std::string(name_of(op)));
+    submit(stream, std::move(op_info), [in, out, op](detail::CommunicatorState& s, auto deadline) {
+      if (s.size == 1) return local_reduce(s, in, out, op);
+      s.reduce_scatter_now(in.data, out.data, out.count, in.dtype, op, deadline);
+    });
+  }
+
+  /// Returns (or, on the comm stream, completes) once every rank has reached it.
+  void barrier(Stream stream = {}) {
+    auto op_info = info("barrier", 0, DataType::kUint8, "");
+    submit(stream, std::move(op_info), [](detail::CommunicatorState& s, auto deadline) {
+      if (s.size > 1) s.barrier_now(deadline);
+    });
+  }
+
+  // ---- typed convenience overloads ---------------------------------------------------------------
+
+  template <class T>
+  void all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+    all_reduce(TensorView::of(in), TensorView::of(out), op, stream);
+  }
+  /// In place.
+  template <class T>
+  void all_reduce(std::span<T> data, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+    all_reduce(TensorView::of(data), TensorView::of(data), op, stream);
+  }
+  template <class T>
+  void broadcast(std::span<const T> in, std::span<T> out, int root, Stream stream = {}) {
+    broadcast(TensorView::of(in), TensorView::of(out), root, stream);
+  }
+  /// In place: root's `data` is sent, every other rank's is overwritten.
+  template <class T>
+  void broadcast(std::span<T> data, int root, Stream stream = {}) {
+    broadcast(TensorView::of(data), TensorView::of(data), root, stream);
+  }
+  template <class T>
+  void reduce(std::span<const T> in, std::span<T> out, ReduceOp op, int root, Stream stream = {}) {
+    reduce(TensorView::of(in), TensorView::of(out), op, root, stream);
+  }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out, Stream stream = {}) {
+    all_gather(TensorView::of(in), TensorView::of(out), stream);
+  }
+  template <class T>
+  void all_gatherv(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, Stream stream = {}) {
+    all_gatherv(TensorView::of(in), TensorView::of(out), counts, stream);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+    reduce_scatter(TensorView::of(in), TensorView::of(out), op, stream);
+  }
+
+  // ---- memory and element-wise work (what fusion and compression use) -------------------------
+
+  /// Host memory aligned to 64 bytes (a cache line, and any vector width). Never null; free
+  /// with deallocate().
+  void* allocate(std::size_t bytes) { return ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{kAlignment}); }
+  void deallocate(void* pointer) { ::operator delete(pointer, std::align_val_t{kAlignment}); }
+
+  /// memcpy(to, from, bytes) on `stream`. The ranges must not overlap.
+  void copy(void* to, const void* from, std::size_t bytes, Stream stream = {}) {
+    run_local(stream, [to, from, bytes] {
+      if (bytes > 0) std::memcpy(to, from, bytes);
+    });
+  }
+
+  /// out[i] *= factor, in out's element type (see ncclkit::gloo::scale), on `stream`.
+  void scale(TensorView out, double factor, Stream stream = {}) {
+    if (out.where != MemoryKind::kHost) throw ConfigError(state().who() + ": scale needs host memory");
+    const KernelIsa isa = state().isa;
+    run_local(stream, [out, factor, isa] { gloo::scale(out.dtype, out.data, out.data, out.count, factor, isa); });
+  }
+
+ private:
+  static constexpr std::size_t kAlignment = 64;
+
+  detail::CommunicatorState& state() const {
+    if (!state_) throw ConfigError("ncclkit::gloo::Communicator used after it was moved from");
+    return *state_;
+  }
+
+  static void validate_options(const CommunicatorOptions& options) {
+    if (options.timeout <= std::chrono::milliseconds::zero()) {
+      throw ConfigError("ncclkit::gloo::Communicator '" + options.name + "': timeout must be positive");
+    }
+    if (options.chunk_elements < 1 || options.chunk_elements > kMaxChunkElements) {
+      throw ConfigError("ncclkit::gloo::Communicator '" + options.name + "': chunk_elements=" +
+                        std::to_string(options.chunk_elements) + " must be in [1, 2^31-1]");
+    }
+  }
+
+  static void connect(detail::CommunicatorState& s, const std::shared_ptr<ncclkit::Store>& store) {
+    const auto start = std::chrono::steady_clock::now();
+    // Agree on a fresh key scope: the n-th communicator of this name on every rank gets
+    // generation n, and reruns on a persistent store count on from where they left off.
+    const std::string base = "ncclkit/gloo/" + s.options.name;
+    const std::int64_t arrival = store->add(base + "/created", 1);
+    const std::int64_t generation = (arrival - 1) / s.size;
+    const std::string prefix = base + "/" + std::to_string(generation);
+    auto scoped = std::make_shared<PrefixStore>(prefix, store);
+    StoreAdapter adapter(scoped, s.options.timeout);
+
+    ::gloo::transport::tcp::attr attr;
+    std::string interface = s.options.interface;
+    std::string hostname = s.options.hostname;
+    if (interface.empty() && hostname.empty()) {
+      interface = env_string("NCCLKIT_GLOO_SOCKET_IFNAME").value_or("");
+      if (interface.empty()) hostname = env_string("NCCLKIT_GLOO_HOSTNAME").value_or("");
+    }
+    attr.iface = interface;
+    attr.hostname = hostname;
+    try {
+      s.device = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw ConfigError(s.who() + ": cannot use " +
+                        (interface.empty() ? "host name '" + (hostname.empty() ? std::string("<this machine's>") : hostname) + "'"
+                                           : "network interface '" + interface + "'") +
+                        " for Gloo's TCP transport: " + e.what() +
+                        ". Pick an interface that exists and reaches the other ranks (`ip addr`), with "
+                        "CommunicatorOptions::interface or NCCLKIT_GLOO_SOCKET_IFNAME.");
+    }
+    s.context = std::make_shared<::gloo::rendezvous::Context>(s.rank, s.size);
+    s.context->setTimeout(s.options.timeout);
+    try {
+      s.context->connectFullMesh(adapter, s.device);
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(s.who() + ": rendezvous through " + s.store_description + " under '" + prefix +
+                         "/' timed out after " + detail::format_seconds(std::chrono::steady_clock::now() - start) +
+                         ": " + e.what() + ". Did every rank create this communicator?");
+    } catch (const ncclkit::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(s.who() + ": connecting to the other ranks failed after " +
+                      detail::format_seconds(std::chrono::steady_clock::now() - start) + " (device " +
+                      s.device->str() + "): " + e.what());
+    }
+    // connectFullMesh is not a barrier: a rank may return before its peers have connected.
+    try {
+      s.barrier_now(start + s.options.timeout);
+    } catch (const std::exception& e) {
+      throw CommError(s.who() + ": the barrier after connecting failed after " +
+                      detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " + e.what());
+    }
+    log_info(s.who() + ": connected through " + s.store_description + " ('" + prefix + "/') on " +
+             s.device->str() + " in " + detail::format_seconds(std::chrono::steady_clock::now() - start) +
+             "; reductions: " + std::string(name_of(s.isa)));
+  }
+
+  void destroy() noexcept {
+    if (!state_) return;
+    auto& s = *state_;
+    try {
+      const std::size_t cancelled = s.queue ? s.queue->shutdown() : 0;
+      if (cancelled > 0) {
+        log_warn(s.who() + ": destroyed with " + std::to_string(cancelled) +
+                 " collective(s) still queued on its comm stream; they were cancelled. Call "
+                 "synchronize(comm_stream()) before destroying it.");
+      }
+      if (s.context && !s.failed.load() && cancelled == 0) {
+        try {
+          std::lock_guard<std::mutex> lock(s.context_mutex);
+          s.barrier_now(std::chrono::steady_clock::now() + s.options.timeout);
+        } catch (const std::exception& e) {
+          log_warn(s.who() + ": the barrier before closing connections failed (" + e.what() +
+                   "); closing them anyway");
+        }
+      }
+      s.context.reset();
+      s.device.reset();
+    } catch (const std::exception& e) {
+      log_error(s.who() + ": error while destroying: " + e.what());
+    } catch (...) {
+      log_error(s.who() + ": unknown error while destroying");
+    }
+    state_.reset();
+  }
+
+  detail::OpInfo info(const char* name, std::size_t count, DataType type, std::string detail_text) {
+    auto& s = state();
+    s.check_usable(name);
+    detail::OpInfo op;
+    op.name = name;
+    op.sequence = s.sequence.fetch_add(1) + 1;
+    op.count = count;
+    op.dtype = type;
+    op.bytes = count * size_of(type);
+    op.detail = std::move(detail_text);
+    return op;
+  }
+
+  /// Runs `body(state, deadline)` as collective `op` on `stream`.
+  template <class Body>
+  void submit(Stream stream, detail::OpInfo op, Body body) {
+    auto* s = &state();
+    if (op.count == 0 && std::string_view(op.name) != "barrier") return;  // same on every rank
+    auto task = [s, op = std::move(op), body = std::move(body)] {
+      s->execute(op, [&](std::chrono::steady_clock::time_point deadline) { body(*s, deadline); });
+    };
+    if (stream.queue == Stream::Queue::kInline) {
+      task();
+    } else {
+      s->queue->submit(std::move(task));
+    }
+  }
+
+  template <class Fn>
+  void run_local(Stream stream, Fn fn) {
+    if (stream.queue == Stream::Queue::kInline) {
+      fn();
+    } else {
+      state().queue->submit(std::move(fn));
+    }
+  }
+
+  static void copy_view(TensorView in, TensorView out) {
+    if (in.data != out.data && out.bytes() > 0) std::memcpy(out.data, in.data, out.bytes());
+  }
+
+  /// A world of one: the reduction of one rank's input is the input (avg divides by 1).
+  static void local_reduce(detail::CommunicatorState&, TensorView in, TensorView out, ReduceOp) {
+    if (out.data != nullptr) copy_view(in, TensorView{in.data, out.count, in.dtype, in.where});
+  }
+
+  void check_root(const char* op, int root) const {
+    if (root < 0 || root >= size()) {
+      throw ConfigError(state().who() + ": " + op + " root " + std::to_string(root) + " is outside [0, " +
+                        std::to_string(size()) + ")");
+    }
+  }
+
+  void check_views(const char* op, const TensorView& in, const TensorView& out) const {
+    auto& s = state();
+    if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
+      throw ConfigError(s.who() + ": " + op + " needs host memory (TensorView::where == kHost); the Gloo "
+                        "backend cannot read device memory: copy to the host or use the NCCL backend");
+    }
+    if (in.dtype != out.dtype) {
+      throw ConfigError(s.who() + ": " + op + " input is " + std::string(name_of(in.dtype)) + " but output is " +
+                        std::string(name_of(out.dtype)) + "; both must have the same element type");
+    }
+    if ((in.count > 0 && in.data == nullptr) || (out.count > 0 && out.data == nullptr)) {
+      throw ConfigError(s.who() + ": " + op + " got a null pointer with a non-zero count");
+    }
+  }
+
+  void check_alias(const char* op, const TensorView& in, const TensorView& out) const {
+    if (in.data != out.data && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error(op);
+  }
+
+  [[noreturn]] void overlap_error(const char* op) const {
+    throw ConfigError(state().who() + ": " + op + " input and output overlap without being in place; pass the same "
+                      "buffer for in-place use or non-overlapping buffers");
+  }
+
+  [[noreturn]] void mismatch(const char* op, const char* rule, std::size_t a, std::size_t b) const {
+    throw ConfigError(state().who() + ": " + op + " needs " + rule + " (got " + std::to_string(a) + " and " +
+                      std::to_string(b) + ")");
+  }
+
+  std::unique_ptr<detail::CommunicatorState> state_;
+};
+
+static_assert(Backend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::Backend");
+
+}  // namespace ncclkit::gloo
