@@ -319,16 +319,17 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
     }
     return launcher_value;
   };
-  auto from = [&](std::optional<int> detail::LauncherValues::*field) -> std::optional<int> {
+  using Values = detail::LauncherValues;
+  auto launcher_field = [&](std::optional<int> Values::*field) -> std::optional<int> {
     return launcher ? (*launcher).*field : std::nullopt;
   };
-  std::optional<int> rank = pick("rank", overrides.rank, from(&detail::LauncherValues::rank));
-  std::optional<int> world_size = pick("world_size", overrides.world_size, from(&detail::LauncherValues::world_size));
-  std::optional<int> local_rank = pick("local_rank", overrides.local_rank, from(&detail::LauncherValues::local_rank));
+  std::optional<int> rank = pick("rank", overrides.rank, launcher_field(&Values::rank));
+  std::optional<int> world_size = pick("world_size", overrides.world_size, launcher_field(&Values::world_size));
+  std::optional<int> local_rank = pick("local_rank", overrides.local_rank, launcher_field(&Values::local_rank));
   std::optional<int> local_world_size =
-      pick("local_world_size", overrides.local_world_size, from(&detail::LauncherValues::local_world_size));
-  std::optional<int> node_rank = pick("node_rank", overrides.node_rank, from(&detail::LauncherValues::node_rank));
-  std::optional<int> num_nodes = pick("num_nodes", overrides.num_nodes, from(&detail::LauncherValues::num_nodes));
+      pick("local_world_size", overrides.local_world_size, launcher_field(&Values::local_world_size));
+  std::optional<int> node_rank = pick("node_rank", overrides.node_rank, launcher_field(&Values::node_rank));
+  std::optional<int> num_nodes = pick("num_nodes", overrides.num_nodes, launcher_field(&Values::num_nodes));
 
   WorldInfo world;
   {
@@ -352,7 +353,8 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
     std::string found_text = found.empty() ? "no launcher variables" : detail::join(found);
     std::string from = launcher ? "the " + launcher->name + " environment" : std::string("the arguments");
     throw ConfigError("cannot determine this process's place in the job from " + from + ": " + problem +
-                      "; found: " + found_text + (overridden.empty() ? "" : "; arguments: " + detail::join(overridden)) +
+                      "; found: " + found_text +
+                      (overridden.empty() ? "" : "; arguments: " + detail::join(overridden)) +
                       "; " + needed);
   };
 

@@ -1,6 +1,6 @@
 #pragma once
 /// Init URLs say where the processes of a job rendezvous, and make_store() turns one into a
-/// Store. Three forms are accepted:
+/// Store (docs/bootstrap.md). Three forms are accepted:
 ///
 ///   env://                  a TcpStore at MASTER_ADDR:MASTER_PORT (WorldInfo::master_addr and
 ///                           master_port, which detect_world() reads), server inside rank 0
@@ -9,8 +9,13 @@
 ///   file:///ABSOLUTE/DIR    a FileStore in that folder (one host, or a folder on NFS shared by
 ///                           all hosts; no address needed)
 ///
-/// each optionally followed by `?timeout=SECONDS`, the default timeout of the store's blocking
-/// calls (fractions allowed). The scheme is case-insensitive; nothing is percent-decoded.
+/// each optionally followed by options after a `?`, joined by `&`:
+///   timeout=SECONDS         the default timeout of the store's blocking calls (fractions allowed)
+///   server=rank0|external   env:// and tcp:// only: who runs the TCP server. rank0 (default):
+///                           rank 0 starts it inside itself. external: it already runs (in
+///                           spawn()'s parent, a launcher, a standalone TcpStoreServer) and
+///                           every rank, rank 0 too, only connects.
+/// The scheme is case-insensitive; nothing is percent-decoded.
 
 #include <chrono>       // std::chrono::milliseconds
 #include <cstdint>      // std::int64_t
@@ -23,6 +28,9 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/store/file_store.hpp"
+#include "ncclkit/store/store.hpp"
+#include "ncclkit/store/tcp_store.hpp"
 
 namespace ncclkit {
 
@@ -36,6 +44,7 @@ struct InitUrl {
   int port = 0;      ///< tcp://: 0 to 65535 (0: the server picks a free port; single process only)
   std::string path;  ///< file://: the absolute folder
   std::optional<std::chrono::milliseconds> timeout;  ///< from ?timeout=SECONDS, if given
+  bool external_server = false;  ///< ?server=external: the TCP server runs elsewhere, rank 0 only connects
   std::string text;  ///< the URL as given, for messages
 };
 
@@ -44,7 +53,7 @@ namespace detail {
 inline constexpr const char* kInitUrlForms =
     "accepted forms: env:// (the TCP store at MASTER_ADDR:MASTER_PORT), tcp://HOST:PORT (IPv6 in "
     "brackets: tcp://[::1]:29500), file:///ABSOLUTE/DIR (a folder all ranks share; note the three "
-    "slashes), each optionally followed by ?timeout=SECONDS";
+    "slashes), each optionally followed by ?timeout=SECONDS (and for TCP &server=rank0|external)";
 
 [[noreturn]] inline void throw_init_url_error(std::string_view url, std::string_view problem) {
   throw ConfigError("invalid init URL '" + std::string(url) + "': " + std::string(problem) + "; " + kInitUrlForms);
@@ -68,6 +77,7 @@ inline int parse_url_port(std::string_view url, std::string_view text) {
 }
 
 inline void parse_url_query(std::string_view url, std::string_view query, InitUrl& out) {
+  bool server_seen = false;
   std::size_t start = 0;
   while (start <= query.size()) {
     std::size_t amp = query.find('&', start);
@@ -76,8 +86,19 @@ inline void parse_url_query(std::string_view url, std::string_view query, InitUr
     std::size_t eq = item.find('=');
     std::string_view key = item.substr(0, eq);
     std::string_view value = eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1);
+    if (key == "server") {
+      if (server_seen) throw_init_url_error(url, "server is given twice");
+      server_seen = true;
+      if (value != "rank0" && value != "external") {
+        throw_init_url_error(url, "server='" + std::string(value) + "' must be rank0 or external");
+      }
+      out.external_server = value == "external";
+      start = amp + 1;
+      continue;
+    }
     if (key != "timeout") {
-      throw_init_url_error(url, "unknown option '" + std::string(item) + "' (the only option is timeout=SECONDS)");
+      throw_init_url_error(url, "unknown option '" + std::string(item) +
+                                    "' (the options are timeout=SECONDS and server=rank0|external)");
     }
     if (out.timeout) throw_init_url_error(url, "timeout is given twice");
     std::string number(value);
@@ -98,7 +119,8 @@ inline void parse_tcp_authority(std::string_view url, std::string_view authority
     throw_init_url_error(url, "a tcp:// URL has no path, only HOST:PORT");
   }
   if (authority.find('@') != std::string_view::npos) {
-    throw_init_url_error(url, "user names are not supported in a tcp:// URL (for a shared secret, set NCCLKIT_STORE_TOKEN)");
+    throw_init_url_error(url, "user names are not supported in a tcp:// URL (for a shared secret, "
+                              "set NCCLKIT_STORE_TOKEN)");
   }
   std::string_view port_text;
   if (authority.front() == '[') {
@@ -187,10 +209,82 @@ inline InitUrl parse_init_url(std::string_view url) {
                                         " (relative paths are not accepted: ranks may start in different folders)");
     }
     out.path = std::string(rest);
+    if (out.external_server) detail::throw_init_url_error(url, "server= applies to env:// and tcp:// only");
   } else {
     detail::throw_init_url_error(url, "unknown scheme '" + std::string(url.substr(0, separator)) + "'");
   }
   return out;
+}
+
+/// Options of make_store().
+struct MakeStoreOptions {
+  /// Default timeout of the store's blocking calls (and how long a TcpStore client retries
+  /// connecting). Unset: the URL's ?timeout=SECONDS, else NCCLKIT_STORE_TIMEOUT, else 300 s.
+  std::optional<std::chrono::milliseconds> timeout;
+  /// Shared secret of a TcpStore; unset: NCCLKIT_STORE_TOKEN (read by TcpStore), else none.
+  std::optional<std::string> token;
+};
+
+/// The store that `url` names, for the process described by `world` (which is validated):
+/// - env:// and tcp://: a TcpStore at world.master_addr:world.master_port (env://) or at the
+///   URL's HOST:PORT (tcp://); rank 0 starts the server, bound to that host, and every rank
+///   (rank 0 too) connects as a client; with ?server=external the server already runs and
+///   rank 0 only connects too. Port 0 (a free port the server picks) only works for a single
+///   process that starts the server, since nobody else could know it. For a single process,
+///   env:// without MASTER_ADDR/MASTER_PORT means 127.0.0.1 and a free port.
+/// - file:///DIR: a FileStore in DIR for world.world_size processes.
+/// Throws ConfigError for a bad URL or world, and whatever the store's constructor throws
+/// (TimeoutError when the server cannot be reached in time, StoreError, ...).
+inline std::shared_ptr<Store> make_store(const std::string& url, const WorldInfo& world,
+                                         MakeStoreOptions options = {}) {
+  const InitUrl parsed = parse_init_url(url);
+  world.validate();
+  const std::chrono::milliseconds timeout =
+      options.timeout ? *options.timeout : parsed.timeout ? *parsed.timeout : default_store_timeout();
+  if (timeout.count() <= 0) {
+    throw ConfigError("make_store('" + url + "'): the timeout must be positive, got " +
+                      std::to_string(timeout.count()) + " ms");
+  }
+
+  if (parsed.scheme == InitUrlScheme::kFile) {
+    auto store = std::make_shared<FileStore>(parsed.path, FileStoreOptions{.world_size = world.world_size,
+                                                                            .timeout = timeout});
+    store->set_default_timeout(timeout);
+    return store;
+  }
+
+  std::string host = parsed.host;
+  int port = parsed.port;
+  if (parsed.scheme == InitUrlScheme::kEnv) {
+    host = world.master_addr;
+    port = world.master_port;
+    if (world.world_size == 1) {
+      // A single process needs no address: a private server on a free loopback port.
+      if (host.empty()) host = "127.0.0.1";
+    } else if (host.empty() || port == 0) {
+      std::string missing = host.empty() && port == 0 ? "MASTER_ADDR and MASTER_PORT"
+                            : host.empty()            ? "MASTER_ADDR"
+                                                      : "MASTER_PORT";
+      throw ConfigError("make_store('" + url + "'): env:// needs " + missing + " (the host and port of rank 0's "
+                        "store server), found master_addr='" + world.master_addr + "', master_port=" +
+                        std::to_string(world.master_port) + " (from " + world.source + "); set " + missing +
+                        " in every process's environment, or use tcp://HOST:PORT or file:///SHARED/DIR");
+    }
+  }
+  if (port == 0 && (world.world_size > 1 || parsed.external_server)) {
+    throw ConfigError("make_store('" + url + "'): port 0 lets a server pick a free port, which " +
+                      (parsed.external_server ? std::string("clients of an external server")
+                                              : "the other " + std::to_string(world.world_size - 1) + " ranks") +
+                      " cannot know; give a fixed port, e.g. tcp://" +
+                      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":29500");
+  }
+  auto store = std::make_shared<TcpStore>(TcpStoreOptions{.host = host,
+                                                          .port = port,
+                                                          .is_server = world.rank == 0 && !parsed.external_server,
+                                                          .timeout = timeout,
+                                                          .token = options.token});
+  store->set_default_timeout(timeout);
+  return store;
 }
 
 }  // namespace ncclkit

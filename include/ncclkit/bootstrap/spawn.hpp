@@ -61,7 +61,7 @@ struct WorkerStatus {
 /// Which store spawn() gives its workers.
 enum class SpawnStore {
   kFile,  ///< a FileStore in a private temporary folder: init_url "file://<dir>"
-  kTcp,   ///< a TcpStoreServer in the calling process: init_url "tcp://127.0.0.1:PORT"
+  kTcp,   ///< a TcpStoreServer in the calling process: init_url "tcp://127.0.0.1:PORT?server=external"
 };
 
 struct SpawnOptions {
@@ -140,7 +140,7 @@ inline void record_wait_status(WorkerStatus& worker, int status) {
 /// Forks `nprocs` workers, each running `fn(const WorldInfo&)` (returning void or an exit
 /// code; an exception counts as exit code 1 and is logged). Each worker's WorldInfo has its
 /// rank, world_size = local_world_size = nprocs and init_url "file://<dir>" of a private
-/// rendezvous folder (with SpawnStore::kTcp: "tcp://127.0.0.1:PORT" of a server in the
+/// rendezvous folder (with SpawnStore::kTcp: "tcp://127.0.0.1:PORT?server=external" of a server in the
 /// caller), so `make_store(world.init_url, ...)` gives every worker the same store.
 ///
 /// Returns when all workers have ended. When one fails (non-zero exit or a signal), the others
@@ -182,7 +182,8 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
     world.world_size = nprocs;
     world.local_rank = rank;
     world.local_world_size = nprocs;
-    world.init_url = tcp ? "tcp://127.0.0.1:" + std::to_string(tcp_port) : "file://" + dir;
+    // server=external: the caller serves the store, so rank 0 must not start a second server.
+    world.init_url = tcp ? "tcp://127.0.0.1:" + std::to_string(tcp_port) + "?server=external" : "file://" + dir;
     if (tcp) {
       world.master_addr = "127.0.0.1";
       world.master_port = tcp_port;
