@@ -11,6 +11,7 @@
 #include <atomic>      // std::atomic
 #include <chrono>      // std::chrono
 #include <cstdint>     // std::uint64_t
+#include <cstring>     // std::memcpy
 #include <filesystem>  // std::filesystem
 #include <string>      // std::string
 #include <thread>      // std::thread
@@ -54,9 +55,10 @@ std::vector<std::string> entries(const std::string& dir) {
 Bytes random_bytes(std::size_t size, std::uint64_t seed) {
   Bytes out(size);
   std::uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
-  for (std::size_t i = 0; i < size; ++i) {
-    state = ncclkit::detail::file_store::mix64(state + 0x9e3779b97f4a7c15ULL);
-    out[i] = static_cast<std::uint8_t>(state >> 56);
+  for (std::size_t i = 0; i < size; i += 8) {
+    state += 0x9e3779b97f4a7c15ULL;
+    const std::uint64_t word = ncclkit::detail::file_store::mix64(state);
+    std::memcpy(out.data() + i, &word, std::min<std::size_t>(8, size - i));
   }
   return out;
 }
