@@ -1,0 +1,142 @@
+// TcpStore benchmarks (Google Benchmark). bench/pytorch_store_bench.py measures PyTorch's
+// TCPStore the same way and, given this binary, runs both and prints them side by side.
+//
+//   BM_TcpStoreSetGet               one set + one get of a 16-byte value on loopback (a client
+//                                   and a server thread in this process): the round trip of
+//                                   two requests.
+//   BM_TcpStoreAdd                  one add: one request.
+//   BM_TcpStoreRendezvousThreads/256  256 threads, each with its own connection (connect and
+//                                   handshake included), set their key, then wait for all 256
+//                                   keys. Wall time until the last thread is done.
+//   BM_TcpStoreRendezvousProcesses/N  N processes forked by spawn (SpawnStore::kTcp: the server
+//                                   runs in this process) do the same. Wall time from the first
+//                                   fork until every process has been reaped.
+//
+// Every benchmark checks its results (values read back, all keys present) before it counts.
+
+#include <benchmark/benchmark.h>
+
+#include <atomic>   // std::atomic: failures seen by worker threads
+#include <chrono>   // std::chrono
+#include <cstdint>  // std::uint8_t
+#include <random>   // std::mt19937_64: the value
+#include <string>   // std::string
+#include <thread>   // std::thread
+#include <vector>   // std::vector
+
+#include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/store/tcp_store.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+ncclkit::TcpStoreOptions client_of(int port) {
+  return {.host = "127.0.0.1", .port = port, .timeout = 60s, .token = ""};
+}
+
+std::vector<std::string> rank_keys(int n) {
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) keys.push_back("rank/" + std::to_string(i));
+  return keys;
+}
+
+void BM_TcpStoreSetGet(benchmark::State& state) {
+  ncclkit::TcpStoreServer server({.token = ""});
+  ncclkit::TcpStore store(client_of(server.port()));
+  std::mt19937_64 random(1);
+  ncclkit::Bytes value(16);
+  for (auto& b : value) b = static_cast<std::uint8_t>(random());
+  store.set("key", value);
+  if (store.get("key") != value) {
+    state.SkipWithError("value read back differs");
+    return;
+  }
+  for (auto _ : state) {
+    store.set("key", value);
+    benchmark::DoNotOptimize(store.get("key"));
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * 2 * static_cast<std::int64_t>(value.size()));
+}
+BENCHMARK(BM_TcpStoreSetGet)->UseRealTime();
+
+void BM_TcpStoreAdd(benchmark::State& state) {
+  ncclkit::TcpStoreServer server({.token = ""});
+  ncclkit::TcpStore store(client_of(server.port()));
+  std::int64_t expected = 0;
+  for (auto _ : state) {
+    expected = store.add("counter", 1);
+  }
+  if (expected != static_cast<std::int64_t>(state.iterations())) state.SkipWithError("add lost counts");
+}
+BENCHMARK(BM_TcpStoreAdd)->UseRealTime();
+
+void BM_TcpStoreRendezvousThreads(benchmark::State& state) {
+  const int clients = static_cast<int>(state.range(0));
+  const auto keys = rank_keys(clients);
+  for (auto _ : state) {
+    ncclkit::TcpStoreServer server({.token = ""});
+    const int port = server.port();
+    std::atomic<int> failures{0};
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<std::size_t>(clients));
+    for (int i = 0; i < clients; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          ncclkit::TcpStore store(client_of(port));
+          store.set(keys[static_cast<std::size_t>(i)], std::string_view("1"));
+          store.wait(keys, 60s);
+        } catch (const std::exception&) {
+          ++failures;
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    if (failures != 0) {
+      state.SkipWithError("a client failed");
+      return;
+    }
+    state.SetIterationTime(elapsed.count());
+  }
+}
+// One rendezvous per repetition, so that the median of the repetitions is reported.
+BENCHMARK(BM_TcpStoreRendezvousThreads)
+    ->Arg(256)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->Repetitions(9);
+
+void BM_TcpStoreRendezvousProcesses(benchmark::State& state) {
+  const int nprocs = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = ncclkit::spawn(nprocs, [nprocs](const ncclkit::WorldInfo& world) -> int {
+      ncclkit::TcpStore store({.host = world.master_addr, .port = world.master_port, .timeout = 60s});
+      store.set("rank/" + std::to_string(world.rank), std::string_view("1"));
+      store.wait(rank_keys(nprocs), 60s);
+      return 0;
+    }, {.timeout = 120s, .store = ncclkit::SpawnStore::kTcp});
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    if (!result.ok()) {
+      state.SkipWithError(result.describe().c_str());
+      return;
+    }
+    state.SetIterationTime(elapsed.count());
+  }
+}
+BENCHMARK(BM_TcpStoreRendezvousProcesses)
+    ->Arg(8)
+    ->Arg(64)
+    ->Arg(256)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1)
+    ->Repetitions(5);
+
+}  // namespace
+
+BENCHMARK_MAIN();

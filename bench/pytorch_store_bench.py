@@ -1,0 +1,219 @@
+#!/usr/bin/python3
+"""PyTorch's TCPStore measured the way bench/bench_tcp_store.cpp measures ncclkit's TcpStore.
+
+    /usr/bin/python3 bench/pytorch_store_bench.py [--ncclkit BUILD/bench/bench_tcp_store]
+
+Needs PyTorch (Debian: apt-get install -y python3-torch, 1.13; run it with /usr/bin/python3).
+With --ncclkit, it also runs that benchmark binary right before (same machine, same minute)
+and prints both side by side with the ratio ncclkit / PyTorch.
+
+Measurements (each the median of --repeats runs):
+  set+get      one set and one get of a 16-byte value, client and server in this process
+  add          one add
+  rendezvous threads 256   256 threads, each its own client (connecting included), set their
+               key, then wait for all 256 keys; from the first thread's start to the last join
+  rendezvous processes N   N forked processes do the same; from the first fork until every
+               process is reaped. PyTorch's server cannot adopt a socket bound before the fork,
+               so the parent starts it right after forking and the children connect once a
+               pipe says it is up (without the pipe they would hit PyTorch's connect retry
+               delay, which would not be a fair comparison).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HOST = "127.0.0.1"
+VALUE = bytes(range(16))
+TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def torch_store():
+    import torch.distributed as dist  # imported late: --help works without torch
+
+    return dist.TCPStore
+
+
+def master(TCPStore, port=0):
+    return TCPStore(HOST, port, None, True, TIMEOUT, wait_for_workers=False)
+
+
+def client(TCPStore, port):
+    return TCPStore(HOST, port, None, False, TIMEOUT)
+
+
+def per_op_seconds(fn, min_seconds=0.5):
+    """Runs fn in batches until min_seconds have passed; returns seconds per call."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        for _ in range(200):
+            fn()
+        calls += 200
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def bench_set_get(TCPStore, repeats):
+    server = master(TCPStore)
+    store = client(TCPStore, server.port)
+    store.set("key", VALUE)
+    assert store.get("key") == VALUE
+
+    def once():
+        store.set("key", VALUE)
+        store.get("key")
+
+    return statistics.median(per_op_seconds(once) for _ in range(repeats))
+
+
+def bench_add(TCPStore, repeats):
+    server = master(TCPStore)
+    store = client(TCPStore, server.port)
+    results = [per_op_seconds(lambda: store.add("counter", 1)) for _ in range(repeats)]
+    return statistics.median(results)
+
+
+def bench_threads(TCPStore, clients, repeats):
+    keys = [f"rank/{i}" for i in range(clients)]
+    times = []
+    for _ in range(repeats):
+        server = master(TCPStore)
+        port = server.port
+        failures = []
+
+        def work(i):
+            try:
+                store = client(TCPStore, port)
+                store.set(keys[i], "1")
+                store.wait(keys)
+            except Exception as error:  # noqa: BLE001 - report any failure
+                failures.append(repr(error))
+
+        start = time.perf_counter()
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        times.append(time.perf_counter() - start)
+        if failures:
+            raise RuntimeError(f"{len(failures)} clients failed, first: {failures[0]}")
+        del server
+    return statistics.median(times)
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def bench_processes(TCPStore, nprocs, repeats):
+    keys = [f"rank/{i}" for i in range(nprocs)]
+    times = []
+    for _ in range(repeats):
+        port = free_port()
+        ready_read, ready_write = os.pipe()
+        start = time.perf_counter()
+        pids = []
+        for rank in range(nprocs):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(ready_write)
+                    os.read(ready_read, 1)  # the server is up (or the parent died: EOF)
+                    store = client(TCPStore, port)
+                    store.set(keys[rank], "1")
+                    store.wait(keys)
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        os.close(ready_read)
+        server = master(TCPStore, port)
+        os.write(ready_write, b"x" * nprocs)
+        os.close(ready_write)
+        failed = 0
+        for pid in pids:
+            _, status = os.waitpid(pid, 0)
+            failed += status != 0
+        times.append(time.perf_counter() - start)
+        del server
+        if failed:
+            raise RuntimeError(f"{failed} of {nprocs} processes failed")
+    return statistics.median(times)
+
+
+def run_ncclkit(binary, repeats):
+    """Runs bench_tcp_store; returns {name: median seconds}."""
+    out = subprocess.run(
+        [binary, "--benchmark_format=json", f"--benchmark_repetitions={repeats}",
+         "--benchmark_report_aggregates_only=true"],
+        check=True, capture_output=True, text=True).stdout
+    medians = {}
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+    for entry in json.loads(out)["benchmarks"]:
+        if entry.get("aggregate_name") != "median":
+            continue
+        name = entry["run_name"].split("/")[0]
+        arg = entry["run_name"].split("/")[1] if "Rendezvous" in name else None
+        key = {"BM_TcpStoreSetGet": "set+get", "BM_TcpStoreAdd": "add"}.get(name)
+        if name == "BM_TcpStoreRendezvousThreads":
+            key = f"rendezvous threads {arg}"
+        elif name == "BM_TcpStoreRendezvousProcesses":
+            key = f"rendezvous processes {arg}"
+        if key:
+            medians[key] = entry["real_time"] * scale[entry["time_unit"]]
+    return medians
+
+
+def show(seconds):
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e6:.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ncclkit", help="path of bench_tcp_store, to run first and compare")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (median reported)")
+    parser.add_argument("--processes", default="8,64,256", help="process counts to rendezvous")
+    args = parser.parse_args()
+
+    import torch
+
+    print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}  {platform.node()}  "
+          f"{os.cpu_count()} CPUs  load {os.getloadavg()[0]:.1f}  torch {torch.__version__}  "
+          f"python {platform.python_version()}")
+    ours = run_ncclkit(args.ncclkit, args.repeats) if args.ncclkit else {}
+    TCPStore = torch_store()
+    theirs = {
+        "set+get": bench_set_get(TCPStore, args.repeats),
+        "add": bench_add(TCPStore, args.repeats),
+        "rendezvous threads 256": bench_threads(TCPStore, 256, args.repeats),
+    }
+    for n in (int(x) for x in args.processes.split(",")):
+        theirs[f"rendezvous processes {n}"] = bench_processes(TCPStore, n, args.repeats)
+    print(f"# load after: {os.getloadavg()[0]:.1f}")
+    print(f"| {'measurement':<26} | {'ncclkit TcpStore':>16} | {'PyTorch TCPStore':>16} | {'ratio':>6} |")
+    print(f"|{'-' * 28}|{'-' * 18}|{'-' * 18}|{'-' * 8}|")
+    for key, value in theirs.items():
+        mine = ours.get(key)
+        ratio = f"{mine / value:.2f}" if mine is not None else "-"
+        print(f"| {key:<26} | {show(mine):>16} | {show(value):>16} | {ratio:>6} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
