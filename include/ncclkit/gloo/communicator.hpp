@@ -60,7 +60,7 @@
 #include <numeric>      // std::accumulate
 #include <span>         // std::span
 #include <string>       // std::string
-#include <type_traits>  // std::remove_const_t
+#include <type_traits>  // std::type_identity_t
 #include <utility>      // std::move
 #include <vector>       // std::vector
 
@@ -659,9 +659,12 @@ class Communicator {
   }
 
   // ---- typed convenience overloads ---------------------------------------------------------------
+  // The element type is deduced from the output span; the input converts (from a std::vector,
+  // a std::span<T>, ...).
+
 
   template <class T>
-  void all_reduce(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+  void all_reduce(std::span<const std::type_identity_t<T>> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
     all_reduce(TensorView::of(in), TensorView::of(out), op, stream);
   }
   /// In place.
@@ -670,7 +673,7 @@ class Communicator {
     all_reduce(TensorView::of(data), TensorView::of(data), op, stream);
   }
   template <class T>
-  void broadcast(std::span<const T> in, std::span<T> out, int root, Stream stream = {}) {
+  void broadcast(std::span<const std::type_identity_t<T>> in, std::span<T> out, int root, Stream stream = {}) {
     broadcast(TensorView::of(in), TensorView::of(out), root, stream);
   }
   /// In place: root's `data` is sent, every other rank's is overwritten.
@@ -679,19 +682,19 @@ class Communicator {
     broadcast(TensorView::of(data), TensorView::of(data), root, stream);
   }
   template <class T>
-  void reduce(std::span<const T> in, std::span<T> out, ReduceOp op, int root, Stream stream = {}) {
+  void reduce(std::span<const std::type_identity_t<T>> in, std::span<T> out, ReduceOp op, int root, Stream stream = {}) {
     reduce(TensorView::of(in), TensorView::of(out), op, root, stream);
   }
   template <class T>
-  void all_gather(std::span<const T> in, std::span<T> out, Stream stream = {}) {
+  void all_gather(std::span<const std::type_identity_t<T>> in, std::span<T> out, Stream stream = {}) {
     all_gather(TensorView::of(in), TensorView::of(out), stream);
   }
   template <class T>
-  void all_gatherv(std::span<const T> in, std::span<T> out, std::span<const std::size_t> counts, Stream stream = {}) {
+  void all_gatherv(std::span<const std::type_identity_t<T>> in, std::span<T> out, std::span<const std::size_t> counts, Stream stream = {}) {
     all_gatherv(TensorView::of(in), TensorView::of(out), counts, stream);
   }
   template <class T>
-  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
+  void reduce_scatter(std::span<const std::type_identity_t<T>> in, std::span<T> out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
     reduce_scatter(TensorView::of(in), TensorView::of(out), op, stream);
   }
 

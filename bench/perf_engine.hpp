@@ -1,0 +1,849 @@
+#pragma once
+/// The perf engine every backend's perf tool shares (bench/perf_gloo.cpp, bench/perf_nccl.cu):
+/// nccl-tests' flags, its table (size, count, type, redop, root, time, algbw, busbw, #wrong, for
+/// out-of-place and in-place), its bus-bandwidth factors and its footer, plus what nccl-tests
+/// lacks: several implementations timed side by side (ncclkit against the raw library, in
+/// interleaved rounds, reported as medians) and CSV/JSON output for plots.
+///
+/// Backend-agnostic: templated on the `Backend` concept. Buffers come from the backend
+/// (`allocate`); filling and checking go through host staging buffers and `HostTransfer<B>`,
+/// which is memcpy for host backends and which a device backend specialises (cudaMemcpy). No
+/// GPU specifics here.
+///
+/// Method, per (collective, type, op, size): for each placement (out-of-place, in-place) and
+/// implementation, one correctness run (inputs from a formula every rank can evaluate, output
+/// poisoned first, a guard zone behind it; the result is compared with a host reference in
+/// double), then `-w` warm-up calls, then `-R` rounds in which each implementation in turn runs
+/// a timed batch of ceil(n / R) calls; ranks line up before each batch. A batch's time is the
+/// host time from its first issue to `synchronize`, divided by the batch size, averaged over
+/// ranks (-a); the table shows the median over rounds. algbw = size / time; busbw = algbw x
+/// the collective's factor (nccl-tests' PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather,
+/// reduce_scatter and all_to_all (n-1)/n, broadcast and reduce 1.
+
+#include <algorithm>    // std::sort, std::max, std::min, std::fill
+#include <cctype>       // std::toupper
+#include <chrono>       // std::chrono::steady_clock
+#include <cmath>        // std::fabs, std::isinf, std::isnan
+#include <cstddef>      // std::size_t
+#include <cstdint>      // fixed-width integers
+#include <cstdio>       // std::printf, std::FILE
+#include <cstring>      // std::memcpy, std::memset, std::strcmp
+#include <ctime>        // std::time, std::strftime (dates in CSV/JSON)
+#include <functional>   // std::function
+#include <optional>     // std::optional
+#include <stdexcept>    // std::invalid_argument
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+#include <utility>      // std::move
+#include <vector>       // std::vector
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/half.hpp"
+#include "ncclkit/core/tensor.hpp"
+
+namespace ncclkit::perf {
+
+// ---- what is measured -------------------------------------------------------------------------
+
+enum class Collective { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScatter, kAllToAll };
+
+inline std::string_view name_of(Collective c) {
+  switch (c) {
+    case Collective::kAllReduce: return "all_reduce";
+    case Collective::kBroadcast: return "broadcast";
+    case Collective::kReduce: return "reduce";
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllToAll: return "all_to_all";
+  }
+  return "unknown";
+}
+
+inline bool is_reduction(Collective c) {
+  return c == Collective::kAllReduce || c == Collective::kReduce || c == Collective::kReduceScatter;
+}
+inline bool is_rooted(Collective c) { return c == Collective::kBroadcast || c == Collective::kReduce; }
+/// Collectives whose `size` is the whole of n per-rank parts (nccl-tests' convention).
+inline bool is_partitioned(Collective c) {
+  return c == Collective::kAllGather || c == Collective::kReduceScatter || c == Collective::kAllToAll;
+}
+
+/// nccl-tests' bus-bandwidth factor: busbw = algbw * factor.
+inline double busbw_factor(Collective c, int nranks) {
+  const double n = nranks;
+  switch (c) {
+    case Collective::kAllReduce: return nranks > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+    case Collective::kAllToAll: return nranks > 1 ? (n - 1) / n : 0.0;
+    case Collective::kBroadcast:
+    case Collective::kReduce: return 1.0;
+  }
+  return 1.0;
+}
+
+/// Where the result goes: a separate buffer, or the input's own memory.
+enum class Placement { kOutOfPlace, kInPlace };
+
+// ---- options (nccl-tests' flags where they apply) ---------------------------------------------
+
+struct PerfOptions {
+  std::size_t min_bytes = 32u << 20;    ///< -b
+  std::size_t max_bytes = 32u << 20;    ///< -e
+  double step_factor = 2.0;             ///< -f (multiplicative step; used when step_bytes == 0)
+  std::size_t step_bytes = 0;           ///< -i (additive step)
+  int iters = 20;                       ///< -n: timed calls per implementation and size
+  int warmup = 5;                       ///< -w
+  int rounds = 5;                       ///< -R: the timed calls are split into this many rounds
+  int check = 1;                        ///< -c: 0 = no correctness run
+  int average = 1;                      ///< -a: 0 rank 0, 1 average, 2 min, 3 max over ranks
+  int root = 0;                         ///< -r: root of broadcast and reduce
+  int devices_per_process = 1;          ///< -g (device backends)
+  std::vector<Collective> collectives{Collective::kAllReduce};  ///< --op
+  std::vector<DataType> types{DataType::kFloat32};              ///< -d
+  std::vector<ReduceOp> ops{ReduceOp::kSum};                    ///< -o
+  bool out_of_place = true;             ///< --no-out-of-place clears it
+  bool in_place = true;                 ///< --no-in-place clears it
+  std::string csv_path;                 ///< --csv FILE
+  std::string json_path;                ///< --json FILE
+  std::vector<std::string> unparsed;    ///< flags left for the tool itself
+};
+
+namespace detail {
+
+inline std::size_t parse_size(std::string_view text) {
+  if (text.empty()) throw ConfigError("empty size");
+  std::size_t digits = 0;
+  while (digits < text.size() && ((text[digits] >= '0' && text[digits] <= '9') || text[digits] == '.')) ++digits;
+  if (digits == 0) throw ConfigError("size '" + std::string(text) + "' does not start with a number");
+  const double value = std::stod(std::string(text.substr(0, digits)));
+  std::string unit(text.substr(digits));
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB") scale = 1024.0;
+  else if (unit == "M" || unit == "MB" || unit == "MIB") scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GB" || unit == "GIB") scale = 1024.0 * 1024 * 1024;
+  else throw ConfigError("size '" + std::string(text) + "': unknown unit '" + unit + "' (use K, M or G)");
+  return static_cast<std::size_t>(value * scale);
+}
+
+inline std::vector<std::string> split_list(std::string_view text) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::size_t end = comma == std::string_view::npos ? text.size() : comma;
+    if (end > start) parts.emplace_back(text.substr(start, end - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return parts;
+}
+
+inline std::vector<DataType> all_types() {
+  return {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,   DataType::kUint32,  DataType::kInt64,
+          DataType::kUint64,  DataType::kFloat16,  DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
+}
+
+inline DataType parse_type(const std::string& name) {
+  for (DataType t : all_types()) {
+    if (name == name_of(t)) return t;
+  }
+  if (name == "float32" || name == "fp32") return DataType::kFloat32;
+  if (name == "float16" || name == "fp16") return DataType::kFloat16;
+  if (name == "bf16") return DataType::kBFloat16;
+  if (name == "float64") return DataType::kFloat64;
+  throw ConfigError("unknown type '" + name + "'; use int8, uint8, int32, uint32, int64, uint64, half, bfloat16, "
+                    "float, double or all");
+}
+
+inline ReduceOp parse_op(const std::string& name) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+    if (name == name_of(op)) return op;
+  }
+  throw ConfigError("unknown reduction '" + name + "'; use sum, prod, min, max, avg or all");
+}
+
+inline Collective parse_collective(const std::string& name) {
+  for (Collective c : {Collective::kAllReduce, Collective::kBroadcast, Collective::kReduce, Collective::kAllGather,
+                       Collective::kReduceScatter, Collective::kAllToAll}) {
+    if (name == name_of(c)) return c;
+  }
+  throw ConfigError("unknown collective '" + name +
+                    "'; use all_reduce, broadcast, reduce, all_gather, reduce_scatter or all_to_all");
+}
+
+}  // namespace detail
+
+/// The flags the engine understands, for a tool's --help.
+inline const char* perf_usage() {
+  return "  -b, --minbytes SIZE     smallest size (bytes; K, M, G suffixes), default 32M\n"
+         "  -e, --maxbytes SIZE     largest size, default 32M\n"
+         "  -f, --stepfactor F      multiply the size by F each step, default 2\n"
+         "  -i, --stepbytes SIZE    add SIZE each step instead\n"
+         "  -n, --iters N           timed calls per size and implementation, default 20\n"
+         "  -w, --warmup_iters N    untimed calls first, default 5\n"
+         "  -R, --rounds N          split the timed calls into N interleaved rounds; report the median, default 5\n"
+         "  -c, --check 0/1         check results before timing, default 1\n"
+         "  -a, --average 0/1/2/3   time over ranks: rank 0, average, min, max; default 1\n"
+         "  -r, --root R            root of broadcast and reduce, default 0\n"
+         "  -d, --datatype T[,T]    int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, or all\n"
+         "  -o, --op OP[,OP]        sum prod min max avg, or all (reductions only), default sum\n"
+         "  -O, --collective C[,C]  all_reduce broadcast reduce all_gather reduce_scatter all_to_all, default all_reduce\n"
+         "  -g, --ngpus N           devices per process (device backends)\n"
+         "      --no-in-place / --no-out-of-place   skip one placement\n"
+         "      --csv FILE / --json FILE            also write every row there (rank 0)\n";
+}
+
+/// Parses the engine's flags; anything else lands in `unparsed`, in order, for the tool.
+inline PerfOptions parse_perf_options(int argc, char** argv) {
+  PerfOptions o;
+  auto value = [&](int& i, const std::string& flag) -> std::string {
+    if (i + 1 >= argc) throw ConfigError("flag " + flag + " needs a value");
+    return argv[++i];
+  };
+  auto to_int = [](const std::string& flag, const std::string& text) {
+    try {
+      std::size_t used = 0;
+      const int v = std::stoi(text, &used);
+      if (used != text.size()) throw std::invalid_argument(text);
+      return v;
+    } catch (const std::exception&) {
+      throw ConfigError("flag " + flag + ": '" + text + "' is not an integer");
+    }
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "-b" || flag == "--minbytes") o.min_bytes = detail::parse_size(value(i, flag));
+    else if (flag == "-e" || flag == "--maxbytes") o.max_bytes = detail::parse_size(value(i, flag));
+    else if (flag == "-f" || flag == "--stepfactor") o.step_factor = std::stod(value(i, flag));
+    else if (flag == "-i" || flag == "--stepbytes") o.step_bytes = detail::parse_size(value(i, flag));
+    else if (flag == "-n" || flag == "--iters") o.iters = to_int(flag, value(i, flag));
+    else if (flag == "-w" || flag == "--warmup_iters") o.warmup = to_int(flag, value(i, flag));
+    else if (flag == "-R" || flag == "--rounds") o.rounds = to_int(flag, value(i, flag));
+    else if (flag == "-c" || flag == "--check") o.check = to_int(flag, value(i, flag));
+    else if (flag == "-a" || flag == "--average") o.average = to_int(flag, value(i, flag));
+    else if (flag == "-r" || flag == "--root") o.root = to_int(flag, value(i, flag));
+    else if (flag == "-g" || flag == "--ngpus") o.devices_per_process = to_int(flag, value(i, flag));
+    else if (flag == "--no-in-place") o.in_place = false;
+    else if (flag == "--no-out-of-place") o.out_of_place = false;
+    else if (flag == "--csv") o.csv_path = value(i, flag);
+    else if (flag == "--json") o.json_path = value(i, flag);
+    else if (flag == "-d" || flag == "--datatype") {
+      const std::string list = value(i, flag);
+      o.types.clear();
+      if (list == "all") o.types = detail::all_types();
+      else for (const auto& name : detail::split_list(list)) o.types.push_back(detail::parse_type(name));
+    } else if (flag == "-o" || flag == "--op") {
+      const std::string list = value(i, flag);
+      o.ops.clear();
+      if (list == "all") o.ops = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg};
+      else for (const auto& name : detail::split_list(list)) o.ops.push_back(detail::parse_op(name));
+    } else if (flag == "-O" || flag == "--collective") {
+      const std::string list = value(i, flag);
+      o.collectives.clear();
+      if (list == "all") {
+        o.collectives = {Collective::kAllReduce, Collective::kBroadcast, Collective::kReduce, Collective::kAllGather,
+                         Collective::kReduceScatter, Collective::kAllToAll};
+      } else {
+        for (const auto& name : detail::split_list(list)) o.collectives.push_back(detail::parse_collective(name));
+      }
+    } else {
+      o.unparsed.push_back(flag);
+    }
+  }
+  if (o.min_bytes > o.max_bytes) throw ConfigError("-b (minbytes) is larger than -e (maxbytes)");
+  if (o.step_bytes == 0 && !(o.step_factor > 1.0)) throw ConfigError("-f (stepfactor) must be > 1");
+  if (o.iters < 1 || o.warmup < 0 || o.rounds < 1) throw ConfigError("-n must be >= 1, -w >= 0, -R >= 1");
+  if (o.average < 0 || o.average > 3) throw ConfigError("-a must be 0, 1, 2 or 3");
+  if (o.types.empty() || o.ops.empty() || o.collectives.empty()) throw ConfigError("empty -d, -o or -O list");
+  if (!o.in_place && !o.out_of_place) throw ConfigError("--no-in-place and --no-out-of-place leave nothing to run");
+  return o;
+}
+
+// ---- how bytes reach the backend's memory -----------------------------------------------------
+
+/// Moves bytes between host staging memory and memory from `backend.allocate`. The default
+/// serves host backends; a device backend specialises it (e.g. with cudaMemcpy).
+template <class B>
+struct HostTransfer {
+  static_assert(B::memory_kind == MemoryKind::kHost,
+                "specialise ncclkit::perf::HostTransfer<YourBackend> for a device backend");
+  static void upload(B&, void* backend_memory, const void* host, std::size_t bytes) {
+    if (bytes) std::memcpy(backend_memory, host, bytes);
+  }
+  static void download(B&, void* host, const void* backend_memory, std::size_t bytes) {
+    if (bytes) std::memcpy(host, backend_memory, bytes);
+  }
+};
+
+// ---- implementations under test -----------------------------------------------------------------
+
+/// One implementation of the collectives: ncclkit's backend, or a raw library driven in the
+/// same harness. `issue` starts one collective (views of the backend's memory kind); `complete`
+/// waits for everything issued. `supports` says whether a case can run (else the table shows
+/// N/A).
+struct Implementation {
+  std::string name;
+  std::function<void(Collective, TensorView in, TensorView out, ReduceOp op, int root)> issue;
+  std::function<void()> complete;
+  std::function<bool(Collective, Placement, DataType, ReduceOp)> supports = [](Collective, Placement, DataType,
+                                                                              ReduceOp) { return true; };
+};
+
+/// ncclkit's own collectives on `stream` of `backend`.
+template <Backend B>
+Implementation backend_implementation(B& backend, typename B::Stream stream, std::string name = "ncclkit") {
+  Implementation impl;
+  impl.name = std::move(name);
+  impl.issue = [&backend, stream](Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+    switch (c) {
+      case Collective::kAllReduce: return backend.all_reduce(in, out, op, stream);
+      case Collective::kBroadcast: return backend.broadcast(in, out, root, stream);
+      case Collective::kAllGather: return backend.all_gather(in, out, stream);
+      case Collective::kReduceScatter: return backend.reduce_scatter(in, out, op, stream);
+      case Collective::kReduce:
+        if constexpr (requires { backend.reduce(in, out, op, root, stream); }) return backend.reduce(in, out, op, root, stream);
+        break;
+      case Collective::kAllToAll:
+        if constexpr (requires { backend.all_to_all(in, out, stream); }) return backend.all_to_all(in, out, stream);
+        break;
+    }
+    throw ConfigError(std::string("this backend has no ") + std::string(name_of(c)));
+  };
+  impl.complete = [&backend, stream] { backend.synchronize(stream); };
+  impl.supports = [](Collective c, Placement p, DataType, ReduceOp) {
+    if (c == Collective::kReduce) return requires(B & b, TensorView v, ReduceOp o, typename B::Stream s) { b.reduce(v, v, o, 0, s); };
+    if (c == Collective::kAllToAll) {
+      return p == Placement::kOutOfPlace && requires(B & b, TensorView v, typename B::Stream s) { b.all_to_all(v, v, s); };
+    }
+    return true;
+  };
+  return impl;
+}
+
+// ---- results ------------------------------------------------------------------------------------
+
+/// One measured (size, implementation, placement).
+struct Measurement {
+  double time_us = 0;   ///< median over rounds of the per-call time
+  double algbw = 0;     ///< GB/s (1e9 bytes per second)
+  double busbw = 0;     ///< GB/s
+  long long wrong = -1; ///< elements that differ from the reference; -1 = not checked
+  bool ran = false;
+};
+
+/// One table row: a size, for one implementation, both placements.
+struct Row {
+  Collective collective{};
+  DataType type{};
+  ReduceOp op{};
+  int root = -1;
+  std::size_t bytes = 0;
+  std::size_t count = 0;
+  std::string implementation;
+  Measurement out_of_place;
+  Measurement in_place;
+};
+
+struct PerfSummary {
+  std::vector<Row> rows;
+  long long wrong = 0;         ///< sum of #wrong over all rows (the "Out of bounds values" line)
+  double average_busbw = 0;    ///< over every measured value of the first implementation
+  bool ok() const { return wrong == 0; }
+};
+
+namespace detail {
+
+// ---- reference values ---------------------------------------------------------------------------
+
+inline std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  return x ^ (x >> 33);
+}
+
+/// The value rank `rank` holds at input index `index`: small integers, exact in every type, so
+/// sums of up to 31 ranks fit int8 and products of +-1 and +-2 stay exact in floats.
+inline double input_value(int rank, std::size_t index, DataType type, ReduceOp op) {
+  const std::uint64_t h = mix((static_cast<std::uint64_t>(rank) << 40) ^ index ^ 0x9e3779b97f4a7c15ULL);
+  const bool is_unsigned = type == DataType::kUint8 || type == DataType::kUint32 || type == DataType::kUint64;
+  if (op == ReduceOp::kProd) {
+    const double magnitude = (h % 8 == 0) ? 2.0 : 1.0;
+    return is_unsigned ? magnitude : ((h >> 8) & 1 ? magnitude : -magnitude);
+  }
+  const double v = static_cast<double>(h % 9);
+  return is_unsigned ? v : v - 4.0;
+}
+
+template <class Visitor>
+decltype(auto) visit_type(DataType type, Visitor&& visit) {
+  switch (type) {
+    case DataType::kInt8: return visit.template operator()<std::int8_t>();
+    case DataType::kUint8: return visit.template operator()<std::uint8_t>();
+    case DataType::kInt32: return visit.template operator()<std::int32_t>();
+    case DataType::kUint32: return visit.template operator()<std::uint32_t>();
+    case DataType::kInt64: return visit.template operator()<std::int64_t>();
+    case DataType::kUint64: return visit.template operator()<std::uint64_t>();
+    case DataType::kFloat16: return visit.template operator()<Half>();
+    case DataType::kBFloat16: return visit.template operator()<BFloat16>();
+    case DataType::kFloat32: return visit.template operator()<float>();
+    case DataType::kFloat64: return visit.template operator()<double>();
+  }
+  throw ConfigError("unknown data type");
+}
+
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<T>) {
+    // Through int64: conversion to a narrower integer wraps (two's complement, C++20).
+    return static_cast<T>(static_cast<std::int64_t>(v));
+  } else {
+    return static_cast<T>(v);
+  }
+}
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return static_cast<double>(static_cast<float>(v));
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+/// The reduction of rank values at `index`, as the element type would hold it.
+inline double reference_reduction(DataType type, ReduceOp op, int nranks, std::size_t index) {
+  const bool integer = !is_floating(type);
+  if (integer) {
+    std::int64_t acc = static_cast<std::int64_t>(input_value(0, index, type, op));
+    for (int r = 1; r < nranks; ++r) {
+      const auto v = static_cast<std::int64_t>(input_value(r, index, type, op));
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: acc += v; break;
+        case ReduceOp::kProd: acc *= v; break;
+        case ReduceOp::kMin: acc = std::min(acc, v); break;
+        case ReduceOp::kMax: acc = std::max(acc, v); break;
+      }
+    }
+    if (op == ReduceOp::kAvg) acc /= nranks;
+    return static_cast<double>(acc);
+  }
+  double acc = input_value(0, index, type, op);
+  for (int r = 1; r < nranks; ++r) {
+    const double v = input_value(r, index, type, op);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::kAvg) acc /= nranks;
+  return acc;
+}
+
+/// Absolute tolerance of a result: integers and sums of small integers are exact; the average
+/// of floats is rounded once per rank (scaled inputs), at most |value| <= 4 each.
+inline double tolerance(DataType type, ReduceOp op, int nranks) {
+  if (!is_floating(type) || op != ReduceOp::kAvg) return 0.0;
+  const double unit = type == DataType::kFloat16 ? 0x1p-10 : type == DataType::kBFloat16 ? 0x1p-7
+                      : type == DataType::kFloat32 ? 0x1p-23 : 0x1p-52;
+  return 4.0 * nranks * unit;
+}
+
+/// Per-rank element count and the sizes of the buffers for `bytes` of collective `c`.
+struct Shape {
+  std::size_t count = 0;      ///< nccl-tests' "count": elements per rank part (partitioned) or total
+  std::size_t in_elems = 0;   ///< input buffer elements
+  std::size_t out_elems = 0;  ///< output buffer elements
+  std::size_t bytes = 0;      ///< nccl-tests' "size" (after rounding to whole elements and parts)
+};
+
+inline Shape shape_of(Collective c, std::size_t bytes, DataType type, int nranks) {
+  const std::size_t element = size_of(type);
+  Shape s;
+  if (is_partitioned(c)) {
+    s.count = bytes / element / static_cast<std::size_t>(nranks);
+    const std::size_t total = s.count * static_cast<std::size_t>(nranks);
+    s.in_elems = c == Collective::kAllGather ? s.count : total;
+    s.out_elems = c == Collective::kReduceScatter ? s.count : total;
+    s.bytes = total * element;
+  } else {
+    s.count = bytes / element;
+    s.in_elems = s.out_elems = s.count;
+    s.bytes = s.count * element;
+  }
+  return s;
+}
+
+inline std::string date_string() {
+  char text[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
+  return text;
+}
+
+}  // namespace detail
+
+// ---- the engine -----------------------------------------------------------------------------------
+
+/// Runs the sweep that `options` describes over `implementations` (the first is the one the
+/// footer's average refers to) on `backend`, prints the table on rank 0 (to `out`), writes
+/// CSV/JSON if asked, and returns every row. Collective: every rank calls it with the same
+/// options. Throws what the backend throws (CommError on failure).
+template <Backend B>
+PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, const PerfOptions& options,
+                     std::FILE* out = stdout) {
+  using Clock = std::chrono::steady_clock;
+  const int nranks = backend.size();
+  const int rank = backend.rank();
+  const bool printer = rank == 0;
+  const auto stream = backend.default_stream();
+  if (options.root < 0 || options.root >= nranks) {
+    throw ConfigError("-r " + std::to_string(options.root) + " is outside [0, " + std::to_string(nranks) + ")");
+  }
+  if (implementations.empty()) throw ConfigError("run_perf: no implementation to time");
+  const bool several = implementations.size() > 1;
+
+  // Buffers sized for the largest case, plus a guard zone behind the output.
+  constexpr std::size_t kGuardBytes = 64;
+  constexpr unsigned char kPoison = 0xA5;
+  const std::size_t max_bytes = options.max_bytes;
+  const std::size_t buffer_bytes = max_bytes + kGuardBytes + 64;
+  void* send = backend.allocate(buffer_bytes);
+  void* recv = backend.allocate(buffer_bytes);
+  std::vector<unsigned char> staging(buffer_bytes);
+  std::vector<unsigned char> poison(buffer_bytes, kPoison);
+  // A small buffer for lining ranks up and combining times (through the backend itself).
+  void* scratch = backend.allocate(64 * sizeof(double));
+  struct Free {
+    B& b;
+    void* p[3];
+    ~Free() {
+      for (void* q : p) b.deallocate(q);
+    }
+  } free_all{backend, {send, recv, scratch}};
+
+  auto line_up = [&] {
+    backend.all_reduce(TensorView{scratch, 1, DataType::kFloat64, B::memory_kind},
+                       TensorView{scratch, 1, DataType::kFloat64, B::memory_kind}, ReduceOp::kSum, stream);
+    backend.synchronize(stream);
+  };
+  // Combines per-rank values (one per slot) as -a says.
+  auto combine = [&](std::vector<double>& values) {
+    const std::size_t n = values.size();
+    const ReduceOp how = options.average == 2 ? ReduceOp::kMin : options.average == 3 ? ReduceOp::kMax : ReduceOp::kSum;
+    std::vector<double> host(values);
+    if (options.average == 0 && rank != 0) std::fill(host.begin(), host.end(), 0.0);
+    HostTransfer<B>::upload(backend, scratch, host.data(), n * sizeof(double));
+    TensorView view{scratch, n, DataType::kFloat64, B::memory_kind};
+    backend.all_reduce(view, view, how, stream);
+    backend.synchronize(stream);
+    HostTransfer<B>::download(backend, host.data(), scratch, n * sizeof(double));
+    for (std::size_t i = 0; i < n; ++i) values[i] = options.average == 1 ? host[i] / nranks : host[i];
+  };
+
+  PerfSummary summary;
+  double busbw_sum = 0;
+  int busbw_count = 0;
+
+  auto print_header = [&](Collective c, DataType type, ReduceOp op) {
+    if (!printer) return;
+    std::fprintf(out, "#\n# %s, %s, %s, %d ranks, implementations:", std::string(name_of(c)).c_str(),
+                 std::string(name_of(type)).c_str(), is_reduction(c) ? std::string(name_of(op)).c_str() : "none",
+                 nranks);
+    for (const auto& impl : implementations) std::fprintf(out, " %s", impl.name.c_str());
+    std::fprintf(out, "\n#\n");
+    std::fprintf(out, "#                                                              out-of-place                       in-place          \n");
+    std::fprintf(out, "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong%s\n",
+                 several ? "  impl" : "");
+    std::fprintf(out, "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+  };
+  auto print_row = [&](const Row& row) {
+    if (!printer) return;
+    std::fprintf(out, "%12zu  %12zu  %8s  %6s  %6d", row.bytes, row.count, std::string(name_of(row.type)).c_str(),
+                 is_reduction(row.collective) ? std::string(name_of(row.op)).c_str() : "none", row.root);
+    for (const Measurement* m : {&row.out_of_place, &row.in_place}) {
+      if (!m->ran) {
+        std::fprintf(out, "  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
+        continue;
+      }
+      char time[16];
+      std::snprintf(time, sizeof time, m->time_us >= 10000 ? "%7.0f" : m->time_us >= 100 ? "%7.1f" : "%7.2f", m->time_us);
+      char wrong[16];
+      if (m->wrong < 0) std::snprintf(wrong, sizeof wrong, "%5s", "N/A");
+      else std::snprintf(wrong, sizeof wrong, "%5lld", m->wrong);
+      std::fprintf(out, "  %7s  %6.2f  %6.2f  %5s", time, m->algbw, m->busbw, wrong);
+    }
+    if (several) std::fprintf(out, "  %s", row.implementation.c_str());
+    std::fprintf(out, "\n");
+    std::fflush(out);
+  };
+
+  // Fills the input (and poisons the output) for a correctness run; returns #wrong after it.
+  auto check_once = [&](Implementation& impl, Collective c, DataType type, ReduceOp op, const detail::Shape& shape,
+                        Placement placement) -> long long {
+    const std::size_t element = size_of(type);
+    const int root = is_rooted(c) ? options.root : -1;
+    // Host inputs.
+    std::vector<unsigned char> input(shape.in_elems * element);
+    detail::visit_type(type, [&]<class T>() {
+      T* values = reinterpret_cast<T*>(input.data());
+      for (std::size_t i = 0; i < shape.in_elems; ++i) values[i] = detail::from_double<T>(detail::input_value(rank, i, type, op));
+    });
+    void* in_ptr = send;
+    void* out_ptr = recv;
+    HostTransfer<B>::upload(backend, recv, poison.data(), shape.out_elems * element + kGuardBytes);
+    if (placement == Placement::kOutOfPlace) {
+      HostTransfer<B>::upload(backend, send, input.data(), input.size());
+    } else {
+      out_ptr = recv;
+      if (c == Collective::kAllGather) {
+        in_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
+      } else {
+        in_ptr = recv;  // all_reduce, broadcast, reduce, reduce_scatter: the input lives in recv
+        if (c == Collective::kReduceScatter) {
+          out_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
+        }
+      }
+      if (c == Collective::kReduceScatter) {
+        // The input is the whole buffer; the guard goes behind it.
+        HostTransfer<B>::upload(backend, recv, poison.data(), shape.in_elems * element + kGuardBytes);
+      }
+      if (!(c == Collective::kBroadcast && rank != options.root)) HostTransfer<B>::upload(backend, in_ptr, input.data(), input.size());
+    }
+    TensorView in{in_ptr, shape.in_elems, type, B::memory_kind};
+    TensorView outv{out_ptr, shape.out_elems, type, B::memory_kind};
+    if (c == Collective::kBroadcast && rank != options.root && placement == Placement::kOutOfPlace) {
+      in = TensorView{send, shape.in_elems, type, B::memory_kind};
+    }
+    impl.issue(c, in, outv, op, root);
+    impl.complete();
+    // Download the output and the guard behind the buffer the result lives in.
+    const std::size_t checked_elems = shape.out_elems;
+    const bool whole_recv_checked = placement == Placement::kInPlace && c == Collective::kReduceScatter;
+    const std::size_t download_bytes = (whole_recv_checked ? shape.in_elems : shape.out_elems) * element + kGuardBytes;
+    HostTransfer<B>::download(backend, staging.data(), recv, download_bytes);
+    const unsigned char* result = staging.data() + (static_cast<unsigned char*>(out_ptr) - static_cast<unsigned char*>(recv));
+    long long wrong = 0;
+    if (c == Collective::kReduce && rank != options.root) {
+      // The output of non-roots is scratch: only the guard is checked.
+    } else {
+      const double tol = detail::tolerance(type, op, nranks);
+      detail::visit_type(type, [&]<class T>() {
+        for (std::size_t i = 0; i < checked_elems; ++i) {
+          double expected = 0;
+          switch (c) {
+            case Collective::kAllReduce:
+            case Collective::kReduce: expected = detail::reference_reduction(type, op, nranks, i); break;
+            case Collective::kBroadcast: expected = detail::input_value(options.root, i, type, op); break;
+            case Collective::kAllGather:
+              expected = detail::input_value(static_cast<int>(i / shape.count), i % shape.count, type, op);
+              break;
+            case Collective::kReduceScatter:
+              expected = detail::reference_reduction(type, op, nranks, static_cast<std::size_t>(rank) * shape.count + i);
+              break;
+            case Collective::kAllToAll:
+              expected = detail::input_value(static_cast<int>(i / shape.count),
+                                             static_cast<std::size_t>(rank) * shape.count + i % shape.count, type, op);
+              break;
+          }
+          T got_value;
+          std::memcpy(&got_value, result + i * element, element);
+          const double got = detail::to_double(got_value);
+          const double want = detail::to_double(detail::from_double<T>(expected));
+          const bool same_inf = std::isinf(got) && std::isinf(want) && (got > 0) == (want > 0);
+          if (!same_inf && !(std::fabs(got - want) <= tol)) ++wrong;
+        }
+      });
+    }
+    const std::size_t guard_at = download_bytes - kGuardBytes;
+    for (std::size_t i = 0; i < kGuardBytes; ++i) {
+      if (staging[guard_at + i] != kPoison) ++wrong;
+    }
+    return wrong;
+  };
+
+  for (Collective c : options.collectives) {
+    const std::vector<ReduceOp> ops = is_reduction(c) ? options.ops : std::vector<ReduceOp>{ReduceOp::kSum};
+    for (DataType type : options.types) {
+      for (ReduceOp op : ops) {
+        print_header(c, type, op);
+        std::vector<std::size_t> sizes;
+        for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
+          sizes.push_back(bytes);
+          const std::size_t next = options.step_bytes ? bytes + options.step_bytes
+                                                      : static_cast<std::size_t>(static_cast<double>(bytes) * options.step_factor);
+          if (next <= bytes) break;
+          bytes = next;
+        }
+        for (std::size_t requested : sizes) {
+          const detail::Shape shape = detail::shape_of(c, requested, type, nranks);
+          std::vector<Row> rows(implementations.size());
+          for (std::size_t k = 0; k < implementations.size(); ++k) {
+            rows[k] = Row{c, type, op, is_rooted(c) ? options.root : -1, shape.bytes, shape.count, implementations[k].name, {}, {}};
+          }
+          for (Placement placement : {Placement::kOutOfPlace, Placement::kInPlace}) {
+            if (placement == Placement::kOutOfPlace ? !options.out_of_place : !options.in_place) continue;
+            std::vector<bool> runs(implementations.size());
+            for (std::size_t k = 0; k < implementations.size(); ++k) runs[k] = implementations[k].supports(c, placement, type, op);
+            // Correctness first (it also warms the path up).
+            std::vector<double> wrong(implementations.size(), 0.0);
+            for (std::size_t k = 0; k < implementations.size(); ++k) {
+              if (runs[k] && options.check) wrong[k] = static_cast<double>(check_once(implementations[k], c, type, op, shape, placement));
+            }
+            if (options.check) {
+              // Sum the wrong counts over ranks (combine() would average them).
+              std::vector<double> host(wrong);
+              HostTransfer<B>::upload(backend, scratch, host.data(), host.size() * sizeof(double));
+              TensorView view{scratch, host.size(), DataType::kFloat64, B::memory_kind};
+              backend.all_reduce(view, view, ReduceOp::kSum, stream);
+              backend.synchronize(stream);
+              HostTransfer<B>::download(backend, host.data(), scratch, host.size() * sizeof(double));
+              wrong = host;
+            }
+            // Timed runs on whatever the buffers hold now.
+            const std::size_t element = size_of(type);
+            void* in_ptr = send;
+            void* out_ptr = recv;
+            if (placement == Placement::kInPlace) {
+              in_ptr = recv;
+              if (c == Collective::kAllGather) in_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
+              if (c == Collective::kReduceScatter) out_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
+            }
+            const TensorView in{in_ptr, shape.in_elems, type, B::memory_kind};
+            const TensorView outv{out_ptr, shape.out_elems, type, B::memory_kind};
+            const int root = is_rooted(c) ? options.root : -1;
+            for (std::size_t k = 0; k < implementations.size(); ++k) {
+              if (!runs[k]) continue;
+              for (int i = 0; i < options.warmup; ++i) implementations[k].issue(c, in, outv, op, root);
+              implementations[k].complete();
+            }
+            const int batch = (options.iters + options.rounds - 1) / options.rounds;
+            std::vector<std::vector<double>> samples(implementations.size());
+            for (int round = 0; round < options.rounds; ++round) {
+              std::vector<double> times(implementations.size(), 0.0);
+              for (std::size_t k = 0; k < implementations.size(); ++k) {
+                if (!runs[k]) continue;
+                line_up();
+                const auto start = Clock::now();
+                for (int i = 0; i < batch; ++i) implementations[k].issue(c, in, outv, op, root);
+                implementations[k].complete();
+                times[k] = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / batch;
+              }
+              combine(times);
+              for (std::size_t k = 0; k < implementations.size(); ++k) samples[k].push_back(times[k]);
+            }
+            for (std::size_t k = 0; k < implementations.size(); ++k) {
+              Measurement& m = placement == Placement::kOutOfPlace ? rows[k].out_of_place : rows[k].in_place;
+              if (!runs[k]) continue;
+              auto sorted = samples[k];
+              std::sort(sorted.begin(), sorted.end());
+              const std::size_t mid = sorted.size() / 2;
+              m.time_us = sorted.size() % 2 ? sorted[mid] : 0.5 * (sorted[mid - 1] + sorted[mid]);
+              m.algbw = m.time_us > 0 ? static_cast<double>(shape.bytes) / (m.time_us * 1e3) : 0.0;
+              m.busbw = m.algbw * busbw_factor(c, nranks);
+              m.wrong = options.check ? static_cast<long long>(wrong[k]) : -1;
+              m.ran = true;
+              if (m.wrong > 0) summary.wrong += m.wrong;
+              if (k == 0) {
+                busbw_sum += m.busbw;
+                ++busbw_count;
+              }
+            }
+          }
+          for (const Row& row : rows) {
+            print_row(row);
+            summary.rows.push_back(row);
+          }
+        }
+      }
+    }
+  }
+  summary.average_busbw = busbw_count ? busbw_sum / busbw_count : 0.0;
+
+  if (printer) {
+    if (several) {
+      // Side by side: the first implementation's time over each other's (lower is better).
+      std::fprintf(out, "#\n# Time of '%s' relative to the others (median time ratio; < 1 means faster):\n",
+                   implementations[0].name.c_str());
+      std::fprintf(out, "# %-14s %-9s %-5s %12s %-10s %12s %10s\n", "collective", "type", "redop", "size(B)", "versus",
+                   "out-of-place", "in-place");
+      const std::size_t stride = implementations.size();
+      for (std::size_t i = 0; i + stride <= summary.rows.size(); i += stride) {
+        const Row& base = summary.rows[i];
+        for (std::size_t k = 1; k < stride; ++k) {
+          const Row& other = summary.rows[i + k];
+          auto ratio = [](const Measurement& a, const Measurement& b) {
+            char text[16];
+            if (a.ran && b.ran && b.time_us > 0) std::snprintf(text, sizeof text, "%.3f", a.time_us / b.time_us);
+            else std::snprintf(text, sizeof text, "N/A");
+            return std::string(text);
+          };
+          std::fprintf(out, "# %-14s %-9s %-5s %12zu %-10s %12s %10s\n", std::string(name_of(base.collective)).c_str(),
+                       std::string(name_of(base.type)).c_str(),
+                       is_reduction(base.collective) ? std::string(name_of(base.op)).c_str() : "none", base.bytes,
+                       other.implementation.c_str(), ratio(base.out_of_place, other.out_of_place).c_str(),
+                       ratio(base.in_place, other.in_place).c_str());
+        }
+      }
+    }
+    std::fprintf(out, "# Out of bounds values : %lld %s\n", summary.wrong, summary.wrong == 0 ? "OK" : "FAILED");
+    std::fprintf(out, "# Avg bus bandwidth    : %g \n#\n", summary.average_busbw);
+    std::fflush(out);
+
+    const std::string date = detail::date_string();
+    if (!options.csv_path.empty()) {
+      std::FILE* csv = std::fopen(options.csv_path.c_str(), "w");
+      if (!csv) throw ConfigError("cannot write --csv file '" + options.csv_path + "'");
+      std::fprintf(csv, "date,collective,implementation,placement,type,redop,root,nranks,bytes,count,time_us,algbw_gbs,busbw_gbs,wrong\n");
+      for (const Row& row : summary.rows) {
+        for (Placement p : {Placement::kOutOfPlace, Placement::kInPlace}) {
+          const Measurement& m = p == Placement::kOutOfPlace ? row.out_of_place : row.in_place;
+          if (!m.ran) continue;
+          std::fprintf(csv, "%s,%s,%s,%s,%s,%s,%d,%d,%zu,%zu,%.3f,%.4f,%.4f,%lld\n", date.c_str(),
+                       std::string(name_of(row.collective)).c_str(), row.implementation.c_str(),
+                       p == Placement::kOutOfPlace ? "out-of-place" : "in-place", std::string(name_of(row.type)).c_str(),
+                       std::string(name_of(row.op)).c_str(), row.root, nranks, row.bytes, row.count, m.time_us, m.algbw,
+                       m.busbw, m.wrong);
+        }
+      }
+      std::fclose(csv);
+    }
+    if (!options.json_path.empty()) {
+      std::FILE* json = std::fopen(options.json_path.c_str(), "w");
+      if (!json) throw ConfigError("cannot write --json file '" + options.json_path + "'");
+      std::fprintf(json, "{\"date\": \"%s\", \"nranks\": %d, \"rows\": [", date.c_str(), nranks);
+      bool first = true;
+      for (const Row& row : summary.rows) {
+        for (Placement p : {Placement::kOutOfPlace, Placement::kInPlace}) {
+          const Measurement& m = p == Placement::kOutOfPlace ? row.out_of_place : row.in_place;
+          if (!m.ran) continue;
+          std::fprintf(json,
+                       "%s\n  {\"collective\": \"%s\", \"implementation\": \"%s\", \"placement\": \"%s\", \"type\": \"%s\", "
+                       "\"redop\": \"%s\", \"root\": %d, \"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, "
+                       "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, \"wrong\": %lld}",
+                       first ? "" : ",", std::string(name_of(row.collective)).c_str(), row.implementation.c_str(),
+                       p == Placement::kOutOfPlace ? "out-of-place" : "in-place", std::string(name_of(row.type)).c_str(),
+                       std::string(name_of(row.op)).c_str(), row.root, row.bytes, row.count, m.time_us, m.algbw, m.busbw,
+                       m.wrong);
+          first = false;
+        }
+      }
+      std::fprintf(json, "\n]}\n");
+      std::fclose(json);
+    }
+  }
+  return summary;
+}
+
+}  // namespace ncclkit::perf
