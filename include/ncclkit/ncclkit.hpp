@@ -15,8 +15,12 @@
 #include "ncclkit/core/tensor.hpp"
 
 #include "ncclkit/store/barrier.hpp"
+#include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/prefix_store.hpp"
 #include "ncclkit/store/store.hpp"
+#include "ncclkit/store/tcp_store.hpp"
 
+#include "ncclkit/bootstrap/environment.hpp"
+#include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/bootstrap/world_info.hpp"
