@@ -24,3 +24,11 @@
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/bootstrap/world_info.hpp"
+
+#if !defined(NCCLKIT_NO_GLOO) && __has_include(<gloo/context.h>)
+#include "ncclkit/gloo/communicator.hpp"
+#endif
+
+#if !defined(NCCLKIT_NO_NCCL) && __has_include(<nccl.h>) && __has_include(<cuda_runtime.h>)
+#include "ncclkit/nccl/communicator.hpp"
+#endif
