@@ -46,8 +46,6 @@
 #include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/store/barrier.hpp"
-#include "ncclkit/store/file_store.hpp"
-#include "ncclkit/store/tcp_store.hpp"
 
 namespace {
 
@@ -112,16 +110,7 @@ void fork_hanging_child(const std::string& path, bool new_session) {
 
 void rendezvous() {
   const ncclkit::WorldInfo world = ncclkit::detect_world();
-  const ncclkit::InitUrl url = ncclkit::parse_init_url(world.init_url);
-  std::unique_ptr<ncclkit::Store> store;
-  if (url.scheme == ncclkit::InitUrlScheme::kFile) {
-    store = std::make_unique<ncclkit::FileStore>(url.path, ncclkit::FileStoreOptions{.world_size = world.world_size});
-  } else {
-    const std::string host = url.scheme == ncclkit::InitUrlScheme::kTcp ? url.host : world.master_addr;
-    const int port = url.scheme == ncclkit::InitUrlScheme::kTcp ? url.port : world.master_port;
-    store = std::make_unique<ncclkit::TcpStore>(
-        ncclkit::TcpStoreOptions{.host = host, .port = port, .is_server = world.rank == 0});
-  }
+  std::shared_ptr<ncclkit::Store> store = ncclkit::make_store(world.init_url, world);
   ncclkit::barrier(*store, world.rank, world.world_size, "start");
   store->add("sum", world.rank + 1);
   ncclkit::barrier(*store, world.rank, world.world_size, "added");
@@ -213,7 +202,12 @@ int main(int argc, char** argv) {
     } else if (name == "daemon") {
       fork_hanging_child(arg + "/daemon_" + std::to_string(g_rank) + ".pid", true);
     } else if (name == "rendezvous") {
-      rendezvous();
+      try {
+        rendezvous();
+      } catch (const std::exception& e) {
+        write_all(2, std::string("rendezvous failed: ") + e.what() + "\n");
+        return 1;
+      }
     } else if (name == "sleepms") {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(arg.c_str())));
     } else if (name == "touch") {

@@ -180,6 +180,7 @@ class StoreCoordinator final : public NodeCoordinator {
     layout.first_rank = layout.nodes[static_cast<std::size_t>(node_rank)].first_rank;
     layout.world_size = next_rank;
     layout_ = layout;
+    layout_joined_ = true;
     return layout;
   }
 
@@ -292,7 +293,7 @@ class StoreCoordinator final : public NodeCoordinator {
       std::string message = "ncclkit-run (node " + std::to_string(node_rank_) + "): " + what + " at " +
                             store_->describe() + " timed out after " +
                             launch::detail::format_seconds(options_.timeout) + ": ";
-      if (options_.kind == RendezvousKind::kFolder && !options_.node_rank && what.find("rendezvous") == 0) {
+      if (!options_.node_rank && !layout_joined_) {  // node ranks by arrival: only a count is meaningful
         message += std::to_string(present.size()) + " of " + std::to_string(keys.size()) + " launchers arrived (missing node rank(s) " +
                    detail::join_ints(missing) + ")";
       } else {
@@ -384,6 +385,7 @@ class StoreCoordinator final : public NodeCoordinator {
   int node_rank_ = -1;
   bool left_ = false;
   JobLayout layout_;
+  bool layout_joined_ = false;
   std::chrono::steady_clock::time_point last_beat_{};
 };
 
