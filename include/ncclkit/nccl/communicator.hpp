@@ -1,0 +1,990 @@
+#pragma once
+/// ncclkit::nccl::Communicator: a move-only owner of an NCCL communicator with typed,
+/// stream-ordered collectives that never hang. Models ncclkit's `Backend` concept.
+///
+///   auto store = ncclkit::make_store(world.init_url, world);   // any ncclkit::Store
+///   ncclkit::nccl::Communicator comm(store, world, {.timeout = std::chrono::seconds(120)});
+///   comm.all_reduce(grads, grads, n, ncclkit::ReduceOp::kAvg);  // in place, default stream
+///   comm.synchronize();
+///
+/// Creation. Rank 0 makes the ncclUniqueId and publishes it through the store, in a scope of
+/// its own (`ncclkit/nccl/<name>/<k>`, k counting this rank's communicators of that name, so
+/// several communicators and reruns never read each other's keys). Before that, ranks
+/// exchange their NCCL, CUDA runtime and ncclkit versions; a mismatch is a ConfigError on
+/// every rank naming the ranks. NCCL is initialised non-blocking (ncclConfig_t.blocking = 0)
+/// and polled, so init is bounded by the timeout. The GPU is Options::device, else the local
+/// rank modulo the visible GPUs. The calling thread's current device is left as it was.
+///
+/// Streams. Every collective takes a stream last, defaulting to default_stream() (the
+/// communicator's own stream, or Options::stream). comm_stream() is a second stream, with
+/// Options::stream_priority, for overlapping communication with compute. Nothing blocks
+/// the host except synchronize() and barrier().
+///
+/// Failures. Each collective gets a sequence number and a completion event; a watchdog
+/// thread (watchdog.hpp) aborts the communicator when one stays in flight longer than the
+/// timeout or NCCL reports an asynchronous error. From then on every call, synchronize()
+/// included, throws CommError naming rank, operation, sequence number, bytes, time waited and
+/// every rank's progress. Misuse (root out of range, null or host pointers, buffers of
+/// another GPU, mismatched sizes) throws ConfigError before NCCL sees it; the communicator
+/// stays usable then. Destruction never hangs: pending work gets the timeout to finish, then
+/// the communicator is aborted.
+///
+/// Threads. One thread at a time may issue work on a communicator (as with NCCL itself).
+/// Collectives captured into a CUDA graph are issued (and must be replayed) in the same order
+/// on every rank; their replays are not watched (no sequence number, no event).
+///
+/// Host code: compiles with g++ given the CUDA and NCCL include folders; scale() needs the
+/// kernels of kernels.cuh, which nvcc translation units get from here automatically (one
+/// such file in the program is enough).
+
+#include <cuda_runtime_api.h>  // cudaStream_t, cudaPointerGetAttributes, cudaMalloc, ...
+#include <nccl.h>              // ncclComm_t, ncclConfig_t and the collectives
+
+#include <algorithm>    // std::min
+#include <chrono>       // std::chrono
+#include <cstddef>      // std::size_t
+#include <cstdint>      // std::uint64_t
+#include <cstdio>       // std::snprintf
+#include <cstring>      // std::memcpy
+#include <memory>       // std::unique_ptr, std::shared_ptr
+#include <mutex>        // std::unique_lock
+#include <optional>     // std::optional
+#include <span>         // std::span
+#include <string>       // std::string
+#include <thread>       // std::this_thread::sleep_for
+#include <type_traits>  // std::type_identity_t
+#include <utility>      // std::move
+#include <vector>       // std::vector, std::erase
+
+#include "ncclkit/bootstrap/world_info.hpp"
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/core/tensor.hpp"
+#include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/comm_core.hpp"
+#include "ncclkit/nccl/detail/kernel_hooks.hpp"
+#include "ncclkit/nccl/detail/nvtx.hpp"
+#include "ncclkit/nccl/group.hpp"
+#include "ncclkit/nccl/options.hpp"
+#include "ncclkit/nccl/rendezvous.hpp"
+#include "ncclkit/nccl/stream.hpp"
+#include "ncclkit/nccl/types.hpp"
+#include "ncclkit/nccl/watchdog.hpp"
+#include "ncclkit/store/prefix_store.hpp"
+#include "ncclkit/store/store.hpp"
+#include "ncclkit/version.hpp"
+
+#if defined(__CUDACC__)
+#include "ncclkit/nccl/kernels.cuh"
+#endif
+
+namespace ncclkit::nccl {
+
+/// The stream argument of every collective: a CUDA stream, or (by default) the
+/// communicator's default stream. `nullptr` means CUDA's legacy default stream, as usual.
+class StreamArg {
+ public:
+  StreamArg() = default;
+  StreamArg(cudaStream_t stream) : stream_(stream), given_(true) {}        // NOLINT: implicit on purpose
+  StreamArg(const nccl::Stream& stream) : stream_(stream.get()), given_(true) {}  // NOLINT
+  cudaStream_t resolve(cudaStream_t fallback) const { return given_ ? stream_ : fallback; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  bool given_ = false;
+};
+
+/// "NCCL 2.28.9, CUDA runtime 13.0, ncclkit 0.1.0": what ranks compare at init.
+inline std::string version_text() {
+  int nccl_version = 0;
+  NCCLKIT_NCCL_CHECK(ncclGetVersion(&nccl_version));
+  int runtime = 0;
+  NCCLKIT_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  const int major = nccl_version / 10000, minor = (nccl_version / 100) % 100, patch = nccl_version % 100;
+  return "NCCL " + std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch) +
+         ", CUDA runtime " + std::to_string(runtime / 1000) + "." + std::to_string((runtime % 1000) / 10) +
+         ", ncclkit " + kVersionString;
+}
+
+class LocalGroup;
+
+class Communicator {
+ public:
+  using Stream = cudaStream_t;
+  using Event = nccl::Event;
+  static constexpr MemoryKind memory_kind = MemoryKind::kDevice;
+
+  /// Creates this rank's communicator of the job `world` describes; blocks until every rank
+  /// has joined (bounded by the timeout). `store` is shared by all ranks (its keys are scoped
+  /// here) and is kept for the progress exchange of failure reports.
+  Communicator(std::shared_ptr<Store> store, const WorldInfo& world, Options options = {}) {
+    world.validate();
+    if (!store) throw ConfigError("nccl::Communicator '" + options.name + "': the store is null");
+    auto core = make_core(std::move(options), world.rank, world.world_size, world.local_rank);
+    const std::string who = core->who();
+    const std::string base = "ncclkit/nccl/" + core->options.name;
+    const std::int64_t index = store->add(base + "/instances/" + std::to_string(world.rank), 1);
+    core->scope = std::make_shared<PrefixStore>(base + "/" + std::to_string(index), store);
+
+    Bytes id_bytes = detail::init_rendezvous(
+        *core->scope, core->rank, core->size, version_text(), core->options.timeout,
+        [] {
+          ncclUniqueId id;
+          NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+          return Bytes(reinterpret_cast<const std::uint8_t*>(id.internal),
+                       reinterpret_cast<const std::uint8_t*>(id.internal) + sizeof(id.internal));
+        },
+        who);
+    ncclUniqueId id;
+    if (id_bytes.size() != sizeof(id.internal)) {
+      throw StoreError(who + " init: the unique id from rank 0 has " + std::to_string(id_bytes.size()) +
+                       " bytes, expected " + std::to_string(sizeof(id.internal)));
+    }
+    std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
+
+    core->scope->set("joined/" + std::to_string(core->rank), "1");
+    const auto deadline = detail::Clock::now() + core->options.timeout;
+    ncclConfig_t config = make_config(core->options);
+    ncclComm_t comm = nullptr;
+    {
+      DeviceGuard guard(core->device);
+      const ncclResult_t status = ncclCommInitRankConfig(&comm, core->size, id, core->rank, &config);
+      if (status != ncclSuccess && status != ncclInProgress) {
+        if (comm != nullptr) (void)ncclCommAbort(comm);
+        check_nccl(status, who + " init (ncclCommInitRankConfig)");
+      }
+    }
+    wait_for_init(comm, deadline, *core, "init (ncclCommInitRankConfig)");
+    adopt(std::move(core), comm);
+  }
+
+  Communicator(Communicator&& other) noexcept = default;
+  Communicator& operator=(Communicator&& other) noexcept {
+    if (this != &other) {
+      if (core_) shutdown_all({core_.get()});
+      core_ = std::move(other.core_);
+    }
+    return *this;
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  /// Finalises (pending work gets the timeout to finish) or aborts; never hangs, never throws.
+  ~Communicator() {
+    if (core_) shutdown_all({core_.get()});
+  }
+
+  // ---- identity -------------------------------------------------------------------------
+
+  int rank() const { return core().rank; }
+  int size() const { return core().size; }
+  int device() const { return core().device; }
+  const std::string& name() const { return core().options.name; }
+  const Options& options() const { return core().options; }
+  std::chrono::milliseconds timeout() const { return core().options.timeout; }
+  /// The NCCL handle, for calls ncclkit does not wrap (null once aborted). Calls made through
+  /// it are not watched.
+  ncclComm_t native() const { return core().watchdog.handle().comm; }
+  /// Sequence number of the last collective issued / of the last one known complete.
+  std::uint64_t issued_seq() const { return core().watchdog.issued(); }
+  std::uint64_t completed_seq() const { return core().watchdog.completed(); }
+  /// Whether the communicator has failed (every call throws CommError then).
+  bool failed() const { return core().watchdog.failed(); }
+  /// The watchdog's report, once a failure has been handled.
+  std::optional<FailureReport> failure_report() const { return core().watchdog.report(); }
+  /// This communicator's scope of the store: its init keys, and `progress/<rank>` ("issued
+  /// completed") published by the watchdog. Null for members of a LocalGroup.
+  const std::shared_ptr<Store>& store_scope() const { return core().scope; }
+
+  // ---- streams and ordering ---------------------------------------------------------------
+
+  Stream default_stream() { return core().default_stream; }
+  Stream comm_stream() { return core().comm_stream; }
+
+  /// An event marking the work issued so far on `stream`.
+  Event record(StreamArg stream = {}) {
+    throw_if_failed();
+    Event event(core().device);
+    event.record(stream.resolve(core().default_stream));
+    return event;
+  }
+  /// Makes later work on `stream` wait for `event`. Does not block the host.
+  void wait(const Event& event, StreamArg stream = {}) {
+    throw_if_failed();
+    NCCLKIT_CUDA_CHECK(cudaStreamWaitEvent(stream.resolve(core().default_stream), event.get(), 0));
+  }
+  /// Blocks until `stream` is idle. Throws CommError when the communicator failed (also when
+  /// the failure is what released the stream), TimeoutError after the timeout + 5 s.
+  void synchronize(StreamArg stream = {}) {
+    auto& c = core();
+    c.watchdog.throw_if_failed();
+    const cudaStream_t s = stream.resolve(c.default_stream);
+    NCCLKIT_CUDA_CHECK(cudaEventRecord(c.sync_event.get(), s));
+    c.watchdog.wait_event(c.sync_event.get(), detail::Clock::now() + c.options.timeout + std::chrono::seconds(5),
+                          "synchronize");
+  }
+
+  // ---- collectives on type-erased views (the Backend concept) ------------------------------
+
+  /// out[i] = op over ranks of in[i]. In place when in.data == out.data.
+  void all_reduce(TensorView in, TensorView out, ReduceOp op, StreamArg stream = {}) {
+    static constexpr const char* kOp = "all_reduce";
+    check_op(kOp, op);
+    check_pair(kOp, in, out, in.count, "in.count == out.count");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
+      return ncclAllReduce(in.data, out.data, in.count, to_nccl(in.dtype), to_nccl(op), comm, s);
+    });
+  }
+
+  /// Copies `in` of rank `root` into `out` of every rank. `in` is read on the root only (may
+  /// be empty elsewhere). In place when in.data == out.data on the root.
+  void broadcast(TensorView in, TensorView out, int root, StreamArg stream = {}) {
+    static constexpr const char* kOp = "broadcast";
+    check_root(kOp, root);
+    check_buffer(kOp, "output", out, true);
+    if (rank() == root) check_pair(kOp, in, out, out.count, "in.count == out.count on the root");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    const void* send = rank() == root ? in.data : out.data;
+    issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
+      return ncclBroadcast(send, out.data, out.count, to_nccl(out.dtype), root, comm, s);
+    });
+  }
+
+  /// Reduces `in` of every rank into `out` of rank `root` (`out` is ignored elsewhere).
+  void reduce(TensorView in, TensorView out, ReduceOp op, int root, StreamArg stream = {}) {
+    static constexpr const char* kOp = "reduce";
+    check_op(kOp, op);
+    check_root(kOp, root);
+    check_buffer(kOp, "input", in, true);
+    if (rank() == root) check_pair(kOp, in, out, in.count, "in.count == out.count on the root");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
+      return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.count, to_nccl(in.dtype), to_nccl(op),
+                        root, comm, s);
+    });
+  }
+
+  /// out = the concatenation of every rank's `in`, in rank order (out.count == in.count *
+  /// size()). In place when in.data is this rank's slice of out.
+  void all_gather(TensorView in, TensorView out, StreamArg stream = {}) {
+    static constexpr const char* kOp = "all_gather";
+    check_pair(kOp, in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size()");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
+      return ncclAllGather(in.data, out.data, in.count, to_nccl(in.dtype), comm, s);
+    });
+  }
+
+  /// all_gather with a different count per rank: rank r contributes counts[r] elements, which
+  /// land at offset counts[0] + ... + counts[r-1] of `out`. `counts` must be the same on every
+  /// rank. One grouped broadcast per rank with a non-empty slice.
+  void all_gather_uneven(TensorView in, TensorView out, std::span<const std::size_t> counts,
+                         StreamArg stream = {}) {
+    static constexpr const char* kOp = "all_gather_uneven";
+    if (counts.size() != static_cast<std::size_t>(size())) {
+      misuse(kOp, "counts has " + std::to_string(counts.size()) + " entries, one per rank (" +
+                      std::to_string(size()) + ") needed");
+    }
+    std::size_t total = 0;
+    for (std::size_t c : counts) total += c;
+    if (in.count != counts[static_cast<std::size_t>(rank())]) {
+      misuse(kOp, "in.count is " + std::to_string(in.count) + " but counts[" + std::to_string(rank()) + "] is " +
+                      std::to_string(counts[static_cast<std::size_t>(rank())]));
+    }
+    check_pair(kOp, in, out, total, "out.count == sum of counts");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    const ncclDataType_t type = to_nccl(out.dtype);
+    const std::size_t element = size_of(out.dtype);
+    issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
+      ncclResult_t status = ncclGroupStart();
+      if (status != ncclSuccess) return status;
+      std::size_t offset = 0;
+      for (int root = 0; root < size(); ++root) {
+        const std::size_t n = counts[static_cast<std::size_t>(root)];
+        void* slice = static_cast<char*>(out.data) + offset * element;
+        if (n != 0) {
+          status = ncclBroadcast(root == rank() ? in.data : slice, slice, n, type, root, comm, s);
+          if (status != ncclSuccess) break;
+        }
+        offset += n;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return status != ncclSuccess ? status : end;
+    });
+  }
+
+  /// out (out.count elements) = op over ranks of this rank's slice of in (in.count == out.count
+  /// * size()). In place when out.data is this rank's slice of in.
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op, StreamArg stream = {}) {
+    static constexpr const char* kOp = "reduce_scatter";
+    check_op(kOp, op);
+    check_pair(kOp, out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size()");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
+      return ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.dtype), to_nccl(op), comm, s);
+    });
+  }
+
+  /// Slice j of `in` (in.count / size() elements) goes to rank j, landing there as slice
+  /// `rank()` of `out`. in.count == out.count, a multiple of size(). Out of place only.
+  void all_to_all(TensorView in, TensorView out, StreamArg stream = {}) {
+    static constexpr const char* kOp = "all_to_all";
+    check_pair(kOp, in, out, in.count, "in.count == out.count");
+    if (in.count % static_cast<std::size_t>(size()) != 0) {
+      misuse(kOp, "in.count " + std::to_string(in.count) + " is not a multiple of size() " + std::to_string(size()));
+    }
+    if (in.count != 0 && in.data == out.data) misuse(kOp, "in and out are the same buffer; all_to_all is out of place only");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    const std::size_t per_peer = in.count / static_cast<std::size_t>(size());
+    const ncclDataType_t type = to_nccl(in.dtype);
+    issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      return ncclAlltoAll(in.data, out.data, per_peer, type, comm, s);
+#else
+      return grouped_exchange(comm, s, type, per_peer * size_of(in.dtype), per_peer,
+                              [&](int peer) { return offset(in.data, peer, per_peer, in.dtype); },
+                              [&](int peer) { return offset(out.data, peer, per_peer, in.dtype); });
+#endif
+    });
+  }
+
+  /// Every rank's `in` lands on rank `root` at offset rank * in.count of `out` (out.count ==
+  /// in.count * size() on the root; `out` is ignored elsewhere).
+  void gather(TensorView in, TensorView out, int root, StreamArg stream = {}) {
+    static constexpr const char* kOp = "gather";
+    check_root(kOp, root);
+    check_buffer(kOp, "input", in, true);
+    if (rank() == root) check_pair(kOp, in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size() on the root");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    const ncclDataType_t type = to_nccl(in.dtype);
+    void* receive = rank() == root ? out.data : nullptr;
+    issue(kOp, rank() == root ? out.bytes() : in.bytes(), s, [&](ncclComm_t comm) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      return ncclGather(in.data, receive, in.count, type, root, comm, s);
+#else
+      ncclResult_t status = ncclGroupStart();
+      if (status != ncclSuccess) return status;
+      if (in.count != 0) {
+        if (rank() == root) {
+          for (int peer = 0; peer < size() && status == ncclSuccess; ++peer)
+            status = ncclRecv(offset(receive, peer, in.count, in.dtype), in.count, type, peer, comm, s);
+        }
+        if (status == ncclSuccess) status = ncclSend(in.data, in.count, type, root, comm, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return status != ncclSuccess ? status : end;
+#endif
+    });
+  }
+
+  /// Slice j of rank `root`'s `in` (in.count == out.count * size() there) lands in `out` of
+  /// rank j. `in` is ignored off the root.
+  void scatter(TensorView in, TensorView out, int root, StreamArg stream = {}) {
+    static constexpr const char* kOp = "scatter";
+    check_root(kOp, root);
+    check_buffer(kOp, "output", out, true);
+    if (rank() == root) check_pair(kOp, out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size() on the root");
+    const cudaStream_t s = checked_stream(kOp, stream);
+    const ncclDataType_t type = to_nccl(out.dtype);
+    const void* send = rank() == root ? in.data : nullptr;
+    issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      return ncclScatter(send, out.data, out.count, type, root, comm, s);
+#else
+      ncclResult_t status = ncclGroupStart();
+      if (status != ncclSuccess) return status;
+      if (out.count != 0) {
+        if (rank() == root) {
+          for (int peer = 0; peer < size() && status == ncclSuccess; ++peer)
+            status = ncclSend(offset(const_cast<void*>(send), peer, out.count, out.dtype), out.count, type, peer, comm, s);
+        }
+        if (status == ncclSuccess) status = ncclRecv(out.data, out.count, type, root, comm, s);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return status != ncclSuccess ? status : end;
+#endif
+    });
+  }
+
+  /// Sends `in` to rank `peer`, which must post a matching recv (same count and type). Pairs
+  /// that must progress together go in one GroupGuard.
+  void send(TensorView in, int peer, StreamArg stream = {}) {
+    static constexpr const char* kOp = "send";
+    check_peer(kOp, peer);
+    check_buffer(kOp, "input", in, true);
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
+      return ncclSend(in.data, in.count, to_nccl(in.dtype), peer, comm, s);
+    });
+  }
+
+  /// Receives into `out` from rank `peer` (see send).
+  void recv(TensorView out, int peer, StreamArg stream = {}) {
+    static constexpr const char* kOp = "recv";
+    check_peer(kOp, peer);
+    check_buffer(kOp, "output", out, true);
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
+      return ncclRecv(out.data, out.count, to_nccl(out.dtype), peer, comm, s);
+    });
+  }
+
+  /// Returns once every rank has called barrier(): a one-element all_reduce on `stream`,
+  /// then synchronize(stream). Bounded by the timeout like every collective.
+  void barrier(StreamArg stream = {}) {
+    static constexpr const char* kOp = "barrier";
+    auto& c = core();
+    const cudaStream_t s = checked_stream(kOp, stream);
+    issue(kOp, sizeof(std::int32_t), s, [&](ncclComm_t comm) {
+      return ncclAllReduce(c.scratch, c.scratch, 1, ncclInt32, ncclSum, comm, s);
+    });
+    synchronize(s);
+  }
+
+  // ---- typed collectives: pointer + count -------------------------------------------------
+
+  template <class T>
+  void all_reduce(const T* in, T* out, std::size_t count, ReduceOp op = ReduceOp::kSum, StreamArg stream = {}) {
+    all_reduce(view(in, count), view(out, count), op, stream);
+  }
+  template <class T>
+  void broadcast(const T* in, T* out, std::size_t count, int root, StreamArg stream = {}) {
+    broadcast(view(in, rank() == root ? count : 0), view(out, count), root, stream);
+  }
+  /// In place: `buffer` is sent on the root and received everywhere else.
+  template <class T>
+  void broadcast(T* buffer, std::size_t count, int root, StreamArg stream = {}) {
+    broadcast(view(buffer, count), view(buffer, count), root, stream);
+  }
+  template <class T>
+  void reduce(const T* in, T* out, std::size_t count, ReduceOp op, int root, StreamArg stream = {}) {
+    reduce(view(in, count), view(out, rank() == root ? count : 0), op, root, stream);
+  }
+  /// `count` elements per rank; `out` holds count * size().
+  template <class T>
+  void all_gather(const T* in, T* out, std::size_t count, StreamArg stream = {}) {
+    all_gather(view(in, count), view(out, count * static_cast<std::size_t>(size())), stream);
+  }
+  /// `count` elements out per rank; `in` holds count * size().
+  template <class T>
+  void reduce_scatter(const T* in, T* out, std::size_t count, ReduceOp op = ReduceOp::kSum, StreamArg stream = {}) {
+    reduce_scatter(view(in, count * static_cast<std::size_t>(size())), view(out, count), op, stream);
+  }
+  /// `count` elements per peer; both buffers hold count * size().
+  template <class T>
+  void all_to_all(const T* in, T* out, std::size_t count, StreamArg stream = {}) {
+    const std::size_t total = count * static_cast<std::size_t>(size());
+    all_to_all(view(in, total), view(out, total), stream);
+  }
+  /// `count` elements per rank; `out` (root only) holds count * size().
+  template <class T>
+  void gather(const T* in, T* out, std::size_t count, int root, StreamArg stream = {}) {
+    gather(view(in, count), view(out, rank() == root ? count * static_cast<std::size_t>(size()) : 0), root, stream);
+  }
+  /// `count` elements per rank; `in` (root only) holds count * size().
+  template <class T>
+  void scatter(const T* in, T* out, std::size_t count, int root, StreamArg stream = {}) {
+    scatter(view(in, rank() == root ? count * static_cast<std::size_t>(size()) : 0), view(out, count), root, stream);
+  }
+  template <class T>
+  void send(const T* in, std::size_t count, int peer, StreamArg stream = {}) {
+    send(view(in, count), peer, stream);
+  }
+  template <class T>
+  void recv(T* out, std::size_t count, int peer, StreamArg stream = {}) {
+    recv(view(out, count), peer, stream);
+  }
+
+  // ---- typed collectives: std::span -------------------------------------------------------
+
+  template <class T>
+  void all_reduce(std::span<const std::type_identity_t<T>> in, std::span<T> out, ReduceOp op = ReduceOp::kSum,
+                  StreamArg stream = {}) {
+    all_reduce(view(in.data(), in.size()), view(out.data(), out.size()), op, stream);
+  }
+  /// In place.
+  template <class T>
+  void all_reduce(std::span<T> buffer, ReduceOp op = ReduceOp::kSum, StreamArg stream = {}) {
+    all_reduce(view(buffer.data(), buffer.size()), view(buffer.data(), buffer.size()), op, stream);
+  }
+  template <class T>
+  void broadcast(std::span<T> buffer, int root, StreamArg stream = {}) {
+    broadcast(view(buffer.data(), buffer.size()), view(buffer.data(), buffer.size()), root, stream);
+  }
+  template <class T>
+  void all_gather(std::span<const std::type_identity_t<T>> in, std::span<T> out, StreamArg stream = {}) {
+    all_gather(view(in.data(), in.size()), view(out.data(), out.size()), stream);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const std::type_identity_t<T>> in, std::span<T> out, ReduceOp op = ReduceOp::kSum,
+                      StreamArg stream = {}) {
+    reduce_scatter(view(in.data(), in.size()), view(out.data(), out.size()), op, stream);
+  }
+  template <class T>
+  void all_to_all(std::span<const std::type_identity_t<T>> in, std::span<T> out, StreamArg stream = {}) {
+    all_to_all(view(in.data(), in.size()), view(out.data(), out.size()), stream);
+  }
+
+  // ---- memory and element-wise work (the Backend concept) ---------------------------------
+
+  /// `bytes` of device memory on this communicator's GPU (nullptr for 0 bytes).
+  void* allocate(std::size_t bytes) {
+    if (bytes == 0) return nullptr;
+    DeviceGuard guard(core().device);
+    void* pointer = nullptr;
+    const cudaError_t status = cudaMalloc(&pointer, bytes);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw CudaError("allocate: cudaMalloc of " + std::to_string(bytes) + " bytes on " + core().who() +
+                      " failed: " + describe_cuda_error(status));
+    }
+    return pointer;
+  }
+  void deallocate(void* pointer) {
+    if (pointer == nullptr) return;
+    NCCLKIT_CUDA_CHECK(cudaFree(pointer));
+  }
+  /// Copies `bytes` between non-overlapping device buffers on `stream`.
+  void copy(void* destination, const void* source, std::size_t bytes, StreamArg stream = {}) {
+    if (bytes == 0) return;
+    if (destination == nullptr || source == nullptr) misuse("copy", "null pointer with " + std::to_string(bytes) + " bytes");
+    DeviceGuard guard(core().device);  // the stream is this GPU's, which may not be current
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice,
+                                       stream.resolve(core().default_stream)));
+  }
+  /// out[i] *= factor, computed in out's type (floats in float, doubles in double, integers
+  /// rounded to nearest and saturated).
+  void scale(TensorView out, double factor, StreamArg stream = {}) {
+    check_buffer("scale", "buffer", out, true);
+    auto launcher = detail::scale_launcher();
+    if (launcher == nullptr) {
+      throw ConfigError("scale needs ncclkit's CUDA kernels: include ncclkit/nccl/communicator.hpp (or "
+                        "ncclkit/nccl/kernels.cuh) in at least one file compiled by nvcc");
+    }
+    DeviceGuard guard(core().device);  // kernels launch on the current device's streams only
+    launcher(out.data, out.count, out.dtype, factor, stream.resolve(core().default_stream));
+  }
+
+  // ---- sub-groups and failure -------------------------------------------------------------
+
+  /// ncclCommSplit: ranks with the same `color` form a new communicator, ordered by `key`
+  /// (then by rank). A negative color takes no part and gets nullopt. Collective over this
+  /// communicator. The child gets `options` (default: this one's, named "<name>.split", with
+  /// streams of its own) and keeps its keys under this communicator's store scope.
+  std::optional<Communicator> split(int color, int key, std::optional<Options> options = std::nullopt) {
+    auto& parent = core();
+    parent.watchdog.throw_if_failed();
+    Options child_options = options ? std::move(*options) : parent.options;
+    if (!options) {
+      child_options.name = parent.options.name + ".split";
+      child_options.stream = nullptr;
+    }
+    child_options.device = parent.device;
+    if (child_options.timeout.count() == 0) child_options.timeout = parent.options.timeout;
+    auto child = make_core(std::move(child_options), 0, 1, 0);
+    const std::uint64_t index = parent.splits++;
+    const std::string what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
+    const auto deadline = detail::Clock::now() + child->options.timeout;
+    ncclConfig_t config = make_config(child->options);
+    ncclComm_t comm = nullptr;
+    {
+      std::unique_lock lock(parent.handle().mutex);
+      if (parent.handle().aborted) {
+        lock.unlock();
+        parent.watchdog.throw_failure();
+      }
+      DeviceGuard guard(parent.device);
+      const ncclResult_t status =
+          ncclCommSplit(parent.handle().comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
+      if (status != ncclSuccess && status != ncclInProgress) {
+        lock.unlock();
+        on_nccl_error(status, "split");
+      }
+    }
+    ncclResult_t parent_state = ncclSuccess;
+    try {
+      parent_state = detail::wait_while_in_progress(parent, deadline, what);
+    } catch (const TimeoutError& e) {
+      if (comm != nullptr) (void)ncclCommAbort(comm);
+      fail_issue("split", 0, e.what());
+    }
+    if (parent_state != ncclSuccess) {
+      if (comm != nullptr) (void)ncclCommAbort(comm);
+      on_nccl_error(parent_state, "split");
+    }
+    if (comm == nullptr) return std::nullopt;
+    wait_for_init(comm, deadline, *child, what);
+    int child_rank = 0, child_size = 1;
+    NCCLKIT_NCCL_CHECK(ncclCommUserRank(comm, &child_rank));
+    NCCLKIT_NCCL_CHECK(ncclCommCount(comm, &child_size));
+    child->rank = child_rank;
+    child->size = child_size;
+    if (parent.scope) {
+      child->scope = std::make_shared<PrefixStore>(
+          "split/" + std::to_string(index) + "/color/" + std::to_string(color), parent.scope);
+    }
+    Communicator result;
+    result.adopt(std::move(child), comm);
+    return result;
+  }
+
+  /// Aborts the communicator now (as the watchdog does on a failure) and returns once the
+  /// report is written; every later call throws CommError with `reason`.
+  void abort(std::string reason = "abort() was called") {
+    auto& c = core();
+    c.watchdog.request_failure(std::move(reason));
+    try {
+      c.watchdog.throw_failure();
+    } catch (const CommError&) {
+      // expected: the report is written
+    }
+  }
+
+ private:
+  friend class LocalGroup;
+  Communicator() = default;
+
+  detail::CommCore& core() const {
+    if (!core_) throw ConfigError("nccl::Communicator used after it was moved from");
+    return *core_;
+  }
+
+  void throw_if_failed() const { core().watchdog.throw_if_failed(); }
+
+  /// A fresh core with options resolved: device chosen, timeout filled in.
+  static std::unique_ptr<detail::CommCore> make_core(Options options, int rank, int size, int local_rank) {
+    auto core = std::make_unique<detail::CommCore>();
+    if (options.timeout.count() <= 0) options.timeout = default_comm_timeout();
+    const int visible = visible_device_count();
+    if (visible == 0) {
+      throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) +
+                        "): no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
+                        "use the Gloo backend on machines without GPUs");
+    }
+    if (options.device < 0) options.device = local_rank % visible;
+    if (options.device >= visible) {
+      throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): device " +
+                        std::to_string(options.device) + " asked for, but only " + std::to_string(visible) +
+                        " GPU(s) are visible");
+    }
+    core->rank = rank;
+    core->size = size;
+    core->device = options.device;
+    core->options = std::move(options);
+    return core;
+  }
+
+  static ncclConfig_t make_config(const Options& options) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // so that init and every call can be bounded by polling
+    if (options.cga_cluster_size >= 0) config.cgaClusterSize = options.cga_cluster_size;
+    if (options.min_ctas >= 0) config.minCTAs = options.min_ctas;
+    if (options.max_ctas >= 0) config.maxCTAs = options.max_ctas;
+    if (!options.net_name.empty()) config.netName = options.net_name.c_str();
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)
+    config.commName = options.name.c_str();
+#endif
+    return config;
+  }
+
+  /// Polls a communicator being created until NCCL is done with it; aborts it and throws on
+  /// an error or at `deadline` (naming, when the store knows, the ranks that never joined).
+  static void wait_for_init(ncclComm_t comm, detail::Clock::time_point deadline, const detail::CommCore& core,
+                            const std::string& what) {
+    auto pause = std::chrono::microseconds(10);
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t status = ncclCommGetAsyncError(comm, &state);
+      if (status != ncclSuccess) state = status;
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        const std::string error = describe_nccl_error(state, comm);
+        (void)ncclCommAbort(comm);
+        throw NcclError(core.who() + " " + what + " failed: " + error +
+                        "; set NCCL_DEBUG=WARN to see NCCL's account (duplicate GPUs across ranks? a firewall?)");
+      }
+      if (detail::Clock::now() >= deadline) {
+        std::string missing;
+        if (core.scope) {
+          try {
+            auto ranks = detail::missing_ranks(*core.scope, "joined/", core.size);
+            missing = ranks.empty() ? "; every rank reached NCCL init (a network problem between them?)"
+                                    : "; rank(s) that never reached NCCL init: " + detail::format_ranks(ranks);
+          } catch (const std::exception&) {
+            missing = "; the store did not answer which ranks joined";
+          }
+        }
+        (void)ncclCommAbort(comm);
+        throw TimeoutError(core.who() + " " + what + " did not finish within the timeout of " +
+                           std::to_string(core.options.timeout.count()) + " ms" + missing +
+                           "; raise Options::timeout / NCCLKIT_TIMEOUT if the job is large");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(2));
+    }
+  }
+
+  /// Completes a core whose NCCL handle is ready: streams, scratch, the watchdog. Aborts the
+  /// handle if any of that fails.
+  void adopt(std::unique_ptr<detail::CommCore> core, ncclComm_t comm) {
+    try {
+      DeviceGuard guard(core->device);
+      core->own_comm_stream = nccl::Stream(core->device, core->options.stream_priority);
+      core->comm_stream = core->own_comm_stream.get();
+      if (core->options.stream != nullptr) {
+        core->default_stream = core->options.stream;
+      } else {
+        core->own_default_stream = nccl::Stream(core->device, 0);
+        core->default_stream = core->own_default_stream.get();
+      }
+      core->sync_event = Event(core->device);
+      NCCLKIT_CUDA_CHECK(cudaMalloc(&core->scratch, 8));
+      NCCLKIT_CUDA_CHECK(cudaMemset(core->scratch, 0, 8));
+      core->watchdog = Watchdog(Watchdog::Config{core->options.name, core->rank, core->size, core->device,
+                                                 core->options.timeout, core->scope});
+    } catch (...) {
+      (void)ncclCommAbort(comm);
+      if (core->scratch != nullptr) (void)cudaFree(core->scratch);
+      throw;
+    }
+    core->watchdog.handle().comm = comm;
+    core->watchdog.start();
+    core_ = std::move(core);
+  }
+
+  /// Shuts communicators down together (a single-process group must finalise all of its
+  /// members before waiting for any). Never throws, never waits past each one's timeout.
+  static void shutdown_all(std::vector<detail::CommCore*> cores) noexcept {
+    struct Closing {
+      detail::CommCore* core;
+      ncclComm_t comm;
+      bool finalizing;
+    };
+    std::vector<Closing> closing;
+    auto& group = detail::group_state();
+    for (auto* core : cores) {
+      core->watchdog.stop();
+      auto& handle = core->handle();
+      if (handle.open_groups.load() > 0) {
+        // Its ops sit in an open group that will still reference the handle: leak it rather
+        // than free it under NCCL's feet.
+        log_error(core->who() + " destroyed with ops queued in an open group; its NCCL communicator is leaked");
+        std::erase(group.members, core);
+        continue;
+      }
+      if (handle.aborted || handle.comm == nullptr) continue;
+      const ncclResult_t status = ncclCommFinalize(handle.comm);
+      closing.push_back({core, handle.comm, status == ncclSuccess || status == ncclInProgress});
+    }
+    for (auto& item : closing) {
+      bool clean = item.finalizing;
+      const auto deadline = detail::Clock::now() + item.core->options.timeout;
+      auto pause = std::chrono::microseconds(10);
+      while (clean) {
+        ncclResult_t state = ncclSuccess;
+        if (ncclCommGetAsyncError(item.comm, &state) != ncclSuccess) state = ncclInternalError;
+        if (state == ncclSuccess) break;
+        if (state != ncclInProgress || detail::Clock::now() >= deadline) {
+          clean = false;
+          log_warn(item.core->who() + ": finalize did not complete (" +
+                   (state == ncclInProgress ? std::string("timeout") : describe_nccl_error(state)) + "); aborting");
+          break;
+        }
+        std::this_thread::sleep_for(pause);
+        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(2));
+      }
+      const ncclResult_t status = clean ? ncclCommDestroy(item.comm) : ncclCommAbort(item.comm);
+      if (status != ncclSuccess && status != ncclInProgress) {
+        log_warn(item.core->who() + ": " + (clean ? "ncclCommDestroy" : "ncclCommAbort") + " returned " +
+                 describe_nccl_error(status));
+      }
+      item.core->handle().comm = nullptr;
+    }
+    for (auto* core : cores) {
+      if (core->scratch != nullptr && cudaFree(core->scratch) != cudaSuccess) (void)cudaGetLastError();
+      core->scratch = nullptr;
+    }
+  }
+
+  // ---- the issue path ---------------------------------------------------------------------
+
+  /// Calls `call(comm)` (one NCCL call, or a group of them) under the handle's lock, waits out
+  /// ncclInProgress, and hands the op to the watchdog (or to the open group).
+  template <class Call>
+  void issue(const char* operation, std::size_t bytes, cudaStream_t stream, Call&& call) {
+    auto& c = core();
+    c.watchdog.throw_if_failed();
+    detail::NvtxRange range(operation);
+    auto& group = detail::group_state();
+    const bool grouped = group.depth > 0;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    ncclResult_t status;
+    {
+      std::unique_lock lock(c.handle().mutex);
+      if (c.handle().aborted) {
+        lock.unlock();
+        c.watchdog.throw_failure(!grouped);
+      }
+      status = call(c.handle().comm);
+    }
+    if (status == ncclInProgress && !grouped) {
+      try {
+        status = detail::wait_while_in_progress(c, detail::Clock::now() + c.options.timeout, operation);
+      } catch (const TimeoutError& e) {
+        fail_issue(operation, bytes, e.what());
+      }
+    }
+    if (status != ncclSuccess && status != ncclInProgress) on_nccl_error(status, operation, bytes);
+    if (capture != cudaStreamCaptureStatusNone) return;  // replays are launched by the user's graph
+    const std::uint64_t seq = c.watchdog.next_seq();
+    if (grouped) {
+      if (c.pending.empty()) detail::join_group(c);
+      c.pending.push_back({seq, operation, bytes, stream});
+    } else {
+      c.watchdog.track(seq, seq, operation, 1, bytes, stream);
+    }
+  }
+
+  /// Usage errors leave the communicator usable (NcclError); anything else fails it (CommError).
+  [[noreturn]] void on_nccl_error(ncclResult_t status, const char* operation, std::size_t bytes = 0) {
+    auto& c = core();
+    if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
+      throw NcclError("ncclkit " + std::string(operation) + " on " + c.who() + ": NCCL rejected the call: " +
+                      describe_nccl_error(status, c.handle().aborted ? nullptr : c.handle().comm));
+    }
+    fail_issue(operation, bytes, "NCCL returned " + describe_nccl_error(status) + " when it was issued");
+  }
+  /// Fails the communicator over the collective being issued (it takes the next sequence
+  /// number, so that the report names it) and throws the CommError.
+  [[noreturn]] void fail_issue(const char* operation, std::size_t bytes, const std::string& reason) {
+    auto& c = core();
+    c.watchdog.request_failure(reason, c.watchdog.next_seq(), operation, bytes);
+    c.watchdog.throw_failure(detail::group_state().depth == 0);
+  }
+
+  // ---- argument checks (before NCCL sees anything) -----------------------------------------
+
+  template <class T>
+  static TensorView view(const T* data, std::size_t count) {
+    return TensorView{const_cast<void*>(static_cast<const void*>(data)), count, data_type_v<T>, MemoryKind::kDevice};
+  }
+  static void* offset(void* base, int index, std::size_t count, DataType type) {
+    return static_cast<char*>(base) + static_cast<std::size_t>(index) * count * size_of(type);
+  }
+  static const void* offset(const void* base, int index, std::size_t count, DataType type) {
+    return static_cast<const char*>(base) + static_cast<std::size_t>(index) * count * size_of(type);
+  }
+
+  [[noreturn]] void misuse(const char* operation, const std::string& what) const {
+    throw ConfigError("ncclkit " + std::string(operation) + " on " + core().who() + ": " + what);
+  }
+  void check_op(const char* operation, ReduceOp op) const {
+    if (!is_valid(op)) misuse(operation, "invalid ReduceOp value " + std::to_string(static_cast<int>(op)));
+  }
+  void check_root(const char* operation, int root) const {
+    if (root < 0 || root >= size()) {
+      misuse(operation, "root " + std::to_string(root) + " is outside [0, " + std::to_string(size()) + ")");
+    }
+  }
+  void check_peer(const char* operation, int peer) const {
+    if (peer < 0 || peer >= size()) {
+      misuse(operation, "peer " + std::to_string(peer) + " is outside [0, " + std::to_string(size()) + ")");
+    }
+  }
+  static std::string address(const void* pointer) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%p", pointer);
+    return text;
+  }
+  /// `first` and `second` have one element type, `second` holds `expected` elements, and both
+  /// pass check_buffer.
+  void check_pair(const char* operation, const TensorView& first, const TensorView& second, std::size_t expected,
+                  const char* rule) const {
+    if (first.dtype != second.dtype) {
+      misuse(operation, std::string("element types differ: ") + std::string(name_of(first.dtype)) + " and " +
+                            std::string(name_of(second.dtype)));
+    }
+    if (second.count != expected) {
+      misuse(operation, std::string("sizes do not match (") + rule + "): " + std::to_string(first.count) + " and " +
+                            std::to_string(second.count) + " elements");
+    }
+    check_buffer(operation, "input/output", first, true);
+    check_buffer(operation, "input/output", second, true);
+  }
+  void check_buffer(const char* operation, const char* which, const TensorView& buffer, bool needed) const {
+    if (!needed) return;
+    if (!is_valid(buffer.dtype)) misuse(operation, std::string(which) + " has an invalid DataType value");
+    if (buffer.where != MemoryKind::kDevice) {
+      misuse(operation, std::string(which) + " buffer is marked as host memory (TensorView::where); the NCCL "
+                        "backend moves device memory");
+    }
+    if (buffer.count == 0) return;
+    if (buffer.data == nullptr) {
+      misuse(operation, std::string(which) + " is a null pointer with count " + std::to_string(buffer.count));
+    }
+    if (!core().options.check_pointers) return;
+    cudaPointerAttributes attributes{};
+    const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      attributes.type = cudaMemoryTypeUnregistered;
+    }
+    if (attributes.type == cudaMemoryTypeManaged) return;
+    if (attributes.type != cudaMemoryTypeDevice) {
+      misuse(operation, std::string(which) + " at " + address(buffer.data) + " (" + std::to_string(buffer.bytes()) +
+                            " bytes) is host memory; NCCL needs device memory of GPU " + std::to_string(device()) +
+                            " (cudaMalloc, Communicator::allocate, DeviceBuffer); Options::check_pointers = false "
+                            "turns this check off");
+    }
+    if (attributes.device != device()) {
+      misuse(operation, std::string(which) + " at " + address(buffer.data) + " is memory of GPU " +
+                            std::to_string(attributes.device) + ", but this communicator runs on GPU " +
+                            std::to_string(device()));
+    }
+  }
+  cudaStream_t checked_stream(const char* operation, const StreamArg& stream) const {
+    const cudaStream_t s = stream.resolve(core().default_stream);
+#if CUDART_VERSION >= 12080
+    if (core().options.check_pointers) {
+      int stream_device = -1;
+      if (cudaStreamGetDevice(s, &stream_device) != cudaSuccess) {
+        (void)cudaGetLastError();
+      } else if (stream_device != device()) {
+        misuse(operation, "the stream belongs to GPU " + std::to_string(stream_device) +
+                              ", but this communicator runs on GPU " + std::to_string(device()) +
+                              (s == nullptr ? " (the legacy default stream is the current device's: switch "
+                                              "devices or pass a stream of this GPU)"
+                                            : ""));
+      }
+    }
+#endif
+    return s;
+  }
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+  template <class SendAt, class ReceiveAt>
+  ncclResult_t grouped_exchange(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, std::size_t, std::size_t count,
+                                SendAt send_at, ReceiveAt receive_at) {
+    ncclResult_t status = ncclGroupStart();
+    if (status != ncclSuccess) return status;
+    if (count != 0) {
+      for (int peer = 0; peer < size() && status == ncclSuccess; ++peer) {
+        status = ncclSend(send_at(peer), count, type, peer, comm, s);
+        if (status == ncclSuccess) status = ncclRecv(receive_at(peer), count, type, peer, comm, s);
+      }
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return status != ncclSuccess ? status : end;
+  }
+#endif
+
+  std::unique_ptr<detail::CommCore> core_;
+};
+
+static_assert(Backend<Communicator>, "nccl::Communicator must model ncclkit::Backend");
+
+}  // namespace ncclkit::nccl

@@ -1,0 +1,105 @@
+#pragma once
+/// The state behind a Communicator (held by pointer, so that a Communicator moves cheaply
+/// and an open group can refer to it), and the helpers the communicator and the group guard
+/// share. Internal: use ncclkit/nccl/communicator.hpp.
+
+#include <cuda_runtime_api.h>  // cudaStream_t
+#include <nccl.h>              // ncclComm_t, ncclCommGetAsyncError
+
+#include <algorithm>  // std::min
+#include <chrono>   // std::chrono
+#include <cstdint>  // std::uint64_t
+#include <memory>   // std::shared_ptr
+#include <mutex>    // std::unique_lock
+#include <string>   // std::string
+#include <thread>   // std::this_thread::sleep_for
+#include <vector>   // std::vector
+
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/options.hpp"
+#include "ncclkit/nccl/stream.hpp"
+#include "ncclkit/nccl/watchdog.hpp"
+#include "ncclkit/store/store.hpp"
+
+namespace ncclkit::nccl::detail {
+
+/// A collective issued inside an open group, waiting for the group's end to be tracked.
+struct PendingOp {
+  std::uint64_t seq = 0;
+  const char* operation = "";
+  std::size_t bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+struct CommCore {
+  Options options;  ///< as resolved: device and timeout filled in
+  int rank = 0;
+  int size = 1;
+  int device = 0;
+  Watchdog watchdog;
+  Stream own_default_stream;  ///< empty when Options::stream was given
+  Stream own_comm_stream;
+  cudaStream_t default_stream = nullptr;
+  cudaStream_t comm_stream = nullptr;
+  std::shared_ptr<Store> scope;  ///< this communicator's keys; null for single-process groups
+  std::uint64_t splits = 0;      ///< split() calls so far (scopes the children's keys)
+  std::vector<PendingOp> pending;
+  Event sync_event;  ///< recorded by synchronize()
+  void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
+
+  CommHandle& handle() { return watchdog.handle(); }
+
+  /// "communicator 'grads' (rank 1 of 4, GPU 1)", for messages.
+  std::string who() const {
+    return "communicator '" + options.name + "' (rank " + std::to_string(rank) + " of " + std::to_string(size) +
+           ", GPU " + std::to_string(device) + ")";
+  }
+
+  /// Hands the ops queued during a group that just ended to the watchdog: one completion
+  /// event per stream, recorded after the group's kernels.
+  void commit_pending() {
+    std::vector<bool> done(pending.size(), false);
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      if (done[i]) continue;
+      const cudaStream_t stream = pending[i].stream;
+      std::uint64_t first = pending[i].seq, last = pending[i].seq;
+      std::size_t bytes = 0;
+      int count = 0;
+      for (std::size_t j = i; j < pending.size(); ++j) {
+        if (done[j] || pending[j].stream != stream) continue;
+        done[j] = true;
+        last = pending[j].seq;
+        bytes += pending[j].bytes;
+        ++count;
+      }
+      watchdog.track(first, last, pending[i].operation, count, bytes, stream);
+    }
+    pending.clear();
+  }
+};
+
+/// Polls ncclCommGetAsyncError while it says ncclInProgress (a non-blocking communicator
+/// still setting up or enqueueing), releasing the handle's lock between polls so that the
+/// watchdog can act. Returns the final status; TimeoutError at `deadline`.
+inline ncclResult_t wait_while_in_progress(CommCore& core, Clock::time_point deadline, const std::string& what) {
+  auto pause = std::chrono::microseconds(1);
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    {
+      std::unique_lock lock(core.handle().mutex);
+      if (core.handle().aborted) return ncclRemoteError;  // the watchdog took it down meanwhile
+      const ncclResult_t status = ncclCommGetAsyncError(core.handle().comm, &state);
+      if (status != ncclSuccess) return status;
+    }
+    if (state != ncclInProgress) return state;
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(what + " on " + core.who() + " was still in progress after the timeout of " +
+                         std::to_string(core.options.timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace ncclkit::nccl::detail

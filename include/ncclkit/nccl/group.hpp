@@ -1,0 +1,144 @@
+#pragma once
+/// GroupGuard: RAII over ncclGroupStart / ncclGroupEnd.
+///
+/// Collectives issued while a guard is alive are queued and launched together at its end:
+/// send/recv pairs that must progress concurrently, several collectives fused into one
+/// launch, or one call per GPU when one thread drives several communicators (LocalGroup).
+///
+///   {
+///     ncclkit::nccl::GroupGuard group;
+///     for (auto& comm : local) comm.all_reduce(buffer[i], buffer[i], count, ReduceOp::kSum);
+///   }  // launched here; end() does the same and lets you catch its errors
+///
+/// Guards nest (only the outermost end launches). A guard belongs to the thread that made
+/// it. Errors at the end: the destructor logs them; call end() to have them thrown.
+/// Do not destroy a communicator that has ops queued in an open group.
+
+#include <nccl.h>  // ncclGroupStart, ncclGroupEnd
+
+#include <algorithm>  // std::sort, std::unique
+#include <exception>  // std::exception
+#include <mutex>      // std::unique_lock
+#include <string>     // std::string
+#include <vector>     // std::vector
+
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/comm_core.hpp"
+
+namespace ncclkit::nccl {
+
+namespace detail {
+
+/// This thread's open groups: nesting depth and the communicators with queued ops.
+struct GroupState {
+  int depth = 0;
+  std::vector<CommCore*> members;
+};
+inline GroupState& group_state() {
+  static thread_local GroupState state;
+  return state;
+}
+
+/// Called by a communicator when it queues its first op in the open group.
+inline void join_group(CommCore& core) {
+  group_state().members.push_back(&core);
+  core.handle().open_groups.fetch_add(1);
+}
+
+}  // namespace detail
+
+class GroupGuard {
+ public:
+  GroupGuard() {
+    NCCLKIT_NCCL_CHECK(ncclGroupStart());
+    ++detail::group_state().depth;
+    active_ = true;
+  }
+  ~GroupGuard() {
+    if (!active_) return;
+    try {
+      end();
+    } catch (const std::exception& e) {
+      log_error(std::string("GroupGuard: the group failed at its end (call end() to catch this): ") + e.what());
+    }
+  }
+  GroupGuard(const GroupGuard&) = delete;
+  GroupGuard& operator=(const GroupGuard&) = delete;
+
+  /// Ends the group: the outermost guard launches every queued op, waits (bounded by each
+  /// communicator's timeout) while NCCL says ncclInProgress, and hands the ops to the
+  /// watchdogs. Throws CommError when a communicator failed, NcclError for a usage error.
+  void end() {
+    if (!active_) return;
+    active_ = false;
+    auto& group = detail::group_state();
+    if (group.depth > 1) {
+      --group.depth;
+      NCCLKIT_NCCL_CHECK(ncclGroupEnd());
+      return;
+    }
+    std::vector<detail::CommCore*> members = std::move(group.members);
+    group.members.clear();
+    std::sort(members.begin(), members.end());
+    members.erase(std::unique(members.begin(), members.end()), members.end());
+
+    ncclResult_t status = ncclSuccess;
+    {
+      // Hold every member's handle, in address order, so that no watchdog aborts one mid-launch.
+      std::vector<std::unique_lock<std::timed_mutex>> locks;
+      locks.reserve(members.size());
+      for (auto* member : members) locks.emplace_back(member->handle().mutex);
+      status = ncclGroupEnd();
+      --group.depth;
+    }
+
+    std::string failure;
+    detail::CommCore* failed_member = nullptr;
+    if (status == ncclInProgress || status == ncclSuccess) {
+      for (auto* member : members) {
+        ncclResult_t state = ncclSuccess;
+        try {
+          state = detail::wait_while_in_progress(
+              *member, detail::Clock::now() + member->options.timeout, "ncclGroupEnd");
+        } catch (const TimeoutError& e) {
+          state = ncclRemoteError;
+          if (failure.empty()) failure = e.what();
+        }
+        if (state != ncclSuccess && failed_member == nullptr) {
+          failed_member = member;
+          if (failure.empty()) failure = "ncclGroupEnd left " + member->who() + " in error " + describe_nccl_error(state);
+        }
+      }
+    } else if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
+      for (auto* member : members) {
+        member->handle().open_groups.fetch_sub(1);
+        member->pending.clear();
+      }
+      check_nccl(status, "ncclGroupEnd");
+    } else {
+      failure = "ncclGroupEnd failed: " + describe_nccl_error(status);
+      failed_member = members.empty() ? nullptr : members.front();
+    }
+
+    for (auto* member : members) member->handle().open_groups.fetch_sub(1);
+    for (auto* member : members) {
+      if (failure.empty()) {
+        member->commit_pending();
+      } else {
+        member->pending.clear();
+        member->watchdog.request_failure(failure);
+      }
+    }
+    if (!failure.empty()) {
+      if (failed_member != nullptr) failed_member->watchdog.throw_failure();
+      throw CommError("ncclkit: " + failure);
+    }
+  }
+
+ private:
+  bool active_ = false;
+};
+
+}  // namespace ncclkit::nccl

@@ -1,0 +1,129 @@
+#pragma once
+/// LocalGroup: one process drives several GPUs, one communicator per GPU, all in one NCCL
+/// clique (DataParallel's model, and the perf tool's -g). Each member is a full
+/// `Communicator` (and so a `Backend`) for its device; issue one call per member inside a
+/// GroupGuard so that NCCL launches them together:
+///
+///   ncclkit::nccl::LocalGroup local;            // every visible GPU
+///   {
+///     ncclkit::nccl::GroupGuard group;
+///     for (int i = 0; i < local.size(); ++i) local[i].all_reduce(buf[i], buf[i], n, ReduceOp::kSum);
+///   }
+///   for (auto& comm : local) comm.synchronize();
+///
+/// Why not ncclCommInitAll itself: it makes blocking communicators and takes no ncclConfig_t.
+/// The group does what ncclCommInitAll does (one unique id, ncclCommInitRankConfig per device
+/// inside one ncclGroupStart/End) with non-blocking configs, so init is bounded by the
+/// timeout and each member gets a watchdog like any other communicator. Members have no
+/// store: their failure reports cannot show other processes' progress (there are none).
+
+#include <nccl.h>  // ncclGetUniqueId, ncclCommInitRankConfig, ncclGroupStart/End
+
+#include <cstddef>  // std::size_t
+#include <memory>   // std::unique_ptr
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/stream.hpp"
+
+namespace ncclkit::nccl {
+
+class LocalGroup {
+ public:
+  /// One communicator per entry of `devices` (rank i on devices[i]); empty: every visible
+  /// GPU. Options::device is ignored; the rest applies to every member.
+  explicit LocalGroup(std::vector<int> devices = {}, Options options = {}) {
+    const int visible = visible_device_count();
+    if (devices.empty())
+      for (int d = 0; d < visible; ++d) devices.push_back(d);
+    if (devices.empty()) throw ConfigError("LocalGroup: no GPU is visible to this process");
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      if (devices[i] < 0 || devices[i] >= visible) {
+        throw ConfigError("LocalGroup: device " + std::to_string(devices[i]) + " is not one of the " +
+                          std::to_string(visible) + " visible GPUs");
+      }
+      for (std::size_t j = 0; j < i; ++j)
+        if (devices[j] == devices[i])
+          throw ConfigError("LocalGroup: device " + std::to_string(devices[i]) + " is listed twice (NCCL needs one rank per GPU)");
+    }
+    const int n = static_cast<int>(devices.size());
+    std::vector<std::unique_ptr<detail::CommCore>> cores;
+    for (int i = 0; i < n; ++i) {
+      Options member = options;
+      member.device = devices[static_cast<std::size_t>(i)];
+      cores.push_back(Communicator::make_core(std::move(member), i, n, 0));
+    }
+    ncclUniqueId id;
+    NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+    std::vector<ncclConfig_t> configs;
+    for (auto& core : cores) configs.push_back(Communicator::make_config(core->options));
+    std::vector<ncclComm_t> comms(static_cast<std::size_t>(n), nullptr);
+    const auto deadline = detail::Clock::now() + cores.front()->options.timeout;
+    auto abort_all = [&] {
+      for (auto& comm : comms)
+        if (comm != nullptr) (void)ncclCommAbort(comm);
+    };
+    {
+      DeviceGuard restore(devices.front());
+      NCCLKIT_NCCL_CHECK(ncclGroupStart());
+      ncclResult_t status = ncclSuccess;
+      for (int i = 0; i < n && (status == ncclSuccess || status == ncclInProgress); ++i) {
+        NCCLKIT_CUDA_CHECK(cudaSetDevice(devices[static_cast<std::size_t>(i)]));
+        status = ncclCommInitRankConfig(&comms[static_cast<std::size_t>(i)], n, id, i, &configs[static_cast<std::size_t>(i)]);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      if (status == ncclSuccess) status = end;
+      if (status != ncclSuccess && status != ncclInProgress) {
+        abort_all();
+        check_nccl(status, "LocalGroup init of " + std::to_string(n) + " GPUs");
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      try {
+        Communicator::wait_for_init(comms[static_cast<std::size_t>(i)], deadline, *cores[static_cast<std::size_t>(i)],
+                                    "single-process group init");
+      } catch (...) {
+        comms[static_cast<std::size_t>(i)] = nullptr;  // wait_for_init aborted it
+        abort_all();
+        throw;
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      Communicator comm;
+      try {
+        comm.adopt(std::move(cores[static_cast<std::size_t>(i)]), comms[static_cast<std::size_t>(i)]);
+      } catch (...) {
+        comms[static_cast<std::size_t>(i)] = nullptr;  // adopt aborted it
+        for (int j = i + 1; j < n; ++j) (void)ncclCommAbort(comms[static_cast<std::size_t>(j)]);
+        throw;  // members adopted so far are shut down by their destructors
+      }
+      members_.push_back(std::move(comm));
+    }
+  }
+
+  /// Finalises every member together (NCCL may need all of them to finish), then destroys.
+  ~LocalGroup() {
+    std::vector<detail::CommCore*> cores;
+    for (auto& member : members_)
+      if (member.core_) cores.push_back(member.core_.get());
+    Communicator::shutdown_all(cores);
+  }
+  LocalGroup(LocalGroup&&) noexcept = default;
+  LocalGroup& operator=(LocalGroup&&) = delete;
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+
+  int size() const { return static_cast<int>(members_.size()); }
+  Communicator& operator[](int i) { return members_.at(static_cast<std::size_t>(i)); }
+  const Communicator& operator[](int i) const { return members_.at(static_cast<std::size_t>(i)); }
+  auto begin() { return members_.begin(); }
+  auto end() { return members_.end(); }
+
+ private:
+  std::vector<Communicator> members_;
+};
+
+}  // namespace ncclkit::nccl

@@ -1,0 +1,643 @@
+#pragma once
+/// The watchdog: one thread per NCCL communicator that turns hangs into errors.
+///
+/// Every collective the communicator issues gets a sequence number and (outside CUDA graph
+/// capture) a completion event. The watchdog thread polls, every poll interval (the timeout
+/// / 20, between 1 ms and 50 ms):
+///   - the oldest incomplete events: when one has not completed within the communicator's
+///     timeout, the communicator has failed;
+///   - `ncclCommGetAsyncError`: an error there (a peer lost over the network transport, a
+///     CUDA error inside NCCL) means the communicator has failed.
+/// On failure it aborts the communicator (`ncclCommAbort`, which also releases the GPU streams
+/// waiting on its kernels), publishes this rank's progress to the store and reads every other
+/// rank's (when the store still answers), and records a `FailureReport`. From the moment the
+/// failure is detected, every call on the communicator throws `CommError` with that report.
+///
+/// Progress exchange: while healthy, the watchdog publishes "issued completed" sequence
+/// numbers under `progress/<rank>` in the communicator's store scope whenever they change (at
+/// most every 50 ms), so that a report can say which rank fell behind even when that rank
+/// is stopped or dead.
+///
+/// Why a thread and not checks inside each call: a hang happens exactly when the program is
+/// blocked somewhere else (in synchronize, in a data loader, in another library), and it is
+/// the abort that releases the GPU streams so that the program can get control back.
+///
+/// Host code only: compiles with g++ given the CUDA and NCCL include folders.
+
+#include <cuda_runtime_api.h>  // cudaEvent_t, cudaEventQuery, cudaEventRecord
+#include <nccl.h>              // ncclComm_t, ncclCommAbort, ncclCommGetAsyncError
+
+#include <algorithm>           // std::clamp, std::max
+#include <atomic>              // std::atomic
+#include <chrono>              // std::chrono
+#include <condition_variable>  // std::condition_variable
+#include <cstdint>             // std::uint64_t
+#include <cstdio>              // std::snprintf
+#include <deque>               // std::deque
+#include <memory>              // std::shared_ptr
+#include <mutex>               // std::mutex, std::timed_mutex
+#include <optional>            // std::optional
+#include <string>              // std::string
+#include <thread>              // std::thread
+#include <utility>             // std::move
+#include <vector>              // std::vector
+
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/stream.hpp"
+#include "ncclkit/store/store.hpp"
+
+namespace ncclkit::nccl {
+
+/// One rank's progress, as published to the store by its watchdog.
+struct PeerProgress {
+  int rank = 0;
+  bool known = false;        ///< false: nothing published, or the store did not answer
+  std::uint64_t issued = 0;     ///< sequence number of the last collective issued
+  std::uint64_t completed = 0;  ///< every collective up to this one has completed
+  bool failed = false;          ///< that rank's communicator had failed when it published
+};
+
+/// What the watchdog recorded when the communicator failed.
+struct FailureReport {
+  std::string name;       ///< the communicator's name (Options::name)
+  int rank = 0;
+  int world = 1;
+  int device = 0;
+  std::string reason;     ///< what was detected, in words
+  bool has_operation = false;  ///< whether a collective was in flight (the fields below)
+  std::string operation;  ///< e.g. "all_reduce", "broadcast (+3 more in one group)"
+  std::uint64_t seq = 0;  ///< its sequence number (the first, for a group)
+  std::size_t bytes = 0;  ///< bytes it moves (this rank's output, or its input when larger)
+  double waited_s = 0;    ///< how long it had been in flight when the failure was detected
+  std::uint64_t issued = 0;     ///< this rank's last issued sequence number
+  std::uint64_t completed = 0;  ///< this rank's last completed sequence number
+  bool aborted = false;   ///< ncclCommAbort was called
+  double abort_s = 0;     ///< how long ncclCommAbort took
+  std::vector<PeerProgress> peers;  ///< every rank's progress (empty without a store)
+  std::string peers_note;           ///< why peers are missing or incomplete, if they are
+
+  /// Ranks that had issued fewer collectives than the most advanced rank (known ones only).
+  std::vector<int> ranks_behind() const {
+    std::uint64_t most = 0;
+    for (const auto& p : peers)
+      if (p.known) most = std::max(most, p.issued);
+    std::vector<int> behind;
+    for (const auto& p : peers)
+      if (p.known && p.issued < most) behind.push_back(p.rank);
+    return behind;
+  }
+
+  /// A multi-line account, the text of the CommError every later call throws.
+  std::string describe() const {
+    std::string text = "communicator '" + name + "' (rank " + std::to_string(rank) + " of " +
+                       std::to_string(world) + ", GPU " + std::to_string(device) + ") failed: " + reason;
+    if (has_operation) {
+      text += "\n  in flight: " + operation + " seq " + std::to_string(seq) + ", " + format_bytes(bytes) +
+              ", waited " + format_seconds(waited_s);
+    } else {
+      text += "\n  no collective was in flight";
+    }
+    text += "\n  this rank: issued seq " + std::to_string(issued) + ", completed seq " + std::to_string(completed);
+    text += aborted ? "\n  the communicator was aborted (ncclCommAbort took " + format_seconds(abort_s) + ")"
+                    : "\n  the communicator was not aborted";
+    if (!peers.empty()) {
+      std::uint64_t most = 0;
+      for (const auto& p : peers)
+        if (p.known) most = std::max(most, p.issued);
+      text += "\n  progress by rank (issued/completed):";
+      std::size_t shown = 0;
+      for (const auto& p : peers) {
+        if (shown == 64) {
+          text += "\n    ... " + std::to_string(peers.size() - shown) + " more ranks";
+          break;
+        }
+        ++shown;
+        text += "\n    rank " + std::to_string(p.rank) + ": ";
+        if (!p.known) {
+          text += "unknown (published nothing, or the store did not answer)";
+          continue;
+        }
+        text += std::to_string(p.issued) + "/" + std::to_string(p.completed);
+        if (p.issued < most) text += "  <- behind: has not issued seq " + std::to_string(p.issued + 1);
+        if (p.failed) text += "  (failed too)";
+      }
+    }
+    if (!peers_note.empty()) text += "\n  " + peers_note;
+    text += "\n  what to do: look at the log of any rank shown behind or unknown (did it crash, "
+            "stop, or skip a collective?); if the work is legitimately slow, raise the timeout "
+            "(Options::timeout or NCCLKIT_TIMEOUT); this communicator is unusable, create a new one";
+    return text;
+  }
+
+  static std::string format_bytes(std::size_t bytes) {
+    char buffer[64];
+    if (bytes >= (std::size_t{1} << 20)) {
+      std::snprintf(buffer, sizeof buffer, "%zu bytes (%.1f MiB)", bytes, static_cast<double>(bytes) / (1 << 20));
+    } else {
+      std::snprintf(buffer, sizeof buffer, "%zu bytes", bytes);
+    }
+    return buffer;
+  }
+  static std::string format_seconds(double seconds) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%.2f s", seconds);
+    return buffer;
+  }
+};
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+/// The NCCL handle shared by the communicator (which issues work on it) and its watchdog
+/// (which may abort it). Every NCCL call on `comm` holds `mutex`, so that an abort never runs
+/// while another thread is inside NCCL with the same handle.
+struct CommHandle {
+  std::timed_mutex mutex;
+  ncclComm_t comm = nullptr;
+  bool aborted = false;             ///< guarded by mutex; comm is gone when true
+  std::atomic<int> open_groups{0};  ///< >0: ops of this comm sit in an open ncclGroupStart
+};
+
+/// Collectives issued together (one, or one NCCL group) and the event that marks their end.
+struct WorkRecord {
+  std::uint64_t first_seq = 0;
+  std::uint64_t last_seq = 0;
+  const char* operation = "";
+  int operations = 1;  ///< >1 for a group
+  std::size_t bytes = 0;
+  Clock::time_point issued{};
+  cudaEvent_t event = nullptr;
+};
+
+/// Everything the watchdog thread shares with the communicator. Held by shared_ptr so that
+/// the thread can outlive a communicator whose store stopped answering (then it is detached
+/// rather than joined, and destruction does not hang).
+struct WatchdogState {
+  // Fixed at construction.
+  std::string name;
+  int rank = 0;
+  int world = 1;
+  int device = 0;
+  std::chrono::milliseconds timeout{};
+  std::chrono::milliseconds poll{};
+  std::shared_ptr<Store> store;  ///< this communicator's scope; may be null
+  CommHandle handle;
+
+  // Issue side.
+  std::atomic<std::uint64_t> issued{0};
+  std::atomic<std::uint64_t> completed{0};
+  std::atomic<bool> failed{false};
+
+  // In-flight work and the event pool.
+  std::mutex queue_mutex;
+  std::deque<WorkRecord> in_flight;
+  std::vector<cudaEvent_t> free_events;
+
+  // Thread control and failure.
+  std::mutex control_mutex;
+  std::condition_variable control_cv;
+  bool stop = false;
+  bool thread_done = false;
+  bool failure_requested = false;
+  std::string requested_reason;
+  std::optional<WorkRecord> culprit;
+  Clock::time_point detected_at{};
+  bool report_ready = false;
+  FailureReport report;
+
+  // Progress publication (watchdog thread only).
+  std::uint64_t published_issued = ~std::uint64_t{0};
+  std::uint64_t published_completed = ~std::uint64_t{0};
+  Clock::time_point published_at{};
+  bool store_broken = false;
+
+  ~WatchdogState() {
+    // The events belong to `device`; destroying them needs no particular current device.
+    for (cudaEvent_t event : free_events) (void)cudaEventDestroy(event);
+    for (auto& record : in_flight)
+      if (record.event != nullptr) (void)cudaEventDestroy(record.event);
+  }
+
+  std::string progress_key(int of_rank) const { return "progress/" + std::to_string(of_rank); }
+
+  void publish_progress(bool force, bool failed_now) {
+    if (!store || store_broken) return;
+    const std::uint64_t i = issued.load(), c = completed.load();
+    const auto now = Clock::now();
+    if (!force && i == published_issued && c == published_completed) return;
+    if (!force && now - published_at < std::chrono::milliseconds(50)) return;
+    try {
+      store->set(progress_key(rank), std::to_string(i) + " " + std::to_string(c) + (failed_now ? " failed" : ""));
+      published_issued = i;
+      published_completed = c;
+      published_at = now;
+    } catch (const std::exception& e) {
+      store_broken = true;
+      log_warn("watchdog of '" + name + "': cannot publish progress to the store any more: " + e.what());
+    }
+  }
+
+  static std::optional<PeerProgress> parse_progress(int of_rank, const std::string& text) {
+    PeerProgress p;
+    p.rank = of_rank;
+    unsigned long long i = 0, c = 0;
+    char flag[16] = {0};
+    int n = std::sscanf(text.c_str(), "%llu %llu %15s", &i, &c, flag);
+    if (n < 2) return std::nullopt;
+    p.known = true;
+    p.issued = i;
+    p.completed = c;
+    p.failed = n == 3 && std::string(flag) == "failed";
+    return p;
+  }
+
+  /// Reads every rank's progress, spending at most about 2 s on the store.
+  void gather_peers(FailureReport& out) {
+    if (!store) {
+      out.peers_note = "no store: other ranks' progress is not known";
+      return;
+    }
+    const auto budget_end = Clock::now() + std::chrono::seconds(2);
+    bool budget_spent = false;
+    bool store_failed = false;
+    for (int r = 0; r < world; ++r) {
+      PeerProgress p;
+      p.rank = r;
+      if (r == rank) {
+        p.known = true;
+        p.issued = issued.load();
+        p.completed = completed.load();
+        p.failed = true;
+        out.peers.push_back(p);
+        continue;
+      }
+      if (store_failed || Clock::now() >= budget_end) {
+        budget_spent = budget_spent || !store_failed;
+        out.peers.push_back(p);
+        continue;
+      }
+      try {
+        const std::string key = progress_key(r);
+        if (store->check({key})) {
+          if (auto parsed = parse_progress(r, store->get_string(key, std::chrono::milliseconds(500)))) p = *parsed;
+        }
+      } catch (const std::exception& e) {
+        store_failed = true;
+        out.peers_note = std::string("the store stopped answering while reading other ranks' progress: ") + e.what();
+      }
+      out.peers.push_back(p);
+    }
+    if (budget_spent && out.peers_note.empty()) out.peers_note = "stopped reading the store after 2 s";
+  }
+};
+
+}  // namespace detail
+
+/// The watchdog of one communicator: owns the thread and the shared state.
+class Watchdog {
+ public:
+  struct Config {
+    std::string name;
+    int rank = 0;
+    int world = 1;
+    int device = 0;
+    std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+    std::shared_ptr<Store> store;  ///< this communicator's scope; null: no progress exchange
+  };
+
+  Watchdog() = default;
+  explicit Watchdog(Config config) : state_(std::make_shared<detail::WatchdogState>()) {
+    auto& s = *state_;
+    s.name = std::move(config.name);
+    s.rank = config.rank;
+    s.world = config.world;
+    s.device = config.device;
+    s.timeout = config.timeout;
+    s.poll = std::clamp<std::chrono::milliseconds>(config.timeout / 20, std::chrono::milliseconds(1),
+                                                    std::chrono::milliseconds(50));
+    s.store = std::move(config.store);
+    {
+      // A few events up front, so that the first collectives do not pay for creating them.
+      DeviceGuard guard(s.device);
+      for (int i = 0; i < 16; ++i) {
+        cudaEvent_t event = nullptr;
+        NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+        s.free_events.push_back(event);
+      }
+    }
+  }
+  ~Watchdog() { stop(); }
+  Watchdog(Watchdog&&) noexcept = default;
+  Watchdog& operator=(Watchdog&& other) noexcept {
+    if (this != &other) {
+      stop();
+      state_ = std::move(other.state_);
+      thread_ = std::move(other.thread_);
+    }
+    return *this;
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  /// Starts the thread, once the communicator's NCCL handle is ready.
+  void start() {
+    auto state = state_;
+    thread_ = std::thread([state] { run(*state); });
+  }
+
+  /// Stops the thread: joins it when it ends within 10 s (it ends within one poll interval
+  /// unless it is handling a failure and the store is slow), else detaches it. Never hangs.
+  void stop() noexcept {
+    if (!state_) return;
+    if (thread_.joinable()) {
+      std::unique_lock lock(state_->control_mutex);
+      state_->stop = true;
+      state_->control_cv.notify_all();
+      bool done = state_->control_cv.wait_for(lock, std::chrono::seconds(10), [&] { return state_->thread_done; });
+      lock.unlock();
+      if (done) {
+        thread_.join();
+      } else {
+        log_warn("watchdog of '" + state_->name + "' did not stop within 10 s (store not answering?); detached");
+        thread_.detach();
+      }
+    }
+  }
+
+  detail::CommHandle& handle() { return state_->handle; }
+  const detail::WatchdogState& state() const { return *state_; }
+  std::chrono::milliseconds timeout() const { return state_->timeout; }
+
+  /// Takes the next sequence number (one per collective).
+  std::uint64_t next_seq() { return state_->issued.fetch_add(1, std::memory_order_relaxed) + 1; }
+  std::uint64_t issued() const { return state_->issued.load(); }
+  std::uint64_t completed() const { return state_->completed.load(); }
+
+  /// Records a completion event on `stream` after collectives `first_seq..last_seq` and hands
+  /// it to the thread. `stream` must belong to the communicator's device.
+  void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
+             std::size_t bytes, cudaStream_t stream) {
+    auto& s = *state_;
+    detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, detail::Clock::now(), nullptr};
+    std::lock_guard lock(s.queue_mutex);
+    if (s.free_events.empty()) {
+      DeviceGuard guard(s.device);
+      NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&record.event, cudaEventDisableTiming));
+    } else {
+      record.event = s.free_events.back();
+      s.free_events.pop_back();
+    }
+    cudaError_t status = cudaEventRecord(record.event, stream);
+    if (status != cudaSuccess) {
+      s.free_events.push_back(record.event);
+      check_cuda(status, "cudaEventRecord of the completion event of " + std::string(operation) + " seq " +
+                             std::to_string(first_seq));
+    }
+    s.in_flight.push_back(record);
+  }
+
+  /// Whether the communicator has failed (from the moment the failure was detected).
+  bool failed() const { return state_->failed.load(std::memory_order_acquire); }
+
+  /// Throws CommError when the communicator has failed.
+  void throw_if_failed(bool wait_for_report = true) const {
+    if (failed()) throw_failure(wait_for_report);
+  }
+
+  /// Throws the CommError of the failure, waiting up to 5 s for the watchdog to finish its
+  /// report (abort, progress exchange) so that the message says which rank fell behind.
+  [[noreturn]] void throw_failure(bool wait_for_report = true) const {
+    auto& s = *state_;
+    std::unique_lock lock(s.control_mutex);
+    if (wait_for_report && s.handle.open_groups.load() == 0) {
+      s.control_cv.wait_for(lock, std::chrono::seconds(5), [&] { return s.report_ready; });
+    }
+    if (s.report_ready) throw CommError("ncclkit: " + s.report.describe());
+    throw CommError("ncclkit: communicator '" + s.name + "' (rank " + std::to_string(s.rank) + " of " +
+                    std::to_string(s.world) + ") failed: " + s.requested_reason +
+                    " (the full report was not ready yet)");
+  }
+
+  /// The failure report, once the watchdog has written it.
+  std::optional<FailureReport> report() const {
+    std::lock_guard lock(state_->control_mutex);
+    if (!state_->report_ready) return std::nullopt;
+    return state_->report;
+  }
+
+  /// Marks the communicator failed for `reason` (an error seen by the issuing thread) and lets
+  /// the thread abort it and write the report.
+  void request_failure(std::string reason) { request(*state_, std::move(reason), std::nullopt); }
+  /// The same, naming the collective that was being issued (`seq`) when it went wrong.
+  void request_failure(std::string reason, std::uint64_t seq, const char* operation, std::size_t bytes) {
+    request(*state_, std::move(reason), detail::WorkRecord{seq, seq, operation, 1, bytes, detail::Clock::now(), nullptr});
+  }
+
+  /// Blocks until `event` has completed, the communicator failed (CommError) or `deadline`
+  /// passed (TimeoutError naming `what`). Spins briefly, then backs off to 1 ms sleeps.
+  void wait_event(cudaEvent_t event, detail::Clock::time_point deadline, const std::string& what) const {
+    auto pause = std::chrono::microseconds(0);
+    const auto start = detail::Clock::now();
+    while (true) {
+      cudaError_t status = cudaEventQuery(event);
+      if (status == cudaSuccess) {
+        // An abort releases the streams it stopped: completion alone does not mean success.
+        throw_if_failed();
+        return;
+      }
+      if (status != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        throw_if_failed();
+        throw CudaError(what + ": the stream reported " + describe_cuda_error(status));
+      }
+      throw_if_failed();
+      const auto now = detail::Clock::now();
+      if (now >= deadline) {
+        throw TimeoutError(what + " timed out after " +
+                           FailureReport::format_seconds(std::chrono::duration<double>(now - start).count()) +
+                           " on communicator '" + state_->name + "' (rank " + std::to_string(state_->rank) +
+                           "); work on the stream did not finish (a kernel of your own that does not end?)");
+      }
+      if (now - start < std::chrono::microseconds(50)) continue;  // short collectives: spin
+      pause = std::min<std::chrono::microseconds>(std::max(pause * 2, std::chrono::microseconds(10)),
+                                                  std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+ private:
+  static void run(detail::WatchdogState& s) {
+    // The thread's CUDA calls go to the communicator's GPU; relaxed capture mode keeps its
+    // event queries legal while another thread captures a CUDA graph in global mode.
+    if (cudaSetDevice(s.device) != cudaSuccess) (void)cudaGetLastError();
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    bool handled = false;
+    bool deferred = false;  // a failure waits for an open group to close
+    while (true) {
+      {
+        std::unique_lock lock(s.control_mutex);
+        s.control_cv.wait_for(lock, s.poll,
+                              [&] { return s.stop || (s.failure_requested && !handled && !deferred); });
+        if (s.stop) break;
+      }
+      if (!handled) {
+        poll_completions(s);
+        poll_async_error(s);
+        bool requested = false;
+        {
+          std::lock_guard lock(s.control_mutex);
+          requested = s.failure_requested;
+        }
+        if (requested) {
+          handled = handle_failure(s);
+          deferred = !handled;
+        }
+      }
+      if (!handled) s.publish_progress(false, false);
+    }
+    std::lock_guard lock(s.control_mutex);
+    s.thread_done = true;
+    s.control_cv.notify_all();
+  }
+
+  static void request(detail::WatchdogState& s, std::string reason, std::optional<detail::WorkRecord> culprit) {
+    std::lock_guard lock(s.control_mutex);
+    if (s.failure_requested) return;
+    s.failure_requested = true;
+    s.requested_reason = std::move(reason);
+    s.culprit = culprit;
+    s.detected_at = detail::Clock::now();
+    s.failed.store(true, std::memory_order_release);
+    s.control_cv.notify_all();
+  }
+
+  static void poll_completions(detail::WatchdogState& s) {
+    const auto now = detail::Clock::now();
+    std::lock_guard lock(s.queue_mutex);
+    while (!s.in_flight.empty()) {
+      detail::WorkRecord& front = s.in_flight.front();
+      cudaError_t status = cudaEventQuery(front.event);
+      if (status == cudaSuccess) {
+        s.completed.store(front.last_seq, std::memory_order_release);
+        s.free_events.push_back(front.event);
+        s.in_flight.pop_front();
+        continue;
+      }
+      if (status == cudaErrorNotReady) {
+        if (now - front.issued > s.timeout) {
+          request(s, "did not complete within the timeout of " +
+                         FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()),
+                  front);
+        }
+      } else {
+        (void)cudaGetLastError();
+        request(s, "CUDA reported " + describe_cuda_error(status) + " while waiting for it", front);
+      }
+      break;
+    }
+  }
+
+  static void poll_async_error(detail::WatchdogState& s) {
+    ncclResult_t async = ncclSuccess;
+    {
+      std::unique_lock lock(s.handle.mutex, std::defer_lock);
+      // Never wait long here: the issuing thread holds the lock only for the length of one call.
+      if (!lock.try_lock_for(std::chrono::milliseconds(100))) return;
+      if (s.handle.aborted || s.handle.comm == nullptr) return;
+      if (ncclCommGetAsyncError(s.handle.comm, &async) != ncclSuccess) return;
+      if (async == ncclSuccess || async == ncclInProgress) return;
+    }
+    std::optional<detail::WorkRecord> oldest;
+    {
+      std::lock_guard lock(s.queue_mutex);
+      if (!s.in_flight.empty()) oldest = s.in_flight.front();
+    }
+    request(s, "NCCL reported an asynchronous error: " + describe_nccl_error(async), oldest);
+  }
+
+  /// Aborts, exchanges progress and writes the report. Returns false to be called again
+  /// (while the communicator has ops queued in an open group, aborting it would pull the
+  /// handle out from under the coming ncclGroupEnd).
+  static bool handle_failure(detail::WatchdogState& s) {
+    const auto now = detail::Clock::now();
+    if (s.handle.open_groups.load() > 0 && now - s.detected_at < std::chrono::seconds(2)) return false;
+
+    FailureReport report;
+    report.name = s.name;
+    report.rank = s.rank;
+    report.world = s.world;
+    report.device = s.device;
+    std::optional<detail::WorkRecord> culprit;
+    {
+      std::lock_guard lock(s.control_mutex);
+      report.reason = s.requested_reason;
+      culprit = s.culprit;
+    }
+    if (!culprit) {
+      std::lock_guard lock(s.queue_mutex);
+      if (!s.in_flight.empty()) culprit = s.in_flight.front();
+    }
+    if (culprit) {
+      report.has_operation = true;
+      report.operation = culprit->operation;
+      if (culprit->operations > 1)
+        report.operation += " (+" + std::to_string(culprit->operations - 1) + " more in one group)";
+      report.seq = culprit->first_seq;
+      report.bytes = culprit->bytes;
+      report.waited_s = std::chrono::duration<double>(s.detected_at - culprit->issued).count();
+    }
+
+    // Abort. The lock keeps the abort away from a thread inside NCCL; a thread that holds it
+    // for long is itself stuck (e.g. a kernel launch blocked behind a hung queue), and only
+    // the abort can release it: then abort without the lock.
+    const auto abort_start = detail::Clock::now();
+    {
+      std::unique_lock lock(s.handle.mutex, std::defer_lock);
+      const bool locked = lock.try_lock_for(std::chrono::seconds(2));
+      if (!locked) log_warn("watchdog of '" + s.name + "': aborting while another thread is inside NCCL");
+      if (!s.handle.aborted && s.handle.comm != nullptr) {
+        ncclResult_t status = ncclCommAbort(s.handle.comm);
+        if (status != ncclSuccess) log_warn("ncclCommAbort returned " + describe_nccl_error(status));
+        s.handle.aborted = true;
+        s.handle.comm = nullptr;
+        report.aborted = true;
+      }
+    }
+    report.abort_s = std::chrono::duration<double>(detail::Clock::now() - abort_start).count();
+
+    // Events of aborted work complete now; whatever completed counts as completed.
+    {
+      std::lock_guard lock(s.queue_mutex);
+      while (!s.in_flight.empty()) {
+        auto& front = s.in_flight.front();
+        if (cudaEventQuery(front.event) != cudaSuccess) {
+          (void)cudaGetLastError();
+          break;
+        }
+        if (!culprit || front.first_seq < culprit->first_seq) s.completed.store(front.last_seq);
+        s.free_events.push_back(front.event);
+        s.in_flight.pop_front();
+      }
+    }
+    report.issued = s.issued.load();
+    report.completed = s.completed.load();
+    s.publish_progress(true, true);
+    s.gather_peers(report);
+
+    log_error(report.describe());
+    std::lock_guard lock(s.control_mutex);
+    s.report = std::move(report);
+    s.report_ready = true;
+    s.control_cv.notify_all();
+    return true;
+  }
+
+  std::shared_ptr<detail::WatchdogState> state_;
+  std::thread thread_;
+};
+
+}  // namespace ncclkit::nccl

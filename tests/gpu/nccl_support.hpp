@@ -1,0 +1,325 @@
+#pragma once
+// Helpers of the NCCL GPU tests: which world sizes to run, workers that report failures
+// through their exit code, deterministic random inputs, host references in higher precision
+// and the comparisons (norm-relative for floating reductions, exact for data movement).
+//
+// All CUDA work happens in spawned workers: the test process itself never initialises CUDA,
+// since it forks (gpu_main.cu counts GPUs in a child for the same reason).
+#include <doctest/doctest.h>
+
+#include <chrono>       // std::chrono
+#include <cmath>        // std::sqrt, std::isnan, std::fabs
+#include <cstdint>      // fixed-width integers
+#include <cstdio>       // std::printf
+#include <cstring>      // std::memcmp
+#include <string>       // std::string
+#include <type_traits>  // std::is_integral_v, std::is_same_v
+#include <vector>       // std::vector
+
+#include "gpu/gpu_support.hpp"
+#include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/half.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/device_buffer.hpp"
+
+namespace ncclkit_test {
+
+using ncclkit::BFloat16;
+using ncclkit::Half;
+using ncclkit::ReduceOp;
+
+/// The world sizes 1, 2 and 4 that fit the visible GPUs; says which are skipped.
+inline std::vector<int> world_sizes() {
+  std::vector<int> sizes;
+  const int gpus = visible_gpu_count();
+  for (int n : {1, 2, 4}) {
+    if (n <= gpus) {
+      sizes.push_back(n);
+    } else {
+      std::printf("SKIP: world size %d needs %d GPUs, %d visible\n", n, n, gpus);
+      MESSAGE("skipped world size " << n << ": needs " << n << " GPUs, " << gpus << " visible");
+    }
+  }
+  return sizes;
+}
+
+/// Whether `n` GPUs are visible; prints a visible SKIP line when not.
+inline bool have_gpus(int n, const char* what) {
+  const int gpus = visible_gpu_count();
+  if (gpus >= n) return true;
+  std::printf("SKIP: %s needs %d GPUs, %d visible\n", what, n, gpus);
+  MESSAGE("skipped " << what << ": needs " << n << " GPUs, " << gpus << " visible");
+  return false;
+}
+
+/// Counts a worker's checks and failures; the worker's exit code says whether all passed.
+class Checker {
+ public:
+  explicit Checker(int rank) : rank_(rank) {}
+  bool expect(bool ok, const std::string& what) {
+    ++checks_;
+    if (!ok) {
+      ++failures_;
+      if (failures_ <= 25) ncclkit::log_error("CHECK FAILED: " + what);
+    }
+    return ok;
+  }
+  long checks() const { return checks_; }
+  int failures() const { return failures_; }
+  /// Prints the tally and returns the exit code (0: every check passed).
+  int finish(const std::string& what) const {
+    std::printf("rank %d %s: %ld checks, %d failed\n", rank_, what.c_str(), checks_, failures_);
+    std::fflush(stdout);
+    return failures_ == 0 ? 0 : 1;
+  }
+
+ private:
+  int rank_;
+  long checks_ = 0;
+  int failures_ = 0;
+};
+
+/// Runs `fn(world, store)` in `n` worker processes (returning an exit code) and CHECKs that
+/// every worker exited 0.
+template <class Fn>
+ncclkit::SpawnResult run_workers(int n, Fn fn, std::chrono::milliseconds timeout = std::chrono::minutes(5)) {
+  auto result = ncclkit::spawn(
+      n,
+      [&](const ncclkit::WorldInfo& world) -> int {
+        auto store = ncclkit::make_store(world.init_url, world);
+        return fn(world, store);
+      },
+      ncclkit::SpawnOptions{.timeout = timeout});
+  CHECK_MESSAGE(result.ok(), "world of " << n << ": " << result.describe());
+  return result;
+}
+
+// ---- deterministic random inputs ---------------------------------------------------------
+
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+/// A uniform double in [0, 1) for (seed, rank, index).
+inline double unit(std::uint64_t seed, int rank, std::size_t index) {
+  return static_cast<double>(mix(seed * 0x100000001B3ull ^ mix(static_cast<std::uint64_t>(rank) << 40 ^ index)) >> 11) *
+         0x1.0p-53;
+}
+
+template <class T>
+constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+template <class T>
+double to_double(T value) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return static_cast<double>(static_cast<float>(value));
+  } else {
+    return static_cast<double>(value);
+  }
+}
+template <class T>
+T from_double(double value) {
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    return T(static_cast<float>(value));
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+/// Element `index` of rank `rank`'s input. Never zero-only; ranges keep integer results of
+/// up to 4 ranks inside the type (prod included) and keep products of floats well scaled.
+template <class T>
+T sample(std::uint64_t seed, int rank, std::size_t index, ReduceOp op) {
+  const double u = unit(seed, rank, index);
+  if constexpr (is_float_v<T>) {
+    if (op == ReduceOp::kProd) {
+      const double magnitude = 0.5 + 1.5 * u;
+      return from_double<T>(unit(seed + 1, rank, index) < 0.5 ? -magnitude : magnitude);
+    }
+    return from_double<T>(2.0 * u - 1.0);
+  } else {
+    long lo = 0, hi = 0;
+    if (op == ReduceOp::kProd) {
+      if constexpr (std::is_same_v<T, std::uint8_t>) {
+        lo = 0, hi = 3;
+      } else if constexpr (sizeof(T) == 1) {
+        lo = -3, hi = 3;
+      } else {
+        lo = -30, hi = 30;
+      }
+    } else if constexpr (std::is_same_v<T, std::uint8_t>) {
+      lo = 0, hi = 50;
+    } else if constexpr (sizeof(T) == 1) {
+      lo = -25, hi = 25;
+    } else {
+      lo = -100000, hi = 100000;
+    }
+    return static_cast<T>(lo + static_cast<long>(u * static_cast<double>(hi - lo + 1)));
+  }
+}
+
+template <class T>
+std::vector<T> make_input(std::uint64_t seed, int rank, std::size_t count, ReduceOp op = ReduceOp::kSum) {
+  std::vector<T> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = sample<T>(seed, rank, i, op);
+  return values;
+}
+
+/// The reduction over ranks 0..world-1 of element `index` (at `index` in every rank's input),
+/// in long double (floats) or exact int64 (integers; avg truncates like C++).
+template <class T>
+long double reference(std::uint64_t seed, int world, std::size_t index, ReduceOp op) {
+  long double acc = to_double(sample<T>(seed, 0, index, op));
+  for (int r = 1; r < world; ++r) {
+    const long double v = to_double(sample<T>(seed, r, index, op));
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMin: acc = v < acc ? v : acc; break;
+      case ReduceOp::kMax: acc = v > acc ? v : acc; break;
+    }
+  }
+  if (op == ReduceOp::kAvg) {
+    if constexpr (is_float_v<T>) {
+      acc /= world;
+    } else {
+      acc = static_cast<long double>(static_cast<long long>(acc) / world);
+    }
+  }
+  return acc;
+}
+
+/// Norm-relative tolerance of a floating reduction over at most 4 ranks: a few roundings of
+/// the type's unit roundoff (NCCL reduces 16-bit types hop by hop, rounding at each).
+template <class T>
+constexpr double tolerance() {
+  if constexpr (std::is_same_v<T, double>) return 1e-12;
+  if constexpr (std::is_same_v<T, float>) return 1e-5;
+  if constexpr (std::is_same_v<T, Half>) return 4e-3;
+  if constexpr (std::is_same_v<T, BFloat16>) return 3e-2;
+  return 0;
+}
+
+/// Compares `got` with the reduction of the inputs (element i of the result is element
+/// `first + i` of the inputs): floats by norm-relative error within tolerance<T>() and no NaN
+/// (outputs are poisoned with NaN), integers exactly (avg within 1).
+template <class T>
+bool check_reduction(Checker& checker, const std::vector<T>& got, std::uint64_t seed, int world, std::size_t first,
+                     ReduceOp op, const std::string& what) {
+  long double error = 0, norm = 0;
+  std::size_t nan_count = 0, wrong = 0, first_wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const long double ref = reference<T>(seed, world, first + i, op);
+    const long double value = to_double(got[i]);
+    if constexpr (is_float_v<T>) {
+      if (std::isnan(static_cast<double>(value))) {
+        if (nan_count++ == 0) first_wrong = i;
+        continue;
+      }
+      error += (value - ref) * (value - ref);
+      norm += ref * ref;
+    } else {
+      const long double diff = value > ref ? value - ref : ref - value;
+      if (diff > (op == ReduceOp::kAvg ? 1 : 0)) {
+        if (wrong++ == 0) first_wrong = i;
+      }
+    }
+  }
+  if constexpr (is_float_v<T>) {
+    const double relative = norm > 0 ? std::sqrt(static_cast<double>(error / norm)) : std::sqrt(static_cast<double>(error));
+    return checker.expect(nan_count == 0 && relative <= tolerance<T>(),
+                          what + ": relative error " + std::to_string(relative) + " (tolerance " +
+                              std::to_string(tolerance<T>()) + "), " + std::to_string(nan_count) +
+                              " elements unwritten (NaN), first at " + std::to_string(first_wrong));
+  } else {
+    return checker.expect(wrong == 0, what + ": " + std::to_string(wrong) + " wrong elements, first at " +
+                                          std::to_string(first_wrong));
+  }
+}
+
+/// Exact comparison of moved data, byte for byte.
+template <class T>
+bool check_equal(Checker& checker, const std::vector<T>& got, const std::vector<T>& expected, const std::string& what) {
+  if (got.size() != expected.size()) return checker.expect(false, what + ": sizes differ");
+  std::size_t wrong = 0, first_wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &expected[i], sizeof(T)) != 0 && wrong++ == 0) first_wrong = i;
+  }
+  return checker.expect(wrong == 0, what + ": " + std::to_string(wrong) + " of " + std::to_string(got.size()) +
+                                        " elements differ, first at " + std::to_string(first_wrong));
+}
+
+/// Poison byte for outputs: NaN for floating types, a value outside every input range for
+/// integers, so that an element the collective did not write is always caught.
+template <class T>
+constexpr unsigned char poison_byte() {
+  return is_float_v<T> ? 0xFF : 0xA5;
+}
+
+// ---- device transfers ordered on a stream --------------------------------------------------
+
+template <class T>
+void upload(ncclkit::nccl::DeviceBuffer<T>& buffer, const std::vector<T>& host, cudaStream_t stream,
+            std::size_t offset = 0) {
+  if (host.empty()) return;
+  NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(buffer.data() + offset, host.data(), host.size() * sizeof(T),
+                                     cudaMemcpyHostToDevice, stream));
+  // Pageable uploads may return before the copy ends; the host vector must outlive it.
+  NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+/// Downloads `count` elements at `offset` after the communicator's work on `stream` (through
+/// synchronize, so a failed communicator throws instead of hanging).
+template <class T, class Comm>
+std::vector<T> download(Comm& comm, const ncclkit::nccl::DeviceBuffer<T>& buffer, cudaStream_t stream,
+                        std::size_t offset, std::size_t count) {
+  std::vector<T> host(count);
+  if (count != 0) {
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.data() + offset, count * sizeof(T), cudaMemcpyDeviceToHost,
+                                       stream));
+  }
+  comm.synchronize(stream);
+  return host;
+}
+template <class T, class Comm>
+std::vector<T> download(Comm& comm, const ncclkit::nccl::DeviceBuffer<T>& buffer, cudaStream_t stream) {
+  return download(comm, buffer, stream, 0, buffer.size());
+}
+
+/// Element counts from 0 up to `max_bytes` of T: 0, 1, odd small, odd mid, and odd near the top.
+template <class T>
+std::vector<std::size_t> test_counts(std::size_t max_bytes = std::size_t{1} << 20) {
+  std::size_t top = max_bytes / sizeof(T);
+  if (top % 2 == 0) top -= 1;
+  return {0, 1, 7, 1001, top};
+}
+
+inline const char* op_name(ReduceOp op) { return ncclkit::name_of(op).data(); }
+
+template <class T>
+std::string type_name() {
+  return std::string(ncclkit::name_of(ncclkit::data_type_v<T>));
+}
+
+/// Calls `fn.template operator()<T>()` for every element type the tests cover.
+template <class Fn>
+void for_each_type(Fn&& fn) {
+  fn.template operator()<std::int8_t>();
+  fn.template operator()<std::uint8_t>();
+  fn.template operator()<std::int32_t>();
+  fn.template operator()<std::int64_t>();
+  fn.template operator()<Half>();
+  fn.template operator()<BFloat16>();
+  fn.template operator()<float>();
+  fn.template operator()<double>();
+}
+
+inline constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg};
+
+}  // namespace ncclkit_test

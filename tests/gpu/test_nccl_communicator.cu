@@ -1,0 +1,442 @@
+// nccl::Communicator beyond the collective matrix: compile-time type maps and the Backend
+// concept, the element-wise kernels, misuse caught before NCCL sees it, bounded init, split,
+// CUDA graph capture, options, several communicators on one store, and the single-process
+// multi-GPU group.
+// ncclkit-test: labels=nccl timeout=300
+#include <doctest/doctest.h>
+
+#include <cuda_bf16.h>  // __nv_bfloat16
+#include <cuda_fp16.h>  // __half
+
+#include <algorithm>  // std::max
+#include <chrono>   // std::chrono
+#include <cmath>    // std::nearbyint
+#include <cstdlib>  // setenv, unsetenv
+#include <limits>   // std::numeric_limits
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "gpu/nccl_support.hpp"
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/device_buffer.hpp"
+#include "ncclkit/nccl/group.hpp"
+#include "ncclkit/nccl/kernels.cuh"
+#include "ncclkit/nccl/local_group.hpp"
+#include "ncclkit/nccl/rendezvous.hpp"
+#include "ncclkit/nccl/types.hpp"
+#include "ncclkit/store/prefix_store.hpp"
+
+namespace {
+
+using namespace ncclkit_test;
+using ncclkit::ConfigError;
+using ncclkit::DataType;
+using ncclkit::MemoryKind;
+using ncclkit::Store;
+using ncclkit::TensorView;
+using ncclkit::WorldInfo;
+using ncclkit::nccl::Communicator;
+using ncclkit::nccl::DeviceBuffer;
+using ncclkit::nccl::GroupGuard;
+using ncclkit::nccl::LocalGroup;
+using ncclkit::nccl::Options;
+
+// ---- compile time ---------------------------------------------------------------------------
+
+static_assert(ncclkit::Backend<Communicator>, "nccl::Communicator models the Backend concept");
+static_assert(Communicator::memory_kind == MemoryKind::kDevice);
+static_assert(ncclkit::nccl::nccl_type_v<float> == ncclFloat32);
+static_assert(ncclkit::nccl::nccl_type_v<double> == ncclFloat64);
+static_assert(ncclkit::nccl::nccl_type_v<__half> == ncclFloat16);
+static_assert(ncclkit::nccl::nccl_type_v<__nv_bfloat16> == ncclBfloat16);
+static_assert(ncclkit::nccl::nccl_type_v<ncclkit::Half> == ncclFloat16);
+static_assert(ncclkit::nccl::nccl_type_v<ncclkit::BFloat16> == ncclBfloat16);
+static_assert(ncclkit::nccl::nccl_type_v<std::int8_t> == ncclInt8);
+static_assert(ncclkit::nccl::nccl_type_v<std::uint8_t> == ncclUint8);
+static_assert(ncclkit::nccl::nccl_type_v<std::int32_t> == ncclInt32);
+static_assert(ncclkit::nccl::nccl_type_v<std::int64_t> == ncclInt64);
+static_assert(ncclkit::nccl::nccl_type_v<const float> == ncclFloat32);
+static_assert(ncclkit::nccl::to_nccl(ReduceOp::kAvg) == ncclAvg);
+static_assert(ncclkit::nccl::to_nccl(ReduceOp::kProd) == ncclProd);
+
+TEST_CASE("the scale launcher is registered by including the kernels") {
+  CHECK(static_cast<bool>(ncclkit::nccl::detail::scale_launcher() != nullptr));
+  CHECK(ncclkit::nccl::detail::format_ranks({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8");
+}
+
+// ---- kernels ----------------------------------------------------------------------------------
+
+TEST_CASE("scale and fill kernels agree with the host for every type") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "kernels"});
+    Checker checker(world.rank);
+    const cudaStream_t s = comm.default_stream();
+    for_each_type([&]<class T>() {
+      const std::size_t count = 100003;
+      const auto input = make_input<T>(3, 0, count);
+      DeviceBuffer<T> buffer(count, comm.device());
+      for (double factor : {0.5, -3.0}) {
+        upload(buffer, input, s);
+        comm.scale(buffer.view(), factor);
+        const auto got = download(comm, buffer, s);
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) {
+          const double x = to_double(input[i]) * factor;
+          double expected = 0;
+          if constexpr (is_float_v<T>) {
+            // float arithmetic, then rounding to T (what the kernel does): compare within 1 ulp of T
+            expected = to_double(from_double<T>(static_cast<float>(to_double(input[i])) * static_cast<float>(factor)));
+            if constexpr (std::is_same_v<T, double>) expected = x;
+          } else {
+            double r = std::nearbyint(x);
+            const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+            const double hi = static_cast<double>(std::numeric_limits<T>::max());
+            expected = r < lo ? lo : (r > hi ? hi : r);
+          }
+          if (to_double(got[i]) != expected) ++wrong;
+        }
+        checker.expect(wrong == 0, "scale " + type_name<T>() + " by " + std::to_string(factor) + ": " +
+                                       std::to_string(wrong) + " wrong elements");
+      }
+    });
+    DeviceBuffer<float> filled(777, comm.device());
+    ncclkit::nccl::fill(filled.data(), filled.size(), 2.5f, s);
+    checker.expect(download(comm, filled, s) == std::vector<float>(777, 2.5f), "fill");
+    return checker.finish("kernels");
+  });
+}
+
+// ---- misuse -----------------------------------------------------------------------------------
+
+/// Runs `call`, expecting a ConfigError whose message contains `needle`.
+template <class Call>
+void expect_misuse(Checker& checker, const std::string& what, const std::string& needle, Call&& call) {
+  try {
+    call();
+    checker.expect(false, what + ": no error");
+  } catch (const ConfigError& e) {
+    checker.expect(std::string(e.what()).find(needle) != std::string::npos,
+                   what + ": message lacks '" + needle + "': " + e.what());
+  } catch (const std::exception& e) {
+    checker.expect(false, what + ": wrong exception type: " + e.what());
+  }
+}
+
+TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "misuse"});
+    Checker checker(world.rank);
+    const int device = comm.device();
+    DeviceBuffer<float> a(64, device), b(64, device);
+    std::vector<float> host(64, 1.0f);
+
+    expect_misuse(checker, "root out of range", "root 3 is outside [0, 1)",
+                  [&] { comm.broadcast(a.data(), b.data(), 64, 3); });
+    expect_misuse(checker, "negative root", "root -1 is outside", [&] { comm.reduce(a.data(), b.data(), 64, ReduceOp::kSum, -1); });
+    expect_misuse(checker, "peer out of range", "peer 1 is outside", [&] { comm.send(a.data(), 64, 1); });
+    expect_misuse(checker, "null input", "null pointer with count 64",
+                  [&] { comm.all_reduce(static_cast<const float*>(nullptr), b.data(), 64); });
+    expect_misuse(checker, "null output", "null pointer with count 64",
+                  [&] { comm.all_reduce(a.data(), static_cast<float*>(nullptr), 64); });
+    expect_misuse(checker, "pageable host input", "is host memory", [&] { comm.all_reduce(host.data(), b.data(), 64); });
+    float* pinned = nullptr;
+    NCCLKIT_CUDA_CHECK(cudaMallocHost(&pinned, 64 * sizeof(float)));
+    expect_misuse(checker, "pinned host output", "is host memory", [&] { comm.all_reduce(a.data(), pinned, 64); });
+    NCCLKIT_CUDA_CHECK(cudaFreeHost(pinned));
+    expect_misuse(checker, "view marked host", "marked as host memory", [&] {
+      comm.all_reduce(TensorView::of(a.data(), 64, MemoryKind::kHost), b.view(), ReduceOp::kSum);
+    });
+    expect_misuse(checker, "size mismatch", "sizes do not match",
+                  [&] { comm.all_reduce(a.view(), TensorView::of(b.data(), 63, MemoryKind::kDevice), ReduceOp::kSum); });
+    expect_misuse(checker, "all_gather size", "out.count == in.count * size()",
+                  [&] { comm.all_gather(TensorView::of(a.data(), 32, MemoryKind::kDevice), b.view()); });
+    expect_misuse(checker, "type mismatch", "element types differ", [&] {
+      comm.all_reduce(a.view(), TensorView{b.data(), 64, DataType::kInt32, MemoryKind::kDevice}, ReduceOp::kSum);
+    });
+    expect_misuse(checker, "invalid op", "invalid ReduceOp", [&] { comm.all_reduce(a.data(), b.data(), 64, static_cast<ReduceOp>(42)); });
+    expect_misuse(checker, "all_to_all in place", "out of place only", [&] { comm.all_to_all(a.data(), a.data(), 64); });
+    expect_misuse(checker, "uneven counts", "one per rank", [&] {
+      std::vector<std::size_t> counts{32, 32};
+      comm.all_gather_uneven(a.view(), b.view(), counts);
+    });
+
+    // The communicator is still usable after misuse.
+    upload(a, make_input<float>(1, 0, 64), comm.default_stream());
+    comm.all_reduce(a.data(), b.data(), 64, ReduceOp::kSum);
+    check_reduction<float>(checker, download(comm, b, comm.default_stream()), 1, 1, 0, ReduceOp::kSum,
+                           "all_reduce after misuse");
+    checker.expect(!comm.failed(), "misuse does not fail the communicator");
+
+    // Moved-from communicators say so.
+    Communicator moved = std::move(comm);
+    expect_misuse(checker, "use after move", "moved from", [&] { (void)comm.rank(); });
+    checker.expect(moved.rank() == 0, "the moved-to communicator works");
+
+    // The pointer checks can be switched off, by option or by environment.
+    checker.expect(!Options{.check_pointers = false}.check_pointers, "option turns checks off");
+    ::setenv("NCCLKIT_CHECK_POINTERS", "0", 1);
+    checker.expect(!Options{}.check_pointers, "NCCLKIT_CHECK_POINTERS=0 turns checks off");
+    ::unsetenv("NCCLKIT_CHECK_POINTERS");
+    checker.expect(Options{}.check_pointers, "checks are on by default");
+    return checker.finish("misuse");
+  });
+}
+
+TEST_CASE("buffers and streams of another GPU are refused") {
+  if (!have_gpus(2, "the wrong-device check")) return;
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Communicator comm(store, world, Options{.device = 0, .timeout = std::chrono::seconds(60), .name = "devices"});
+    Checker checker(world.rank);
+    DeviceBuffer<float> mine(64, 0), other(64, 1);
+    expect_misuse(checker, "buffer of GPU 1", "is memory of GPU 1", [&] { comm.all_reduce(mine.data(), other.data(), 64); });
+    ncclkit::nccl::Stream stream_of_1(1);
+    expect_misuse(checker, "stream of GPU 1", "the stream belongs to GPU 1",
+                  [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_1); });
+    return checker.finish("wrong device");
+  });
+}
+
+// ---- init ----------------------------------------------------------------------------------------
+
+TEST_CASE("init is bounded: a rank that never reaches NCCL init is named") {
+  run_workers(2, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Checker checker(world.rank);
+    const auto timeout = std::chrono::seconds(3);
+    if (world.rank == 1) {
+      // Take part in the store rendezvous (so rank 0 gets its id) but never call NCCL.
+      const std::string base = "ncclkit/nccl/stuck";
+      const auto index = store->add(base + "/instances/1", 1);
+      ncclkit::PrefixStore scope(base + "/" + std::to_string(index), store);
+      (void)ncclkit::nccl::detail::init_rendezvous(scope, 1, 2, ncclkit::nccl::version_text(), timeout,
+                                                   [] { return ncclkit::Bytes(); }, "stuck");
+      store->wait({"test/rank0-done"}, std::chrono::seconds(60));
+      return checker.finish("init timeout (idle rank)");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Communicator comm(store, world, Options{.timeout = timeout, .name = "stuck"});
+      checker.expect(false, "init with an absent rank succeeded");
+    } catch (const ncclkit::TimeoutError& e) {
+      const std::string message = e.what();
+      checker.expect(message.find("never reached NCCL init: 1") != std::string::npos, "names rank 1: " + message);
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    checker.expect(waited < 3.0 + 5.0, "init gave up within timeout + 5 s (took " + std::to_string(waited) + " s)");
+    store->set("test/rank0-done", "1");
+    return checker.finish("init timeout");
+  });
+}
+
+TEST_CASE("several communicators on one store, concurrently and one after another, never mix") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      for (int round = 0; round < 2; ++round) {
+        Communicator first(store, world, Options{.timeout = std::chrono::seconds(60), .name = "same"});
+        Communicator second(store, world, Options{.timeout = std::chrono::seconds(60), .name = "same"});
+        const std::size_t count = 1000;
+        DeviceBuffer<std::int64_t> a(count, first.device()), b(count, second.device());
+        upload(a, make_input<std::int64_t>(21 + round, world.rank, count), first.default_stream());
+        upload(b, make_input<std::int64_t>(31 + round, world.rank, count), second.default_stream());
+        second.all_reduce(b.data(), b.data(), count, ReduceOp::kSum);
+        first.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
+        check_reduction<std::int64_t>(checker, download(first, a, first.default_stream()), 21 + round, world.world_size,
+                                      0, ReduceOp::kSum, "first communicator, round " + std::to_string(round));
+        check_reduction<std::int64_t>(checker, download(second, b, second.default_stream()), 31 + round,
+                                      world.world_size, 0, ReduceOp::kSum, "second communicator, round " + std::to_string(round));
+      }
+      return checker.finish("several communicators");
+    });
+  }
+}
+
+// ---- split ---------------------------------------------------------------------------------------
+
+TEST_CASE("split makes sub-communicators ordered by key; a negative color opts out") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "parent"});
+      Checker checker(world.rank);
+      const int n = comm.size(), r = comm.rank();
+      // On 4 GPUs rank 3 opts out; the others split by parity, in reverse rank order.
+      const bool out = n == 4 && r == 3;
+      const int color = out ? -1 : r % 2;
+      auto child = comm.split(color, n - r);
+      if (out) {
+        checker.expect(!child.has_value(), "negative color gets no communicator");
+        return checker.finish("split");
+      }
+      std::vector<int> members;
+      for (int j = n - 1; j >= 0; --j)
+        if (!(n == 4 && j == 3) && j % 2 == color) members.push_back(j);
+      int expected_rank = 0;
+      for (std::size_t i = 0; i < members.size(); ++i)
+        if (members[i] == r) expected_rank = static_cast<int>(i);
+      checker.expect(child.has_value() && child->size() == static_cast<int>(members.size()),
+                     "child size " + std::to_string(child ? child->size() : -1));
+      checker.expect(child && child->rank() == expected_rank, "child rank follows key (reverse order)");
+      checker.expect(child && child->device() == comm.device(), "child on the parent's GPU");
+      if (child) {
+        // Sum over the members of their parent ranks.
+        DeviceBuffer<std::int32_t> value(1, comm.device());
+        upload(value, std::vector<std::int32_t>{r}, child->default_stream());
+        child->all_reduce(value.data(), value.data(), 1, ReduceOp::kSum);
+        std::int32_t sum = 0;
+        for (int m : members) sum += m;
+        checker.expect(download(*child, value, child->default_stream())[0] == sum, "all_reduce in the child");
+      }
+      // The parent still works alongside.
+      comm.barrier();
+      return checker.finish("split");
+    });
+  }
+}
+
+// ---- CUDA graphs -----------------------------------------------------------------------------------
+
+TEST_CASE("collectives captured in a CUDA graph replay with fresh inputs") {
+  const auto sizes = world_sizes();
+  if (sizes.empty()) return;
+  run_workers(sizes.back(), [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "graph"});
+    Checker checker(world.rank);
+    const int n = comm.size(), r = comm.rank();
+    const std::size_t count = 65537;
+    DeviceBuffer<float> in(count, comm.device()), out(count, comm.device()), gathered(count * n, comm.device());
+    ncclkit::nccl::Stream capture_stream(comm.device());
+    // Warm up eagerly (NCCL connects lazily; connection setup must not happen inside capture).
+    comm.all_reduce(in.data(), out.data(), count, ReduceOp::kSum, capture_stream);
+    comm.all_gather(out.data(), gathered.data(), count, capture_stream);
+    comm.synchronize(capture_stream);
+    const auto issued_before = comm.issued_seq();
+
+    cudaGraph_t graph = nullptr;
+    NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeGlobal));
+    comm.all_reduce(in.data(), out.data(), count, ReduceOp::kSum, capture_stream);
+    comm.scale(out.view(), 0.5, capture_stream);
+    comm.all_gather(out.data(), gathered.data(), count, capture_stream);
+    NCCLKIT_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    NCCLKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    checker.expect(comm.issued_seq() == issued_before, "captured collectives take no sequence numbers");
+
+    for (int replay = 0; replay < 3; ++replay) {
+      const std::uint64_t seed = 500 + static_cast<std::uint64_t>(replay);
+      upload(in, make_input<float>(seed, r, count), capture_stream);
+      gathered.fill_bytes(0xFF, capture_stream);
+      NCCLKIT_CUDA_CHECK(cudaGraphLaunch(exec, capture_stream));
+      const auto got = download(comm, gathered, capture_stream);
+      // Every slice of `gathered` is half the sum.
+      for (int j = 0; j < n; ++j) {
+        std::vector<float> slice(got.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * count),
+                                 got.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j + 1) * count));
+        for (auto& v : slice) v *= 2.0f;
+        check_reduction<float>(checker, slice, seed, n, 0, ReduceOp::kSum,
+                               "graph replay " + std::to_string(replay) + " slice " + std::to_string(j));
+      }
+    }
+    NCCLKIT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    NCCLKIT_CUDA_CHECK(cudaGraphDestroy(graph));
+    // Eager collectives still work and are watched again.
+    comm.barrier();
+    checker.expect(comm.issued_seq() == issued_before + 1, "eager collectives after capture take sequence numbers");
+    return checker.finish("graph capture");
+  });
+}
+
+// ---- options -------------------------------------------------------------------------------------
+
+TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, name, priority, user stream") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      int device = world.local_rank % ncclkit::nccl::visible_device_count();
+      ncclkit::nccl::Stream user_stream(device);
+      Communicator comm(store, world,
+                        Options{.timeout = std::chrono::seconds(60), .cga_cluster_size = 2, .min_ctas = 1, .max_ctas = 4,
+                                .stream_priority = -1, .name = "tuned", .stream = user_stream.get()});
+      checker.expect(comm.name() == "tuned", "name");
+      checker.expect(comm.default_stream() == user_stream.get(), "Options::stream is the default stream");
+      int least = 0, greatest = 0;
+      NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      int priority = 0;
+      NCCLKIT_CUDA_CHECK(cudaStreamGetPriority(comm.comm_stream(), &priority));
+      checker.expect(priority == std::max(-1, greatest), "comm stream priority " + std::to_string(priority));
+      const std::size_t count = 1 << 20;
+      DeviceBuffer<float> a(count, device);
+      upload(a, make_input<float>(41, world.rank, count), comm.default_stream());
+      comm.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
+      check_reduction<float>(checker, download(comm, a, comm.default_stream()), 41, world.world_size, 0, ReduceOp::kSum,
+                             "all_reduce with max 4 CTAs");
+      return checker.finish("options");
+    });
+  }
+}
+
+// ---- single process, several GPUs ----------------------------------------------------------------
+
+TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
+  const auto sizes = world_sizes();
+  for (int n : sizes) {
+    CAPTURE(n);
+    // In a worker: this test process must not initialise CUDA (other cases fork).
+    run_workers(1, [n](const WorldInfo&, const std::shared_ptr<Store>&) {
+      Checker checker(0);
+      std::vector<int> devices;
+      for (int d = 0; d < n; ++d) devices.push_back(d);
+      LocalGroup local(devices, Options{.timeout = std::chrono::seconds(60), .name = "local"});
+      checker.expect(local.size() == n, "group size");
+      const std::size_t count = 300007;
+      std::vector<DeviceBuffer<float>> buffers;
+      std::vector<DeviceBuffer<float>> gathered;
+      std::vector<DeviceBuffer<ncclkit::BFloat16>> halves;
+      for (int i = 0; i < n; ++i) {
+        ncclkit::nccl::DeviceGuard guard(local[i].device());  // copies and memsets go to member i's streams
+        checker.expect(local[i].rank() == i && local[i].size() == n && local[i].device() == devices[static_cast<std::size_t>(i)],
+                       "member " + std::to_string(i) + " identity");
+        buffers.emplace_back(count, local[i].device());
+        gathered.emplace_back(count * n, local[i].device());
+        halves.emplace_back(count, local[i].device());
+        upload(buffers.back(), make_input<float>(61, i, count), local[i].default_stream());
+        upload(halves.back(), make_input<ncclkit::BFloat16>(62, i, count), local[i].default_stream());
+        gathered.back().fill_bytes(0xFF, local[i].default_stream());
+      }
+      {
+        GroupGuard group;
+        for (int i = 0; i < n; ++i) {
+          local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), count,
+                              ReduceOp::kSum);
+          local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(), count,
+                              ReduceOp::kAvg);
+        }
+        group.end();
+      }
+      {
+        GroupGuard group;
+        for (int i = 0; i < n; ++i)
+          local[i].all_gather(buffers[static_cast<std::size_t>(i)].data(), gathered[static_cast<std::size_t>(i)].data(), count);
+      }
+      for (int i = 0; i < n; ++i) {
+        ncclkit::nccl::DeviceGuard guard(local[i].device());
+        auto& comm = local[i];
+        const auto sum = download(comm, buffers[static_cast<std::size_t>(i)], comm.default_stream());
+        check_reduction<float>(checker, sum, 61, n, 0, ReduceOp::kSum, "local all_reduce member " + std::to_string(i));
+        check_reduction<ncclkit::BFloat16>(checker, download(comm, halves[static_cast<std::size_t>(i)], comm.default_stream()),
+                                           62, n, 0, ReduceOp::kAvg, "local bf16 avg member " + std::to_string(i));
+        const auto all = download(comm, gathered[static_cast<std::size_t>(i)], comm.default_stream());
+        for (int j = 0; j < n; ++j) {
+          std::vector<float> slice(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * count),
+                                   all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j + 1) * count));
+          check_equal(checker, slice, sum, "local all_gather member " + std::to_string(i) + " slice " + std::to_string(j));
+        }
+      }
+      return checker.finish("single-process group of " + std::to_string(n));
+    });
+  }
+}
+
+}  // namespace
