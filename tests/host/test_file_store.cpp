@@ -251,7 +251,7 @@ TEST_CASE("the folder is created 0700 (with its parents) and every file is 0600"
       }
     }
     CHECK(folders == 1);  // the run's folder
-    CHECK(files >= 6);    // lock, run, members, state, and the three keys
+    CHECK(files == 7);    // lock, record, members, state, and the three keys
   }
   ::umask(old_mask);
 }
@@ -269,7 +269,7 @@ TEST_CASE("the last of world_size members to leave removes the run's files") {
     CHECK(third.get_string("k", 1s) == "v");
     first.reset();  // leaving early: the others keep the run
     CHECK(second.get_string("k", 1s) == "v");
-    CHECK(entries(dir.path).size() == 3);  // lock, run, r-<id>
+    CHECK(entries(dir.path).size() == 2);  // lock, r-<id>
   }
   CHECK(entries(dir.path) == std::vector<std::string>{"lock"});
   // The folder is reusable at once.
@@ -309,7 +309,7 @@ TEST_CASE("a run whose members all left before it was complete is stale, never j
     early.set("k", "old");
     old_run = early.run_id();
   }
-  CHECK(entries(dir.path).size() == 3);  // incomplete: not cleaned up by its last leaver
+  CHECK(entries(dir.path).size() == 2);  // lock, r-<id>: incomplete, so not removed by its last leaver
   FileStore fresh(dir.path, {.world_size = 3});
   CHECK(fresh.run_id() != old_run);
   CHECK_FALSE(fresh.check({"k"}));
@@ -335,16 +335,6 @@ TEST_CASE("world_size 0: members share the live run; nothing is removed until th
   CHECK_FALSE(std::filesystem::exists(dir.path + "/r-" + old_run));
 }
 
-TEST_CASE("NCCLKIT_RUN_ID keeps two jobs that share a folder apart") {
-  TempDir dir;
-  ::setenv("NCCLKIT_RUN_ID", "job-1", 1);
-  FileStore a(dir.path, {.world_size = 2});
-  ::setenv("NCCLKIT_RUN_ID", "job-2", 1);
-  FileStore b(dir.path, {.world_size = 2});
-  ::unsetenv("NCCLKIT_RUN_ID");
-  CHECK(a.run_id() != b.run_id());
-}
-
 TEST_CASE("bad arguments and unusable folders are clear errors") {
   CHECK_THROWS_AS(FileStore(""), ncclkit::ConfigError);
   TempDir dir;
@@ -352,9 +342,37 @@ TEST_CASE("bad arguments and unusable folders are clear errors") {
   const std::string file = dir.path + "/plain-file";
   { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
   CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains("cannot create or use the rendezvous folder"), ncclkit::StoreError);
-  // A record this version did not write is reported, not overwritten.
-  { std::FILE* f = std::fopen((dir.path + "/run").c_str(), "w"); REQUIRE(f != nullptr); std::fputs("something else\n", f); std::fclose(f); }
-  CHECK_THROWS_WITH_AS(FileStore(dir.path), doctest::Contains("is not a run record"), ncclkit::ConfigError);
+}
+
+TEST_CASE("files that are not FileStore's are left alone") {
+  TempDir dir;
+  std::filesystem::create_directory(dir.path + "/r-not-a-run");
+  std::filesystem::create_directory(dir.path + "/r-0123456789abcdef0123456789abcdeg");  // 'g': not hex
+  { std::FILE* f = std::fopen((dir.path + "/notes.txt").c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
+  { FileStore store(dir.path, {.world_size = 1}); store.set("k", "v"); }
+  CHECK(entries(dir.path) == std::vector<std::string>{"lock", "notes.txt", "r-0123456789abcdef0123456789abcdeg", "r-not-a-run"});
+}
+
+TEST_CASE("two jobs sharing a folder at once stay apart when each has its own NCCLKIT_RUN_ID") {
+  TempDir dir;
+  auto open_as = [&](const char* job) {
+    ::setenv("NCCLKIT_RUN_ID", job, 1);
+    auto store = std::make_unique<FileStore>(dir.path, ncclkit::FileStoreOptions{.world_size = 2});
+    ::unsetenv("NCCLKIT_RUN_ID");
+    return store;
+  };
+  // Arrivals interleave: a1, b1, a2, b2. Each second member must find its own job's run.
+  auto a1 = open_as("job-a");
+  auto b1 = open_as("job-b");
+  auto a2 = open_as("job-a");
+  auto b2 = open_as("job-b");
+  CHECK(a1->run_id() != b1->run_id());
+  CHECK(a2->run_id() == a1->run_id());
+  CHECK(b2->run_id() == b1->run_id());
+  a1->set("k", "a");
+  b1->set("k", "b");
+  CHECK(a2->get_string("k") == "a");
+  CHECK(b2->get_string("k") == "b");
 }
 
 // ---- stale folders left by killed runs (real processes) ---------------------------------------
@@ -415,7 +433,7 @@ TEST_CASE("a run SIGKILLed mid-run leaves a folder that the next run starts fres
   });
   CHECK_FALSE(killed.ok());
   CHECK(killed.workers[0].signal == SIGKILL);
-  CHECK(entries(dir.path).size() == 3);  // lock, run, and the dead run's folder
+  CHECK(entries(dir.path).size() == 2);  // lock, and the dead run's folder
   check_fresh_run(dir.path, kRanks);
 }
 

@@ -7,17 +7,17 @@
 /// keeps it from ever reading the keys of an earlier run. In short:
 ///
 ///   dir/lock        byte 0: the folder lock (joining, leaving, starting a run);
-///                   other bytes: one lock per key (add, compare_set, set, delete_key)
-///   dir/run         the current run's record (id, world size, tag), replaced atomically
-///   dir/r-<id>/     one folder per run: every key of the run lives here
+///                   other bytes: one lock per key (set, add, compare_set, delete_key)
+///   dir/r-<id>/     one folder per run (id: 128 random bits); every key of the run lives here
+///       record      world size, tag (NCCLKIT_RUN_ID), creator; written once
 ///       members     member i holds a lock on byte i for as long as it lives
 ///       state       how many members joined and how many left
 ///       k-<name>    a key (name escaped), h-<hash> for long keys
 ///
-/// A process joins the current run when that run still misses members and one of its members
-/// is alive; otherwise it starts a fresh run with a new random id, so keys of a run that ended,
-/// was killed or is complete can never be read. The last of `world_size` members to leave
-/// removes its run's folder; runs whose members all died are removed by the next run.
+/// A process joins a run that still misses members and has a live member; otherwise it starts
+/// a fresh run with a new random id, so the keys of a run that ended, was killed or is
+/// complete can never be read. The last of `world_size` members to leave removes its run's
+/// folder; the folders of runs whose members all died are removed by the next arrival.
 ///
 /// Thread safety: one FileStore may be used by several threads. Do not use one across fork():
 /// the child would share its locks (and look alive while the parent is gone).
@@ -508,7 +508,14 @@ inline std::string mount_warning(const std::string& path) {
   return {};
 }
 
-/// The run record stored in dir/run.
+/// Whether a folder entry is a run's folder: "r-" and 32 hex digits. Nothing else in the
+/// rendezvous folder is ever touched.
+inline bool is_run_folder_name(std::string_view name) {
+  return name.size() == 34 && name.substr(0, 2) == "r-" &&
+         name.find_first_not_of("0123456789abcdef", 2) == std::string_view::npos;
+}
+
+/// A run's record, dir/r-<id>/record: written once when the run starts.
 struct RunRecord {
   std::string id;
   int world_size = 0;
@@ -629,8 +636,7 @@ class FileStore final : public Store {
   }
 
   void join();
-  void start_run(const std::optional<detail::file_store::RunRecord>& previous, const std::string& why);
-  void remove_dead_runs();
+  void start_run();
   int run_alive(const std::string& id);
   void leave() noexcept;
 
@@ -719,74 +725,101 @@ inline int FileStore::run_alive(const std::string& id) {
   return alive;
 }
 
+/// Joins the run this process belongs to, or starts one. Under the folder lock, so that no
+/// other process joins, starts or removes a run meanwhile:
+///   1. every run folder none of whose members is alive is removed (killed, or all left);
+///   2. a live run that is not complete (fewer than world_size joined) and has our tag
+///      (NCCLKIT_RUN_ID, usually empty) is joined: we take the next member slot;
+///   3. otherwise a new run with a fresh random id starts, with us as member 0.
+/// A complete run is never joined, and a dead run is never joined (its keys are gone).
 inline void FileStore::join() {
   namespace fs = detail::file_store;
   auto folder_lock = lock_folder(fs::deadline_after(Clock::now(), options_.timeout), "join a run");
-  fs::refresh_folder(dir_);
-  int err = 0;
-  auto text = fs::read_text(AT_FDCWD, (dir_ + "/run").c_str(), err);
-  if (err != 0) throw StoreError("FileStore " + describe() + ": cannot read " + dir_ + "/run: " + fs::describe_errno(err));
-  std::optional<fs::RunRecord> record;
-  if (text) {
-    record = fs::parse_record(*text);
-    if (!record) {
-      throw ConfigError("FileStore " + describe() + ": " + dir_ +
-                        "/run is not a run record of this ncclkit version (first line '" +
-                        text->substr(0, text->find('\n')).substr(0, 60) +
-                        "'); use another folder, or remove that folder if no job uses it");
+  if (int err = fs::refresh_folder(dir_); err != 0) {
+    throw StoreError("FileStore " + describe() + ": cannot open the rendezvous folder: " + fs::describe_errno(err));
+  }
+  std::vector<std::string> ids;
+  if (DIR* listing = ::opendir(dir_.c_str())) {
+    while (dirent* entry = ::readdir(listing)) {
+      if (fs::is_run_folder_name(entry->d_name)) ids.emplace_back(entry->d_name + 2);
     }
+    ::closedir(listing);
+  } else {
+    throw StoreError("FileStore " + describe() + ": cannot list the rendezvous folder: " + fs::describe_errno(errno));
   }
-  if (!record) return start_run(record, "");
+  std::sort(ids.begin(), ids.end());  // several joinable runs (never made by this scheme): all pick the same
 
-  const std::string run_path = dir_ + "/r-" + record->id;
-  fs::refresh_folder(run_path);
-  auto state_text = fs::read_text(AT_FDCWD, (run_path + "/state").c_str(), err);
-  auto state = state_text ? fs::parse_state(*state_text) : std::nullopt;
-  const std::string old = "run " + record->id.substr(0, 8);
-  if (!state) return start_run(record, old + " has no valid membership record (its first member died while starting it)");
-  const std::string counts = std::to_string(state->joined) + " of " +
-                             (record->world_size > 0 ? std::to_string(record->world_size) : std::string("?")) +
-                             " joined, " + std::to_string(state->left) + " left";
-  if (record->world_size > 0 && state->joined >= record->world_size) {
-    return start_run(record, old + " is complete (" + counts + ")");
+  std::optional<fs::RunRecord> chosen;
+  fs::RunState chosen_state;
+  std::string mismatch;
+  const std::string my_tag = fs::escape_key(tag_);
+  for (const auto& id : ids) {
+    const std::string path = dir_ + "/r-" + id;
+    if (!run_alive(id)) {
+      std::error_code error;
+      std::filesystem::remove_all(path, error);
+      if (error) {
+        log_warn("FileStore " + describe() + ": could not remove the folder of dead run " + id.substr(0, 8) + ": " +
+                 error.message() + " (it is never joined; the next run retries)");
+      } else {
+        log_info("FileStore " + describe() + ": removed dead run " + id.substr(0, 8) + " (no member alive)");
+      }
+      continue;
+    }
+    fs::refresh_folder(path);
+    int err = 0;
+    auto record_text = fs::read_text(AT_FDCWD, (path + "/record").c_str(), err);
+    auto state_text = fs::read_text(AT_FDCWD, (path + "/state").c_str(), err);
+    auto record = record_text ? fs::parse_record(*record_text) : std::nullopt;
+    auto state = state_text ? fs::parse_state(*state_text) : std::nullopt;
+    if (!record || !state || record->id != id) {
+      log_warn("FileStore " + describe() + ": run folder r-" + id +
+               " has live members but no record this version of ncclkit reads; not joining it");
+      continue;
+    }
+    const bool complete = record->world_size > 0 && state->joined >= record->world_size;
+    if (complete || record->tag != my_tag || chosen) continue;
+    if (options_.world_size > 0 && record->world_size > 0 && options_.world_size != record->world_size) {
+      mismatch = "run " + id.substr(0, 8) + " (started by " + record->creator + ") has world_size " +
+                 std::to_string(record->world_size) + " and live members (" + std::to_string(state->joined) + " of " +
+                 std::to_string(record->world_size) + " joined, " + std::to_string(state->left) + " left)";
+      continue;
+    }
+    chosen = record;
+    chosen_state = *state;
   }
-  if (!run_alive(record->id)) {
-    return start_run(record, old + " is stale: none of its members is alive (" + counts + ")");
-  }
-  if (record->tag != fs::escape_key(tag_)) {
-    return start_run(record, old + " belongs to another job (NCCLKIT_RUN_ID differs)");
-  }
-  if (options_.world_size > 0 && record->world_size > 0 && options_.world_size != record->world_size) {
-    throw ConfigError("FileStore " + describe() + ": the folder's current run " + record->id.substr(0, 8) +
-                      " (started by " + record->creator + ") has world_size " + std::to_string(record->world_size) +
-                      " and live members (" + counts + "), but this process was given world_size " +
+  if (!chosen && !mismatch.empty()) {
+    throw ConfigError("FileStore " + describe() + ": the folder's " + mismatch + ", but this process was given world_size " +
                       std::to_string(options_.world_size) +
-                      "; all processes of a job must pass the same world size, and two jobs must not share "
-                      "a folder at once (use another folder, or set NCCLKIT_RUN_ID per job)");
+                      "; all processes of a job must pass the same world size, and two jobs must not share a folder "
+                      "at once (use another folder, or give each job its own NCCLKIT_RUN_ID)");
   }
+  if (!chosen) return start_run();
 
-  // Join: take the next member slot.
+  // Take the next member slot of the chosen run.
+  const std::string run_path = dir_ + "/r-" + chosen->id;
   member_fd_ = fs::Fd(fs::open_at(AT_FDCWD, (run_path + "/members").c_str(), O_RDWR));
-  if (!member_fd_) throw StoreError("FileStore " + describe() + ": cannot open " + run_path + "/members: " + fs::describe_errno(errno));
-  const auto slot = static_cast<int>(state->joined);
-  if ((err = fs::try_lock_byte(member_fd_.get(), slot)) != 0) {
-    throw StoreError("FileStore " + describe() + ": member slot " + std::to_string(slot) + " of run " + record->id +
+  run_fd_ = fs::Fd(fs::open_at(AT_FDCWD, run_path.c_str(), O_RDONLY | O_DIRECTORY));
+  if (!member_fd_ || !run_fd_) {
+    throw StoreError("FileStore " + describe() + ": cannot open " + run_path + ": " + fs::describe_errno(errno));
+  }
+  const auto slot = static_cast<int>(chosen_state.joined);
+  if (int err = fs::try_lock_byte(member_fd_.get(), slot); err != 0) {
+    throw StoreError("FileStore " + describe() + ": member slot " + std::to_string(slot) + " of run " + chosen->id +
                      " is already locked (" + fs::describe_errno(err) + "); the folder was changed behind ncclkit's back");
   }
-  run_fd_ = fs::Fd(fs::open_at(AT_FDCWD, run_path.c_str(), O_RDONLY | O_DIRECTORY));
-  if (!run_fd_) throw StoreError("FileStore " + describe() + ": cannot open " + run_path + ": " + fs::describe_errno(errno));
-  ++state->joined;
-  if ((err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state(*state))) != 0) {
+  ++chosen_state.joined;
+  if (int err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state(chosen_state)); err != 0) {
     throw StoreError("FileStore " + describe() + ": cannot write " + run_path + "/state: " + fs::describe_errno(err));
   }
-  run_id_ = record->id;
+  run_id_ = chosen->id;
   run_path_ = run_path;
   member_ = slot;
-  run_world_size_ = record->world_size;
+  run_world_size_ = chosen->world_size;
   key_lock_seed_ = fs::hash64(run_id_, 0);
 }
 
-inline void FileStore::start_run(const std::optional<detail::file_store::RunRecord>& previous, const std::string& why) {
+inline void FileStore::start_run() {
   namespace fs = detail::file_store;
   fs::RunRecord record;
   record.id = fs::random_hex_id();
@@ -796,62 +829,35 @@ inline void FileStore::start_run(const std::optional<detail::file_store::RunReco
   ::gethostname(host, sizeof host - 1);
   record.creator = std::string(host) + " pid " + std::to_string(::getpid());
   const std::string run_path = dir_ + "/r-" + record.id;
-  int err = 0;
   if (::mkdir(run_path.c_str(), 0700) != 0) {
     throw StoreError("FileStore " + describe() + ": cannot create the run folder " + run_path + ": " + fs::describe_errno(errno));
   }
+  // The members lock comes first: from then on the folder counts as alive. If we die before the
+  // record is written, the folder is dead and the next process removes it.
   run_fd_ = fs::Fd(fs::open_at(AT_FDCWD, run_path.c_str(), O_RDONLY | O_DIRECTORY));
   member_fd_ = fs::Fd(fs::open_at(AT_FDCWD, (run_path + "/members").c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
   if (!run_fd_ || !member_fd_) {
-    throw StoreError("FileStore " + describe() + ": cannot create " + run_path + "/members: " + fs::describe_errno(errno));
+    const int err = errno;
+    std::error_code ignored;
+    std::filesystem::remove_all(run_path, ignored);
+    throw StoreError("FileStore " + describe() + ": cannot create " + run_path + "/members: " + fs::describe_errno(err));
   }
-  if ((err = fs::try_lock_byte(member_fd_.get(), 0)) != 0) {
-    throw StoreError("FileStore " + describe() + ": cannot lock " + run_path + "/members: " + fs::describe_errno(err) +
-                     (err == ENOLCK || err == EOPNOTSUPP ? " (this file system offers no fcntl locks)" : ""));
-  }
-  // The folder is complete before the record names it, so a crash in between leaves only an
-  // orphan folder, which the next run removes.
-  if ((err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state({1, 0}))) != 0) throw StoreError("FileStore " + describe() + ": cannot write " + run_path + "/state: " + fs::describe_errno(err));
-  fs::Fd dir_fd(fs::open_at(AT_FDCWD, dir_.c_str(), O_RDONLY | O_DIRECTORY));
-  if (!dir_fd || (err = fs::write_text_atomically(dir_fd.get(), "run", fs::format_record(record))) != 0) {
-    throw StoreError("FileStore " + describe() + ": cannot write the run record " + dir_ + "/run: " +
-                     fs::describe_errno(dir_fd ? err : errno));
+  int err = fs::try_lock_byte(member_fd_.get(), 0);
+  if (err == 0) err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state({1, 0}));
+  if (err == 0) err = fs::write_text_atomically(run_fd_.get(), "record", fs::format_record(record));
+  if (err != 0) {
+    member_fd_.reset();
+    std::error_code ignored;
+    std::filesystem::remove_all(run_path, ignored);
+    throw StoreError("FileStore " + describe() + ": cannot set up the run folder " + run_path + ": " + fs::describe_errno(err) +
+                     (err == ENOLCK || err == EOPNOTSUPP ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)" : ""));
   }
   run_id_ = record.id;
   run_path_ = run_path;
   member_ = 0;
   run_world_size_ = record.world_size;
   key_lock_seed_ = fs::hash64(run_id_, 0);
-  if (previous) log_info(where() + ": started a fresh run; the previous " + why);
-  remove_dead_runs();
-}
-
-/// Removes the folders of runs none of whose members lives, and temp files left in the
-/// folder by killed processes. Called with the folder lock held, so nobody is creating or
-/// joining a run meanwhile.
-inline void FileStore::remove_dead_runs() {
-  namespace fs = detail::file_store;
-  DIR* listing = ::opendir(dir_.c_str());
-  if (listing == nullptr) return;
-  std::vector<std::string> dead;
-  while (dirent* entry = ::readdir(listing)) {
-    const std::string name = entry->d_name;
-    if (name.rfind(".t-", 0) == 0) {
-      dead.push_back(name);
-    } else if (name.rfind("r-", 0) == 0 && name != "r-" + run_id_) {
-      try {
-        if (!run_alive(name.substr(2))) dead.push_back(name);
-      } catch (const Error& e) {
-        log_warn(where() + ": leaving " + name + " in place: " + e.what());
-      }
-    }
-  }
-  ::closedir(listing);
-  for (const auto& name : dead) {
-    std::error_code error;
-    std::filesystem::remove_all(dir_ + "/" + name, error);
-    if (error) log_warn(where() + ": could not remove the dead run's " + dir_ + "/" + name + ": " + error.message());
-  }
+  log_info(where() + ": started a new run");
 }
 
 // ---- leaving --------------------------------------------------------------------------------
@@ -864,7 +870,7 @@ inline void FileStore::leave() noexcept {
   try {
     // Leaving should not hold up a process that is exiting: at most 30 s for the lock.
     const auto limit = std::min<Duration>(options_.timeout, std::chrono::seconds(30));
-    auto folder_lock = lock_folder(Clock::now() + limit, "leave the run");
+    auto folder_lock = lock_folder(fs::deadline_after(Clock::now(), limit), "leave the run");
     refresh_run_folder();
     int err = 0;
     auto text = fs::read_text(run_fd_.get(), "state", err);
@@ -883,11 +889,6 @@ inline void FileStore::leave() noexcept {
         log_warn(where() + ": cannot update the run's membership record: " + fs::describe_errno(err));
       return;
     }
-    // The last member: remove the run record if it still names this run, then the run's folder.
-    fs::refresh_folder(dir_);
-    auto record_text = fs::read_text(AT_FDCWD, (dir_ + "/run").c_str(), err);
-    auto record = record_text ? fs::parse_record(*record_text) : std::nullopt;
-    if (record && record->id == run_id_) ::unlink((dir_ + "/run").c_str());
     run_fd_.reset();
     std::error_code error;
     std::filesystem::remove_all(run_path_, error);
