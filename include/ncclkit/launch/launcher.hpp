@@ -11,21 +11,20 @@
 /// Launcher errors (rendezvous timeouts, store failures) are thrown as ncclkit::Error; the
 /// program turns them into exit status 1.
 
-#include <filesystem>  // std::filesystem::create_directories
 #include <memory>      // std::unique_ptr, std::make_unique
+#include <optional>    // std::optional
 #include <string>      // std::string
 #include <vector>      // std::vector
 
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/launch/coordinator.hpp"
 #include "ncclkit/launch/gpus.hpp"
+#include "ncclkit/launch/launcher_store.hpp"
 #include "ncclkit/launch/options.hpp"
 #include "ncclkit/launch/signals.hpp"
 #include "ncclkit/launch/store_coordinator.hpp"
 #include "ncclkit/launch/supervisor.hpp"
 #include "ncclkit/launch/worker_env.hpp"
-#include "ncclkit/store/file_store.hpp"
-#include "ncclkit/store/tcp_store.hpp"
 
 namespace ncclkit::launch {
 
@@ -33,76 +32,24 @@ namespace ncclkit::launch {
 inline void report_line(const std::string& message) { detail::write_fully(2, "ncclkit-run: " + message + "\n"); }
 
 /// The coordinator for `options`: standalone for one node without a rendezvous, otherwise a
-/// StoreCoordinator over node 0's TCP store or the folder's FileStore. Connecting to a TCP
-/// store waits up to the rendezvous timeout for node 0's launcher to be up.
+/// StoreCoordinator over the launchers' store (open_launcher_store).
 inline std::unique_ptr<NodeCoordinator> make_coordinator(const LaunchOptions& options, int nproc) {
   const RendezvousKind kind = options.rendezvous();
   if (kind == RendezvousKind::kStandalone) return std::make_unique<StandaloneCoordinator>(nproc, options.max_restarts);
-
+  LauncherStore opened = open_launcher_store(options);
   StoreCoordinatorOptions coordinator_options{
       .nnodes = options.nnodes,
-      .node_rank = options.nnodes == 1 ? std::optional<int>(0) : options.node_rank,
+      .node_rank = opened.node_rank,
       .nproc = nproc,
       .max_restarts = options.max_restarts,
       .timeout = options.rdzv_timeout,
       .kind = kind,
       .master_addr = options.master_addr,
-      .worker_folder = "",
+      .worker_folder = opened.worker_folder,
       .report = report_line,
   };
-  if (kind == RendezvousKind::kFolder) {
-    namespace fs = std::filesystem;
-    std::error_code error;
-    const fs::path root = fs::absolute(options.rdzv_dir, error);
-    const fs::path launchers = root / "launchers", workers = root / "workers";
-    fs::create_directories(launchers, error);
-    if (!error) fs::create_directories(workers, error);
-    if (error) {
-      throw ConfigError("ncclkit-run: cannot create the rendezvous folder '" + root.string() + "': " + error.message() +
-                        "; --rdzv-dir must be a folder every node can write");
-    }
-    coordinator_options.worker_folder = workers.string();
-    auto store = std::make_shared<FileStore>(launchers.string(),
-                                             FileStoreOptions{.world_size = options.nnodes, .timeout = options.rdzv_timeout});
-    return std::make_unique<StoreCoordinator>(std::move(store), std::move(coordinator_options));
-  }
-
-  // TCP: node 0 hosts the launchers' store on every address at --master-port.
-  const bool hosts = coordinator_options.node_rank.value_or(0) == 0;
-  std::unique_ptr<TcpStoreServer> server;
-  std::shared_ptr<Store> store;
-  if (hosts) {
-    try {
-      TcpStoreServerOptions server_options;
-      server_options.host = "";  // every address: the other nodes connect from outside
-      server_options.port = options.master_port;
-      server = std::make_unique<TcpStoreServer>(server_options);
-    } catch (const Error& e) {
-      throw ConfigError("ncclkit-run (node 0): cannot serve the launchers' store on port " +
-                        std::to_string(options.master_port) + ": " + e.what() +
-                        "; pick another --master-port, or check that no other job uses it");
-    }
-    TcpStoreOptions client_options;
-    client_options.host = "127.0.0.1";
-    client_options.port = server->port();
-    client_options.timeout = options.rdzv_timeout;
-    store = std::make_shared<TcpStore>(client_options);
-  } else {
-    try {
-      TcpStoreOptions client_options;
-      client_options.host = options.master_addr;
-      client_options.port = options.master_port;
-      client_options.timeout = options.rdzv_timeout;
-      store = std::make_shared<TcpStore>(client_options);
-    } catch (const Error& e) {
-      throw TimeoutError("ncclkit-run (node " + std::to_string(*options.node_rank) +
-                         "): cannot reach the launchers' store at " +
-                         ncclkit::detail::format_host_port(options.master_addr, options.master_port) + ": " + e.what() +
-                         "; is ncclkit-run running on node 0, is --master-addr node 0's address, and does the "
-                         "firewall let this port through? (ncclkit-run --check tells)");
-    }
-  }
-  return std::make_unique<StoreCoordinator>(std::move(store), std::move(coordinator_options), std::move(server));
+  return std::make_unique<StoreCoordinator>(std::move(opened.store), std::move(coordinator_options),
+                                            std::move(opened.server));
 }
 
 /// Runs the job described by `options` (not --check) and returns the launcher's exit status.
