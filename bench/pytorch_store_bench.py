@@ -4,10 +4,10 @@
     /usr/bin/python3 bench/pytorch_store_bench.py [--ncclkit BUILD/bench/bench_tcp_store]
 
 Needs PyTorch (Debian: apt-get install -y python3-torch, 1.13; run it with /usr/bin/python3).
-With --ncclkit, it also runs that benchmark binary right before (same machine, same minute)
-and prints both side by side with the ratio ncclkit / PyTorch.
+With --ncclkit, it runs that benchmark binary too, in alternation with PyTorch's runs
+(measurement by measurement), and prints both side by side with the ratio ncclkit / PyTorch.
 
-Measurements (each the median of --repeats runs):
+Measurements (each the median of --rounds runs, the two stores taking turns):
   set+get      one set and one get of a 16-byte value, client and server in this process
   add          one add
   rendezvous threads 256   256 threads, each its own client (connecting included), set their
@@ -61,7 +61,7 @@ def per_op_seconds(fn, min_seconds=0.5):
             return elapsed / calls
 
 
-def bench_set_get(TCPStore, repeats):
+def bench_set_get(TCPStore):
     server = master(TCPStore)
     store = client(TCPStore, server.port)
     store.set("key", VALUE)
@@ -71,43 +71,48 @@ def bench_set_get(TCPStore, repeats):
         store.set("key", VALUE)
         store.get("key")
 
-    return statistics.median(per_op_seconds(once) for _ in range(repeats))
+    return per_op_seconds(once)
 
 
-def bench_add(TCPStore, repeats):
+def bench_add(TCPStore):
     server = master(TCPStore)
     store = client(TCPStore, server.port)
-    results = [per_op_seconds(lambda: store.add("counter", 1)) for _ in range(repeats)]
-    return statistics.median(results)
+    start = store.add("counter", 0)
+    calls = [0]
+
+    def once():
+        store.add("counter", 1)
+        calls[0] += 1
+
+    seconds = per_op_seconds(once)
+    assert store.add("counter", 0) == start + calls[0], "add lost counts"
+    return seconds
 
 
-def bench_threads(TCPStore, clients, repeats):
+def bench_threads(TCPStore, clients):
     keys = [f"rank/{i}" for i in range(clients)]
-    times = []
-    for _ in range(repeats):
-        server = master(TCPStore)
-        port = server.port
-        failures = []
+    server = master(TCPStore)
+    port = server.port
+    failures = []
 
-        def work(i):
-            try:
-                store = client(TCPStore, port)
-                store.set(keys[i], "1")
-                store.wait(keys)
-            except Exception as error:  # noqa: BLE001 - report any failure
-                failures.append(repr(error))
+    def work(i):
+        try:
+            store = client(TCPStore, port)
+            store.set(keys[i], "1")
+            store.wait(keys)
+        except Exception as error:  # noqa: BLE001 - report any failure
+            failures.append(repr(error))
 
-        start = time.perf_counter()
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        times.append(time.perf_counter() - start)
-        if failures:
-            raise RuntimeError(f"{len(failures)} clients failed, first: {failures[0]}")
-        del server
-    return statistics.median(times)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if failures:
+        raise RuntimeError(f"{len(failures)} clients failed, first: {failures[0]}")
+    return elapsed
 
 
 def free_port():
@@ -118,64 +123,64 @@ def free_port():
         return s.getsockname()[1]
 
 
-def bench_processes(TCPStore, nprocs, repeats):
+def bench_processes(TCPStore, nprocs):
     keys = [f"rank/{i}" for i in range(nprocs)]
-    times = []
-    for _ in range(repeats):
-        port = free_port()
-        ready_read, ready_write = os.pipe()
-        start = time.perf_counter()
-        pids = []
-        for rank in range(nprocs):
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    os.close(ready_write)
-                    os.read(ready_read, 1)  # the server is up (or the parent died: EOF)
-                    store = client(TCPStore, port)
-                    store.set(keys[rank], "1")
-                    store.wait(keys)
-                    code = 0
-                finally:
-                    os._exit(code)
-            pids.append(pid)
-        os.close(ready_read)
-        server = master(TCPStore, port)
-        os.write(ready_write, b"x" * nprocs)
-        os.close(ready_write)
-        failed = 0
-        for pid in pids:
-            _, status = os.waitpid(pid, 0)
-            failed += status != 0
-        times.append(time.perf_counter() - start)
-        del server
-        if failed:
-            raise RuntimeError(f"{failed} of {nprocs} processes failed")
-    return statistics.median(times)
+    port = free_port()
+    ready_read, ready_write = os.pipe()
+    start = time.perf_counter()
+    pids = []
+    for rank in range(nprocs):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(ready_write)
+                os.read(ready_read, 1)  # the server is up (or the parent died: EOF)
+                store = client(TCPStore, port)
+                store.set(keys[rank], "1")
+                store.wait(keys)
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(ready_read)
+    server = master(TCPStore, port)
+    os.write(ready_write, b"x" * nprocs)
+    os.close(ready_write)
+    failed = 0
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        failed += status != 0
+    elapsed = time.perf_counter() - start
+    del server
+    if failed:
+        raise RuntimeError(f"{failed} of {nprocs} processes failed")
+    return elapsed
 
 
-def run_ncclkit(binary, repeats):
-    """Runs bench_tcp_store; returns {name: median seconds}."""
-    out = subprocess.run(
-        [binary, "--benchmark_format=json", f"--benchmark_repetitions={repeats}",
-         "--benchmark_report_aggregates_only=true"],
-        check=True, capture_output=True, text=True).stdout
-    medians = {}
+# measurement -> (Google Benchmark filter in bench_tcp_store, PyTorch function)
+def measurements(process_counts):
+    table = {
+        "set+get": ("BM_TcpStoreSetGet", bench_set_get),
+        "add": ("BM_TcpStoreAdd", bench_add),
+        "rendezvous threads 256": ("BM_TcpStoreRendezvousThreads/256", lambda s: bench_threads(s, 256)),
+    }
+    for n in process_counts:
+        table[f"rendezvous processes {n}"] = (f"BM_TcpStoreRendezvousProcesses/{n}/",
+                                              lambda s, n=n: bench_processes(s, n))
+    return table
+
+
+def run_ncclkit(binary, name_filter):
+    """Runs the benchmarks of bench_tcp_store matching name_filter once; seconds per run."""
+    out = subprocess.run([binary, "--benchmark_format=json", f"--benchmark_filter={name_filter}"],
+                         check=True, capture_output=True, text=True).stdout
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-    for entry in json.loads(out)["benchmarks"]:
-        if entry.get("aggregate_name") != "median":
-            continue
-        name = entry["run_name"].split("/")[0]
-        arg = entry["run_name"].split("/")[1] if "Rendezvous" in name else None
-        key = {"BM_TcpStoreSetGet": "set+get", "BM_TcpStoreAdd": "add"}.get(name)
-        if name == "BM_TcpStoreRendezvousThreads":
-            key = f"rendezvous threads {arg}"
-        elif name == "BM_TcpStoreRendezvousProcesses":
-            key = f"rendezvous processes {arg}"
-        if key:
-            medians[key] = entry["real_time"] * scale[entry["time_unit"]]
-    return medians
+    results = [entry["real_time"] * scale[entry["time_unit"]] for entry in json.loads(out)["benchmarks"]
+               if "error_occurred" not in entry]
+    if len(results) != 1:
+        raise RuntimeError(f"{binary} --benchmark_filter={name_filter} gave {len(results)} results: {out}")
+    return results[0]
 
 
 def show(seconds):
@@ -186,32 +191,43 @@ def show(seconds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ncclkit", help="path of bench_tcp_store, to run first and compare")
-    parser.add_argument("--repeats", type=int, default=5, help="runs per measurement (median reported)")
+    parser.add_argument("--ncclkit", help="path of bench_tcp_store, to run in alternation and compare")
+    parser.add_argument("--rounds", type=int, default=5, help="runs of each measurement (median reported)")
     parser.add_argument("--processes", default="8,64,256", help="process counts to rendezvous")
     args = parser.parse_args()
 
     import torch
 
+    TCPStore = torch_store()
+    table = measurements([int(x) for x in args.processes.split(",")])
     print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}  {platform.node()}  "
           f"{os.cpu_count()} CPUs  load {os.getloadavg()[0]:.1f}  torch {torch.__version__}  "
-          f"python {platform.python_version()}")
-    ours = run_ncclkit(args.ncclkit, args.repeats) if args.ncclkit else {}
-    TCPStore = torch_store()
-    theirs = {
-        "set+get": bench_set_get(TCPStore, args.repeats),
-        "add": bench_add(TCPStore, args.repeats),
-        "rendezvous threads 256": bench_threads(TCPStore, 256, args.repeats),
-    }
-    for n in (int(x) for x in args.processes.split(",")):
-        theirs[f"rendezvous processes {n}"] = bench_processes(TCPStore, n, args.repeats)
+          f"python {platform.python_version()}  rounds {args.rounds}")
+    ours = {key: [] for key in table}
+    theirs = {key: [] for key in table}
+    # Alternate the two stores measurement by measurement (and which goes first), so that a
+    # change in machine load over the run affects both alike.
+    for round_index in range(args.rounds):
+        for key, (name_filter, pytorch_fn) in table.items():
+            order = ["ncclkit", "pytorch"] if round_index % 2 == 0 else ["pytorch", "ncclkit"]
+            for who in order:
+                if who == "ncclkit" and args.ncclkit:
+                    ours[key].append(run_ncclkit(args.ncclkit, name_filter))
+                elif who == "pytorch":
+                    theirs[key].append(pytorch_fn(TCPStore))
     print(f"# load after: {os.getloadavg()[0]:.1f}")
     print(f"| {'measurement':<26} | {'ncclkit TcpStore':>16} | {'PyTorch TCPStore':>16} | {'ratio':>6} |")
     print(f"|{'-' * 28}|{'-' * 18}|{'-' * 18}|{'-' * 8}|")
-    for key, value in theirs.items():
-        mine = ours.get(key)
+    for key in table:
+        mine = statistics.median(ours[key]) if ours[key] else None
+        value = statistics.median(theirs[key])
         ratio = f"{mine / value:.2f}" if mine is not None else "-"
         print(f"| {key:<26} | {show(mine):>16} | {show(value):>16} | {ratio:>6} |")
+    if args.ncclkit:
+        print("# every run (ncclkit / PyTorch):")
+        for key in table:
+            print(f"#   {key}: " + ", ".join(show(x) for x in ours[key]) + "  /  " +
+                  ", ".join(show(x) for x in theirs[key]))
     return 0
 
 
