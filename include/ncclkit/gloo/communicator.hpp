@@ -745,6 +745,7 @@ class Communicator {
     const std::int64_t arrival = store->add(base + "/created", 1);
     const std::int64_t generation = (arrival - 1) / s.size;
     const std::string prefix = base + "/" + std::to_string(generation);
+    log_debug(s.who() + ": rendezvous under '" + prefix + "/' (arrival " + std::to_string(arrival) + ")");
     auto scoped = std::make_shared<PrefixStore>(prefix, store);
     StoreAdapter adapter(scoped, s.options.timeout);
 
@@ -866,7 +867,7 @@ class Communicator {
 
   /// A world of one: the reduction of one rank's input is the input (avg divides by 1).
   static void local_reduce(detail::CommunicatorState&, TensorView in, TensorView out, ReduceOp) {
-    if (out.data != nullptr) copy_view(in, TensorView{in.data, out.count, in.dtype, in.where});
+    if (out.data != nullptr) copy_view(TensorView{in.data, out.count, in.dtype, in.where}, out);
   }
 
   void check_root(const char* op, int root) const {
