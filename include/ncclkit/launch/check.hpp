@@ -317,8 +317,10 @@ inline NodeReport local_report(const LaunchOptions& options, int node_rank, int 
       bool local = false;
       for (const auto& address : resolved) local = local || !interface_of(interfaces, address).empty() || address == "127.0.0.1" || address == "::1";
       if (!local) {
-        report.problems.push_back("--master-addr " + options.master_addr + " (" + detail::join_words(resolved) +
-                                  ") is not an address of this host, node 0, which serves the store there. Give "
+        const std::string shown = resolved.size() == 1 && resolved.front() == options.master_addr
+                                      ? options.master_addr
+                                      : options.master_addr + " (" + detail::join_words(resolved) + ")";
+        report.problems.push_back("--master-addr " + shown + " is not an address of this host, node 0, which serves the store there. Give "
                                   "node 0's own address (this host has " +
                                   detail::join_words([&] {
                                     std::vector<std::string> list;
