@@ -39,6 +39,7 @@
 
 #if defined(__x86_64__)
 #define NCCLKIT_GLOO_X86_DISPATCH 1
+#include <cpuid.h>      // __get_cpuid (F16C detection)
 #include <immintrin.h>  // F16C intrinsics, used in the AVX2 copy only
 #else
 #define NCCLKIT_GLOO_X86_DISPATCH 0
@@ -153,7 +154,10 @@ inline constexpr std::size_t kWidth = 32;
 inline bool cpu_has_avx2_f16c() {
 #if NCCLKIT_GLOO_X86_DISPATCH
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C through CPUID leaf 1 (ECX bit 29): Clang 14's __builtin_cpu_supports lacks "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+  return f16c && __builtin_cpu_supports("avx2");
 #else
   return false;
 #endif
