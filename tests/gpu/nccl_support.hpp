@@ -11,6 +11,7 @@
 #include <cmath>        // std::sqrt, std::isnan, std::fabs
 #include <cstdint>      // fixed-width integers
 #include <cstdio>       // std::printf
+#include <cstdlib>      // std::getenv, std::strtol
 #include <cstring>      // std::memcmp
 #include <string>       // std::string
 #include <type_traits>  // std::is_integral_v, std::is_same_v
@@ -32,10 +33,23 @@ using ncclkit::Half;
 using ncclkit::ReduceOp;
 
 /// The world sizes 1, 2 and 4 that fit the visible GPUs; says which are skipped.
+/// NCCLKIT_TEST_WORLD_SIZES (e.g. "2,4") narrows the list, for runs that need only some.
 inline std::vector<int> world_sizes() {
   std::vector<int> sizes;
   const int gpus = visible_gpu_count();
-  for (int n : {1, 2, 4}) {
+  std::vector<int> wanted{1, 2, 4};
+  if (const char* list = std::getenv("NCCLKIT_TEST_WORLD_SIZES"); list != nullptr && *list != '\0') {
+    wanted.clear();
+    for (const char* p = list; *p != '\0';) {
+      char* end = nullptr;
+      const long n = std::strtol(p, &end, 10);
+      if (end == p) break;
+      if (n > 0) wanted.push_back(static_cast<int>(n));
+      p = *end == ',' ? end + 1 : end;
+    }
+    std::printf("NCCLKIT_TEST_WORLD_SIZES=%s: testing only these world sizes\n", list);
+  }
+  for (int n : wanted) {
     if (n <= gpus) {
       sizes.push_back(n);
     } else {

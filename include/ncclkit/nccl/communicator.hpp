@@ -111,6 +111,22 @@ inline std::string version_text() {
 
 class LocalGroup;
 
+namespace detail {
+/// Puts this thread in relaxed stream-capture mode for a scope: the argument checks' queries
+/// (cudaPointerGetAttributes, cudaStreamGetDevice) then stay legal while a CUDA graph is being
+/// captured in global mode, where CUDA would otherwise refuse them and spoil the capture.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+}  // namespace detail
+
 class Communicator {
  public:
   using Stream = cudaStream_t;
@@ -645,6 +661,7 @@ class Communicator {
 
  private:
   friend class LocalGroup;
+
   Communicator() = default;
 
   detail::CommCore& core() const {
@@ -927,6 +944,7 @@ class Communicator {
       misuse(operation, std::string(which) + " is a null pointer with count " + std::to_string(buffer.count));
     }
     if (!core().options.check_pointers) return;
+    detail::RelaxedCaptureMode relaxed;  // legal while another stream captures a graph
     cudaPointerAttributes attributes{};
     const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data);
     if (status != cudaSuccess) {
@@ -950,6 +968,7 @@ class Communicator {
     const cudaStream_t s = stream.resolve(core().default_stream);
 #if CUDART_VERSION >= 12080
     if (core().options.check_pointers) {
+      detail::RelaxedCaptureMode relaxed;
       int stream_device = -1;
       if (cudaStreamGetDevice(s, &stream_device) != cudaSuccess) {
         (void)cudaGetLastError();

@@ -1,0 +1,191 @@
+// bench_nccl_enqueue: host time to enqueue one collective through ncclkit against ncclAllReduce
+// called directly, on 2 processes (one GPU each; 1 when only one GPU is visible).
+//
+// What it measures: the host time of issuing a batch of K small all_reduces (8 bytes, so the
+// GPU is never the bottleneck) back to back on one stream, divided by K, without waiting for
+// them; the stream is synchronised between batches (not timed). Median over R batches,
+// implementations interleaved batch by batch so drift hits all alike. Both ranks issue the
+// same calls, so the collectives always match.
+//
+// Variants: raw (ncclAllReduce on a plain blocking communicator), ncclkit with pointer checks
+// (the default), ncclkit without them (Options::check_pointers = false), and raw/ncclkit with
+// 8 all_reduces fused in one group (per call).
+//
+// A self-made timing loop rather than Google Benchmark: its adaptive iteration count would
+// differ between ranks and leave collectives unmatched, and the binary must run on GPU
+// machines without libbenchmark.
+//
+//   bench_nccl_enqueue [--batch K] [--repeats R] [--json FILE]
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/launch/gpus.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/device_buffer.hpp"
+#include "ncclkit/nccl/group.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ncclkit::ReduceOp;
+using ncclkit::nccl::Communicator;
+using ncclkit::nccl::DeviceBuffer;
+
+struct Settings {
+  int batch = 256;
+  int repeats = 41;
+  std::string json_path;
+};
+
+struct Variant {
+  std::string name;
+  int calls_per_issue = 1;
+  std::function<void()> issue;       // one call (or one group)
+  std::function<void()> synchronize;  // untimed, between batches
+  std::vector<double> samples_ns;     // per call
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
+  auto store = ncclkit::make_store(world.init_url, world);
+  Communicator checked(store, world, {.timeout = std::chrono::seconds(120), .name = "enqueue-checked"});
+  Communicator unchecked(store, world,
+                         {.timeout = std::chrono::seconds(120), .name = "enqueue-unchecked", .check_pointers = false});
+  ncclkit::nccl::DeviceGuard guard(checked.device());
+  ncclUniqueId id;
+  if (world.rank == 0) {
+    NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+    store->set("enqueue/raw_id", ncclkit::Bytes(reinterpret_cast<std::uint8_t*>(id.internal),
+                                                reinterpret_cast<std::uint8_t*>(id.internal) + sizeof(id.internal)));
+  }
+  const ncclkit::Bytes bytes = store->get("enqueue/raw_id");
+  std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  ncclComm_t raw = nullptr;
+  NCCLKIT_NCCL_CHECK(ncclCommInitRank(&raw, world.world_size, id, world.rank));
+
+  DeviceBuffer<float> buffer(2 * 8, checked.device());
+  float* data = buffer.data();
+  const cudaStream_t stream = checked.default_stream();
+  const cudaStream_t unchecked_stream = unchecked.default_stream();
+
+  std::vector<Variant> variants;
+  variants.push_back({"raw ncclAllReduce", 1,
+                      [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream)); },
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
+  variants.push_back({"ncclkit all_reduce (pointer checks on)", 1,
+                      [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
+  variants.push_back({"ncclkit all_reduce (pointer checks off)", 1,
+                      [&] { unchecked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { unchecked.synchronize(); }, {}});
+  variants.push_back({"raw group of 8", 8,
+                      [&] {
+                        NCCLKIT_NCCL_CHECK(ncclGroupStart());
+                        for (int i = 0; i < 8; ++i)
+                          NCCLKIT_NCCL_CHECK(ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, raw, stream));
+                        NCCLKIT_NCCL_CHECK(ncclGroupEnd());
+                      },
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
+  variants.push_back({"ncclkit group of 8 (checks off)", 8,
+                      [&] {
+                        ncclkit::nccl::GroupGuard group;
+                        for (int i = 0; i < 8; ++i) unchecked.all_reduce(data + 2 * i, data + 2 * i, 2, ReduceOp::kSum);
+                        group.end();
+                      },
+                      [&] { unchecked.synchronize(); }, {}});
+  (void)unchecked_stream;
+
+  // Warm up: connections, event pools, caches.
+  for (auto& v : variants) {
+    for (int i = 0; i < 200; ++i) v.issue();
+    v.synchronize();
+  }
+  const int issues_per_batch = settings.batch;
+  for (int repeat = 0; repeat < settings.repeats; ++repeat) {
+    for (auto& v : variants) {
+      const int issues = std::max(1, issues_per_batch / v.calls_per_issue);
+      const auto start = Clock::now();
+      for (int i = 0; i < issues; ++i) v.issue();
+      const auto end = Clock::now();
+      v.synchronize();
+      v.samples_ns.push_back(std::chrono::duration<double, std::nano>(end - start).count() /
+                             (issues * v.calls_per_issue));
+    }
+  }
+  checked.barrier();
+
+  if (world.rank == 0) {
+    cudaDeviceProp prop{};
+    NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, checked.device()));
+    std::printf("# bench_nccl_enqueue: %d ranks, %s, %s, batch %d calls, %d repeats (median; host time per call)\n",
+                world.world_size, prop.name, ncclkit::nccl::version_text().c_str(), settings.batch, settings.repeats);
+    const double raw_single = median(variants[0].samples_ns);
+    const double raw_group = median(variants[3].samples_ns);
+    std::printf("# %-42s %12s %12s %12s %18s\n", "variant", "median(ns)", "p10(ns)", "p90(ns)", "vs raw (ns/call)");
+    for (std::size_t k = 0; k < variants.size(); ++k) {
+      auto sorted = variants[k].samples_ns;
+      std::sort(sorted.begin(), sorted.end());
+      const double med = median(sorted);
+      const double baseline = variants[k].calls_per_issue > 1 ? raw_group : raw_single;
+      std::printf("  %-42s %12.0f %12.0f %12.0f %+18.0f\n", variants[k].name.c_str(), med,
+                  sorted[sorted.size() / 10], sorted[sorted.size() * 9 / 10], med - baseline);
+    }
+    if (!settings.json_path.empty()) {
+      std::FILE* json = std::fopen(settings.json_path.c_str(), "w");
+      if (json != nullptr) {
+        std::fprintf(json, "{\"ranks\": %d, \"gpu\": \"%s\", \"batch\": %d, \"repeats\": %d, \"variants\": [", world.world_size,
+                     prop.name, settings.batch, settings.repeats);
+        for (std::size_t k = 0; k < variants.size(); ++k) {
+          std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "", variants[k].name.c_str(),
+                       median(variants[k].samples_ns));
+        }
+        std::fprintf(json, "\n]}\n");
+        std::fclose(json);
+      }
+    }
+  }
+  NCCLKIT_NCCL_CHECK(ncclCommDestroy(raw));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--batch" && i + 1 < argc) settings.batch = std::stoi(argv[++i]);
+    else if (flag == "--repeats" && i + 1 < argc) settings.repeats = std::stoi(argv[++i]);
+    else if (flag == "--json" && i + 1 < argc) settings.json_path = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_nccl_enqueue [--batch K] [--repeats R] [--json FILE]\n");
+      return 1;
+    }
+  }
+  const auto inventory = ncclkit::launch::find_gpus();  // no CUDA before fork
+  if (inventory.visible.empty()) {
+    std::printf("SKIPPED: no GPU visible\n");
+    return 77;
+  }
+  const int ranks = std::min<int>(2, static_cast<int>(inventory.visible.size()));
+  auto result = ncclkit::spawn(ranks, [&](const ncclkit::WorldInfo& world) { return run_rank(world, settings); },
+                               {.timeout = std::chrono::minutes(10)});
+  if (!result.ok()) {
+    std::fprintf(stderr, "bench_nccl_enqueue: %s\n", result.describe().c_str());
+    return 1;
+  }
+  return 0;
+}

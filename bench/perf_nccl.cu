@@ -1,0 +1,287 @@
+// perf_nccl: nccl-tests-style bandwidth tables for ncclkit's NCCL backend, optionally side by
+// side with NCCL called directly in the same harness (--raw).
+//
+//   perf_nccl -p 4 -b 8 -e 1G -f 2 -O all_reduce,all_gather -d float --raw     # 4 processes
+//   perf_nccl -g 4 -b 8 -e 1G -f 2 --raw                                         # 4 GPUs, 1 process
+//
+// Processes: under a launcher (ncclkit-run, torchrun, mpirun, srun) it is one rank of that job,
+// on GPU local_rank % visible; otherwise it forks -p N local ranks (default: one per visible GPU,
+// counted without initialising CUDA here) that rendezvous through a private folder. With -g G
+// one process drives G GPUs (a LocalGroup), one thread per GPU, each thread one rank of the
+// engine; NCCL allows one thread per communicator of a process. Rank 0 prints.
+//
+// --raw adds the implementation "raw": ncclAllReduce, ncclBroadcast, ncclReduce,
+// ncclAllGather, ncclReduceScatter and ncclAlltoAll on a second, plain communicator (blocking,
+// NCCL's default config, created by ncclCommInitRank or ncclCommInitAll as users do), on the
+// same stream, completed with cudaStreamSynchronize. Both are timed in interleaved rounds (see
+// perf_engine.hpp); the footer compares their median times.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "perf_engine.hpp"
+
+#include "ncclkit/bootstrap/environment.hpp"
+#include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/core/log.hpp"
+#include "ncclkit/launch/gpus.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/local_group.hpp"
+#include "ncclkit/nccl/types.hpp"
+
+/// Host staging for the engine: stream-ordered copies on the communicator's default stream,
+/// completed through synchronize (bounded, and a failed communicator throws).
+template <>
+struct ncclkit::perf::HostTransfer<ncclkit::nccl::Communicator> {
+  static void upload(ncclkit::nccl::Communicator& comm, void* device, const void* host, std::size_t bytes) {
+    if (bytes == 0) return;
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, comm.default_stream()));
+    comm.synchronize(comm.default_stream());
+  }
+  static void download(ncclkit::nccl::Communicator& comm, void* host, const void* device, std::size_t bytes) {
+    if (bytes == 0) return;
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, comm.default_stream()));
+    comm.synchronize(comm.default_stream());
+  }
+};
+
+namespace {
+
+using ncclkit::DataType;
+using ncclkit::ReduceOp;
+using ncclkit::TensorView;
+using ncclkit::nccl::Communicator;
+using ncclkit::perf::Collective;
+using ncclkit::perf::Placement;
+
+struct ToolOptions {
+  int processes = 0;  // 0: one per visible GPU
+  bool raw = false;
+  double timeout_seconds = 0;  // 0: the communicator's default
+  bool check_pointers = true;
+};
+
+void usage() {
+  std::printf(
+      "usage: perf_nccl [flags]\n"
+      "  -p, --nprocs N          local processes to fork when not started by a launcher (default: one per GPU)\n"
+      "  -g, --ngpus G           GPUs driven by one process (then -p must be 1)\n"
+      "      --raw               also time NCCL called directly on a plain communicator\n"
+      "      --timeout SECONDS   collective timeout of ncclkit's communicator (default NCCLKIT_TIMEOUT or 600)\n"
+      "      --no-check-pointers skip ncclkit's cudaPointerGetAttributes checks (NCCLKIT_CHECK_POINTERS=0)\n"
+      "%s",
+      ncclkit::perf::perf_usage());
+}
+
+/// A plain NCCL communicator, as users make one: blocking, default config.
+struct RawComm {
+  ncclComm_t comm = nullptr;
+  RawComm() = default;
+  explicit RawComm(ncclComm_t c) : comm(c) {}
+  RawComm(RawComm&& other) noexcept : comm(std::exchange(other.comm, nullptr)) {}
+  RawComm& operator=(RawComm&& other) noexcept {
+    std::swap(comm, other.comm);
+    return *this;
+  }
+  ~RawComm() {
+    if (comm != nullptr) (void)ncclCommDestroy(comm);
+  }
+};
+
+/// NCCL called directly on `raw`, on `stream`.
+ncclkit::perf::Implementation raw_nccl(ncclComm_t raw, cudaStream_t stream) {
+  ncclkit::perf::Implementation impl;
+  impl.name = "raw";
+  impl.issue = [raw, stream](Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+    const ncclDataType_t type = ncclkit::nccl::to_nccl(in.dtype);
+    switch (c) {
+      case Collective::kAllReduce:
+        NCCLKIT_NCCL_CHECK(ncclAllReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), raw, stream));
+        return;
+      case Collective::kBroadcast:
+        NCCLKIT_NCCL_CHECK(ncclBroadcast(in.data, out.data, out.count, type, root, raw, stream));
+        return;
+      case Collective::kReduce:
+        NCCLKIT_NCCL_CHECK(ncclReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), root, raw, stream));
+        return;
+      case Collective::kAllGather:
+        NCCLKIT_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, type, raw, stream));
+        return;
+      case Collective::kReduceScatter:
+        NCCLKIT_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), raw, stream));
+        return;
+      case Collective::kAllToAll: {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+        int n = 1;
+        NCCLKIT_NCCL_CHECK(ncclCommCount(raw, &n));
+        NCCLKIT_NCCL_CHECK(ncclAlltoAll(in.data, out.data, in.count / static_cast<std::size_t>(n), type, raw, stream));
+        return;
+#else
+        throw ncclkit::ConfigError("raw all_to_all needs NCCL >= 2.28");
+#endif
+      }
+    }
+  };
+  impl.complete = [stream] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); };
+  impl.supports = [](Collective c, Placement p, DataType, ReduceOp) {
+    return !(c == Collective::kAllToAll && p == Placement::kInPlace);
+  };
+  return impl;
+}
+
+ncclkit::nccl::Options comm_options(const ToolOptions& tool) {
+  ncclkit::nccl::Options options;
+  options.name = "perf";
+  options.check_pointers = tool.check_pointers;
+  if (tool.timeout_seconds > 0) {
+    options.timeout = std::chrono::milliseconds(static_cast<long long>(tool.timeout_seconds * 1000));
+  }
+  return options;
+}
+
+void print_banner(const Communicator& comm, const ToolOptions& tool, const char* mode) {
+  int nccl_version = 0;
+  ncclGetVersion(&nccl_version);
+  cudaDeviceProp prop{};
+  NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device()));
+  std::printf("# perf_nccl: %d ranks (%s), %s, NCCL %d, %s, pointer checks %s, timeout %.0f s\n", comm.size(), mode,
+              prop.name, nccl_version, ncclkit::nccl::version_text().c_str(), tool.check_pointers ? "on" : "off",
+              std::chrono::duration<double>(comm.timeout()).count());
+  std::fflush(stdout);
+}
+
+/// One rank per process.
+int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& perf, const ToolOptions& tool) {
+  auto store = ncclkit::make_store(world.init_url, world);
+  Communicator comm(store, world, comm_options(tool));
+  if (world.rank == 0) print_banner(comm, tool, "one process per GPU");
+  std::vector<ncclkit::perf::Implementation> impls;
+  impls.push_back(ncclkit::perf::backend_implementation(comm, comm.default_stream(), "ncclkit"));
+  RawComm raw;
+  if (tool.raw) {
+    // The raw communicator's id travels through the same store, under a key of its own.
+    ncclUniqueId id;
+    if (world.rank == 0) {
+      NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+      store->set("perf_nccl/raw_id", ncclkit::Bytes(reinterpret_cast<std::uint8_t*>(id.internal),
+                                                    reinterpret_cast<std::uint8_t*>(id.internal) + sizeof(id.internal)));
+    }
+    const ncclkit::Bytes bytes = store->get("perf_nccl/raw_id");
+    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+    ncclkit::nccl::DeviceGuard guard(comm.device());
+    ncclComm_t handle = nullptr;
+    NCCLKIT_NCCL_CHECK(ncclCommInitRank(&handle, world.world_size, id, world.rank));
+    raw = RawComm(handle);
+    impls.push_back(raw_nccl(raw.comm, comm.default_stream()));
+  }
+  ncclkit::nccl::DeviceGuard guard(comm.device());
+  auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
+  return summary.ok() ? 0 : 2;
+}
+
+/// -g G: one process, G GPUs, one thread per GPU.
+int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOptions& tool) {
+  std::vector<int> devices;
+  for (int d = 0; d < gpus; ++d) devices.push_back(d);
+  ncclkit::nccl::LocalGroup local(devices, comm_options(tool));
+  std::vector<RawComm> raw(static_cast<std::size_t>(gpus));
+  if (tool.raw) {
+    std::vector<ncclComm_t> handles(static_cast<std::size_t>(gpus), nullptr);
+    NCCLKIT_NCCL_CHECK(ncclCommInitAll(handles.data(), gpus, devices.data()));
+    for (int i = 0; i < gpus; ++i) raw[static_cast<std::size_t>(i)] = RawComm(handles[static_cast<std::size_t>(i)]);
+  }
+  print_banner(local[0], tool, "one process, one thread per GPU");
+  std::vector<int> codes(static_cast<std::size_t>(gpus), 0);
+  std::mutex error_mutex;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < gpus; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        auto& comm = local[i];
+        NCCLKIT_CUDA_CHECK(cudaSetDevice(comm.device()));
+        std::vector<ncclkit::perf::Implementation> impls;
+        impls.push_back(ncclkit::perf::backend_implementation(comm, comm.default_stream(), "ncclkit"));
+        if (tool.raw) impls.push_back(raw_nccl(raw[static_cast<std::size_t>(i)].comm, comm.default_stream()));
+        auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
+        codes[static_cast<std::size_t>(i)] = summary.ok() ? 0 : 2;
+      } catch (const std::exception& e) {
+        std::lock_guard lock(error_mutex);
+        std::fprintf(stderr, "perf_nccl: GPU %d: %s\n", i, e.what());
+        codes[static_cast<std::size_t>(i)] = 1;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int code : codes)
+    if (code != 0) return code;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
+    ToolOptions tool;
+    for (std::size_t i = 0; i < perf.unparsed.size(); ++i) {
+      const std::string& flag = perf.unparsed[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= perf.unparsed.size()) throw ncclkit::ConfigError("flag " + flag + " needs a value");
+        return perf.unparsed[++i];
+      };
+      if (flag == "-h" || flag == "--help") {
+        usage();
+        return 0;
+      } else if (flag == "-p" || flag == "--nprocs") {
+        tool.processes = std::stoi(value());
+      } else if (flag == "--raw") {
+        tool.raw = true;
+      } else if (flag == "--timeout") {
+        tool.timeout_seconds = std::stod(value());
+      } else if (flag == "--no-check-pointers") {
+        tool.check_pointers = false;
+      } else {
+        std::fprintf(stderr, "perf_nccl: unknown flag '%s'\n", flag.c_str());
+        usage();
+        return 1;
+      }
+    }
+    const int gpus = perf.devices_per_process;
+    if (gpus < 1) throw ncclkit::ConfigError("-g must be at least 1");
+
+    const ncclkit::WorldInfo detected = ncclkit::detect_world();
+    if (gpus > 1) {
+      if (detected.world_size > 1 || tool.processes > 1) {
+        throw ncclkit::ConfigError("-g G > 1 drives G GPUs from one process; run it alone (-p 1, no launcher)");
+      }
+      return run_local(gpus, perf, tool);
+    }
+    if (detected.world_size > 1) return run_rank(detected, perf, tool);
+    int processes = tool.processes;
+    if (processes == 0) {
+      const auto inventory = ncclkit::launch::find_gpus();  // without initialising CUDA before fork
+      processes = std::max<int>(1, static_cast<int>(inventory.visible.size()));
+    }
+    auto result = ncclkit::spawn(processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, perf, tool); },
+                                 {.timeout = std::chrono::hours(24)});
+    if (!result.ok()) {
+      std::fprintf(stderr, "perf_nccl: %s\n", result.describe().c_str());
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "perf_nccl: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# GPU test and benchmark runs of the NCCL backend, in two halves:
+#
+#   scripts/gpu-run.sh build        # here (no GPU needed): build for sm_90 into build-gpu/,
+#                                   # copy the stripped binaries into build-gpu/carry/
+#   scripts/gpu-run.sh run [OUT]    # on the GPU machine, in the repository root, with
+#                                   # build-gpu/carry carried along: runs everything, writes
+#                                   # summary.txt, logs.tar.gz and the perf CSV/JSON into OUT
+#
+# The GPU machine has no compiler toolchain for this project's dependencies (doctest, Gloo), so
+# binaries are built here and carried (../shared/gpu.md). With the `run` tool of the GPU
+# machines (docs/gpu-runs.md has the exact call):
+#   run(kind="nvidia-h100-x4", carry=["build-gpu/carry"], command="scripts/gpu-run.sh run $OUT")
+#
+# `run` exits non-zero when anything failed, when a phase timed out, or when zero test cases
+# ran (a run that tested nothing is a failure, not a pass). The phases share a time budget
+# (GPU_RUN_BUDGET seconds, default 540): a phase gets at most what is left of it, and phases
+# that find it spent are reported as skipped. GPU_RUN_PHASES (a space-separated list of phase
+# names) runs only those phases.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
+CARRY="$BUILD/carry"
+TESTS=(gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_watchdog gpu_test_nccl_large)
+BENCHES=(perf_nccl bench_nccl_enqueue)
+
+build() {
+  local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
+  local target
+  for target in "${TESTS[@]}" "${BENCHES[@]}"; do
+    echo "== building $target"
+    cmake --build "$BUILD" -j "$jobs" --target "$target" || return 1
+  done
+  rm -rf "$CARRY"
+  mkdir -p "$CARRY"
+  for target in "${TESTS[@]}"; do cp "$BUILD/tests/$target" "$CARRY/"; done
+  for target in "${BENCHES[@]}"; do cp "$BUILD/bench/$target" "$CARRY/"; done
+  strip --strip-debug "$CARRY"/*
+  {
+    echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tests/gpu bench || echo ' (plus uncommitted changes)')"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) for sm_90"
+    echo "nvcc $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+  } >"$CARRY/BUILD_INFO"
+  du -sh "$CARRY"
+  echo "carry build-gpu/carry; on the GPU machine run: scripts/gpu-run.sh run \$OUT"
+}
+
+# ---- the GPU machine's half ---------------------------------------------------------------------
+
+run_all() {
+  local out="${1:-${OUT:-$ROOT/out}}"
+  local budget="${GPU_RUN_BUDGET:-540}"
+  local logs="$out/logs"
+  mkdir -p "$logs"
+  local summary="$out/summary.txt"
+  : >"$summary"
+  local start_time=$SECONDS
+  # Rules of the GPU machines: no NVLink multicast, in every process we start too.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+  export LD_LIBRARY_PATH="$CARRY:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local cases_run=0 cases_passed=0 cases_failed=0 failures=0
+
+  {
+    echo "# GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    cat "$CARRY/BUILD_INFO" 2>/dev/null
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
+    echo "NCCL: $(ls /lib/x86_64-linux-gnu/libnccl.so.* /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | tr '\n' ' ')"
+  } >>"$summary" 2>&1
+  nvidia-smi topo -m >"$logs/topology.txt" 2>&1
+
+  # phase NAME TIMEOUT COMMAND...: runs one command with a timeout, logs it, tallies doctest's
+  # counts. Exit 77 means "skipped: no GPU" and counts zero cases.
+  phase() {
+    local name="$1" limit="$2"
+    shift 2
+    if [[ -n "${GPU_RUN_PHASES:-}" && " $GPU_RUN_PHASES " != *" $name "* ]]; then
+      return
+    fi
+    local elapsed=$((SECONDS - start_time))
+    if ((elapsed + 15 > budget)); then
+      printf '%-44s SKIPPED (time budget: %ss used of %ss)\n' "$name" "$elapsed" "$budget" >>"$summary"
+      return
+    fi
+    # Never run past the budget: a phase gets at most what is left of it.
+    ((limit > budget - elapsed)) && limit=$((budget - elapsed))
+    local log="$logs/$name.log"
+    local t0=$SECONDS
+    echo "\$ $*" >"$log"
+    timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    local took=$((SECONDS - t0))
+    local counts run=0 passed=0 failed=0
+    counts=$(grep -E '^\[doctest\] test cases:' "$log" | tail -1)
+    if [[ -n "$counts" ]]; then
+      run=$(sed -E 's/.*test cases: *([0-9]+).*/\1/' <<<"$counts")
+      passed=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<<"$counts")
+      failed=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<<"$counts")
+    fi
+    cases_run=$((cases_run + run))
+    cases_passed=$((cases_passed + passed))
+    cases_failed=$((cases_failed + failed))
+    local verdict=ok
+    if ((rc == 77)); then
+      verdict="skipped (no GPU)"
+    elif ((rc == 124 || rc == 137)); then
+      verdict="TIMED OUT after ${limit}s"
+      failures=$((failures + 1))
+    elif ((rc != 0)); then
+      verdict="FAILED rc=$rc"
+      failures=$((failures + 1))
+    fi
+    local skips
+    skips=$(grep -c '^SKIP:' "$log")
+    printf '%-44s %-22s %4ss  cases %s run / %s passed / %s failed  SKIP lines %s\n' "$name" "$verdict" "$took" \
+      "$run" "$passed" "$failed" "$skips" >>"$summary"
+  }
+
+  local bin="$CARRY"
+  local all="0,1,2,3"
+  # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
+  CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 120 "$bin/gpu_test_nccl_communicator"
+  CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 180 "$bin/gpu_test_nccl_collectives"
+  CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 120 "$bin/gpu_test_nccl_watchdog"
+  # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; 1 MiB..1 GiB correctness
+  #    checked up to 64 MiB (the engine's host check is single-threaded), 1 GiB by the large test.
+  CUDA_VISIBLE_DEVICES=$all phase perf-p4 150 "$bin/perf_nccl" -p 4 --raw -b 8 -e 64M -f 2 -n 60 -w 10 -R 5 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p4-large 90 "$bin/perf_nccl" -p 4 --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_large.csv"
+  CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$out/enqueue.json"
+  # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 120 "$bin/gpu_test_nccl_watchdog"
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLKIT_TEST_WORLD_SIZES=2,4 CUDA_VISIBLE_DEVICES=$all \
+    phase collectives-net 240 "$bin/gpu_test_nccl_collectives"
+  # 4. 1 GiB collectives.
+  CUDA_VISIBLE_DEVICES=$all phase large-1gib 180 "$bin/gpu_test_nccl_large"
+  # 5. The tests adapt to 1 and 2 visible GPUs (and say what they skip).
+  CUDA_VISIBLE_DEVICES=0 phase communicator-1gpu 90 "$bin/gpu_test_nccl_communicator"
+  CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
+  CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
+  # 6. One process driving 4 GPUs (-g), ncclkit and raw.
+  CUDA_VISIBLE_DEVICES=$all phase perf-g4 90 "$bin/perf_nccl" -g 4 --raw -b 8 -e 256M -f 4 -n 40 -w 5 -R 5 \
+    -O all_reduce -d float --csv "$out/perf_g4.csv"
+
+  # A plot of busbw against size from the perf CSVs (matplotlib is there on the GPU machines).
+  local csvs=()
+  for f in "$out"/perf_*.csv; do [[ -s "$f" ]] && csvs+=("$f"); done
+  if ((${#csvs[@]})); then
+    local card
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    python3 "$ROOT/scripts/plot_busbw.py" "$out/busbw.png" "${csvs[@]}" \
+      --title "perf_nccl, $card, $(date -u +%Y-%m-%d)" >>"$summary" 2>&1 || echo "plot failed" >>"$summary"
+  fi
+  {
+    echo "TOTAL: $cases_run test cases run, $cases_passed passed, $cases_failed failed; $failures failed phases; $((SECONDS - start_time)) s"
+  } >>"$summary"
+  tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
+  cat "$summary"
+  if ((cases_run == 0)); then
+    echo "gpu-run: zero test cases ran: this is a failure" | tee -a "$summary"
+    return 1
+  fi
+  ((failures == 0 && cases_failed == 0))
+}
+
+case "${1:-}" in
+  build) build ;;
+  run) shift; run_all "$@" ;;
+  *)
+    echo "usage: scripts/gpu-run.sh build | run [OUT]" >&2
+    exit 2
+    ;;
+esac
