@@ -250,7 +250,6 @@ struct CommunicatorState {
 
   void all_reduce_now(const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
                       std::chrono::steady_clock::time_point deadline) {
-    const std::size_t element = size_of(type);
     const ReduceFunction reduce = reduce_function(type, op, isa);
     const bool pre_scale = op == ReduceOp::kAvg && is_floating(type);
     if (pre_scale) {
@@ -267,7 +266,6 @@ struct CommunicatorState {
         if (in != out) opts.setInput(const_cast<W*>(static_cast<const W*>(in)) + offset, n);
         opts.setOutput(out_chunk, n);
       });
-      (void)element;
       opts.setReduceFunction(reduce);
       opts.setTimeout(remaining(deadline));
       ::gloo::allreduce(opts);
@@ -341,10 +339,10 @@ struct CommunicatorState {
         opts.setTimeout(remaining(deadline));
         ::gloo::allgather(opts);
       } else {
-        if (in == nullptr) in = byte_ptr(out) + offsets[rank] * element;
         ::gloo::AllgathervOptions opts(context);
         with_element_width(type, [&]<class W>(W*) {
-          opts.setInput(const_cast<W*>(static_cast<const W*>(in)), counts[rank]);
+          // Without an input Gloo's allgatherv works in place (this rank's part is in `out`).
+          if (in != nullptr) opts.setInput(const_cast<W*>(static_cast<const W*>(in)), counts[rank]);
           opts.setOutput(static_cast<W*>(out), counts);
         });
         opts.setTimeout(remaining(deadline));
