@@ -559,3 +559,28 @@ TEST_CASE("adopting a socket that is not listening is a ConfigError") {
   CHECK_THROWS_AS(TcpStoreServer::from_listening_socket(fd), ncclkit::ConfigError);
   CHECK_THROWS_AS(TcpStoreServer::from_listening_socket(-1), ncclkit::ConfigError);
 }
+
+TEST_CASE("input buffers grow with the bytes received, not with the size a peer announces") {
+  ncclkit::detail::ByteBuffer buffer;
+  constexpr std::size_t kChunk = 64 * 1024;
+  const std::size_t announced = std::size_t{16} << 20;
+  // Only a header has arrived: the next read asks for one chunk, not 16 MiB.
+  buffer.prepare(buffer.next_read_size(0, kChunk));
+  buffer.commit(16);
+  CHECK(buffer.next_read_size(announced, kChunk) == kChunk);
+  // As data arrives the reads double, then stop exactly at the frame's end.
+  std::size_t received = 16;
+  std::size_t largest_capacity_step = 0;
+  while (received < announced) {
+    const std::size_t ask = buffer.next_read_size(announced, kChunk);
+    CHECK(ask <= std::max(kChunk, received));
+    CHECK(ask <= announced - received);
+    buffer.prepare(ask);
+    largest_capacity_step = std::max(largest_capacity_step, buffer.writable());
+    buffer.commit(ask);
+    received += ask;
+  }
+  CHECK(buffer.size() == announced);
+  CHECK(largest_capacity_step <= announced / 2 + kChunk);
+  CHECK(buffer.next_read_size(announced, kChunk) == kChunk);  // frame complete: back to chunks
+}

@@ -303,10 +303,9 @@ class TcpStoreServerLoop {
   }
 
   void read_from(Connection& connection) {
-    // Read what is there; a large frame arrives over several wake-ups into a buffer sized once
-    // for it from its validated header (see parse_all), never from an unchecked length.
-    const std::size_t room = connection.expected > connection.in.size() ? connection.expected - connection.in.size() : kReadChunk;
-    std::uint8_t* into = connection.in.prepare(room);
+    // Read what is there; a large frame arrives over several wake-ups, and the buffer grows
+    // with the bytes received, never ahead of them to a size the peer merely announced.
+    std::uint8_t* into = connection.in.prepare(connection.in.next_read_size(connection.expected, kReadChunk));
     ssize_t got;
     do {
       got = ::recv(connection.socket.get(), into, connection.in.writable(), 0);
@@ -336,9 +335,7 @@ class TcpStoreServerLoop {
     while (!connection.dead && !connection.closing && !connection.pending.active) {
       auto result = tcp::parse_frame(connection.in.readable(), limits_);
       if (result.status == tcp::ParseStatus::kNeedMore) {
-        // Reserve the whole (validated) frame at once: one allocation for a large value.
-        connection.expected = result.frame_bytes;
-        if (result.frame_bytes > connection.in.size()) connection.in.prepare(result.frame_bytes - connection.in.size());
+        connection.expected = result.frame_bytes;  // validated against the limits; 0 if unknown yet
         break;
       }
       connection.expected = 0;
@@ -1011,10 +1008,10 @@ class TcpStore final : public Store {
       if (result.status == detail::tcp::ParseStatus::kError) {
         fail_lost(what, "protocol error in the server's reply: " + result.error);
       }
-      const std::size_t room = result.frame_bytes > in_.size() ? result.frame_bytes - in_.size() : 4096;
       std::size_t got = 0;
       int err = 0;
-      std::uint8_t* into = in_.prepare(room);  // before writable(): it changes what that returns
+      // Before writable(): prepare changes what that returns.
+      std::uint8_t* into = in_.prepare(in_.next_read_size(result.frame_bytes, 64 * 1024));
       switch (detail::receive_some(socket_.get(), into, in_.writable(), deadline, got, err)) {
         case detail::IoStatus::kDone:
           in_.commit(got);

@@ -13,7 +13,7 @@
 #include <sys/socket.h>   // socket, bind, listen, connect, send, recv
 #include <unistd.h>       // close
 
-#include <algorithm>    // std::max
+#include <algorithm>    // std::max, std::min
 #include <cerrno>       // errno
 #include <chrono>       // std::chrono::steady_clock
 #include <climits>      // INT_MAX
@@ -368,14 +368,16 @@ class ByteBuffer {
     begin_ += bytes;
     if (begin_ >= end_) begin_ = end_ = 0;
   }
-  /// Room for at least `bytes` more; returns where to write them (then call commit).
+  /// Room for at least `bytes` more; returns where to write them (then call commit). Grows to
+  /// exactly what is asked (at least 4 KiB), so callers control the growth policy (see
+  /// next_read_size).
   std::uint8_t* prepare(std::size_t bytes) {
     if (capacity_ - end_ >= bytes) return data_.get() + end_;
     const std::size_t used = end_ - begin_;
     if (capacity_ - used >= bytes && capacity_ >= 2 * used) {
       std::memmove(data_.get(), data_.get() + begin_, used);
     } else {
-      std::size_t capacity = std::max<std::size_t>({used + bytes, 2 * capacity_, 4096});
+      std::size_t capacity = std::max<std::size_t>(used + bytes, 4096);
       std::unique_ptr<std::uint8_t[]> grown(new std::uint8_t[capacity]);
       if (used > 0) std::memcpy(grown.get(), data_.get() + begin_, used);
       data_ = std::move(grown);
@@ -394,6 +396,16 @@ class ByteBuffer {
     }
   }
   void clear() { begin_ = end_ = 0; }
+
+  /// How much room to ask for before the next read, given the size of the frame being
+  /// received (`frame_bytes`, 0 while unknown): the rest of the frame, but at most as much as
+  /// has arrived already (and at least `chunk`). So the buffer doubles as data comes in, and
+  /// a peer announcing a large frame makes the reader hold memory in proportion to what it
+  /// actually sent, never to what it claimed.
+  std::size_t next_read_size(std::size_t frame_bytes, std::size_t chunk) const {
+    if (frame_bytes <= size()) return chunk;
+    return std::min(frame_bytes - size(), std::max(chunk, size()));
+  }
 
  private:
   std::unique_ptr<std::uint8_t[]> data_;
