@@ -114,6 +114,10 @@ class StoreCoordinator final : public NodeCoordinator {
   StoreCoordinator(std::shared_ptr<Store> store, StoreCoordinatorOptions options,
                    std::unique_ptr<TcpStoreServer> server = nullptr)
       : server_(std::move(server)), store_(std::move(store)), options_(std::move(options)) {
+    // Requests that do not wait for other nodes (set, add, check, compare_set) must fail fast
+    // when the store is unreachable, since the supervision loop makes them; every wait for
+    // other nodes passes the rendezvous timeout explicitly.
+    store_->set_default_timeout(std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(10)));
     std::random_device random;
     id_ = detail::host_name() + ":" + std::to_string(::getpid()) + ":" + std::to_string(random());
   }

@@ -133,8 +133,8 @@ struct SuperviseOptions {
   /// uses it to look for stop requests from other nodes in the store.
   std::function<std::optional<std::string>()> check_stop;
   std::chrono::milliseconds check_interval = std::chrono::milliseconds(200);
-  /// Called once, at the first worker failure, before the others are stopped (to tell the
-  /// other nodes quickly).
+  /// Called once, at the first worker failure, right after SIGTERM went to the others (to
+  /// tell the other nodes quickly). Must not block for long.
   std::function<void(const WorkerExit&)> on_failure;
   /// The launcher's own messages ("rank 3 ... failed; stopping ..."); default: a line
   /// "ncclkit-run: <message>" on err_fd.
@@ -416,14 +416,15 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
       if (!worker.ok() && !stopping) {
         result.outcome = GroupOutcome::kWorkerFailed;
         result.failed = static_cast<int>(it->second);
-        if (options.on_failure) options.on_failure(worker);
         std::string message = worker.describe();
         if (running > 0) {
           message += "; stopping the other " + std::to_string(running) + " worker" + (running == 1 ? "" : "s") +
                      " (SIGTERM now, SIGKILL after " + detail::format_seconds(options.grace) + ")";
         }
         report(message);
+        // Local workers first: telling the other nodes goes through the store, which may be slow.
         stop_group(SIGTERM);
+        if (options.on_failure) options.on_failure(worker);
       }
     }
   };
