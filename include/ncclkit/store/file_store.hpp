@@ -6,13 +6,16 @@
 /// close-to-open consistency, fcntl locks that work across clients) and the run scheme that
 /// keeps it from ever reading the keys of an earlier run. In short:
 ///
-///   dir/lock        byte 0: the folder lock (joining, leaving, starting a run);
+///   dir/lock        byte 0: the folder lock, shared by processes joining or leaving a run,
+///                   exclusive to one starting a run or removing dead ones;
 ///                   other bytes: one lock per key (set, add, compare_set, delete_key)
 ///   dir/r-<id>/     one folder per run (id: 128 random bits); every key of the run lives here
 ///       record      world size, tag (NCCLKIT_RUN_ID), creator; written once
 ///       members     member i holds a lock on byte i for as long as it lives
-///       state       how many members joined and how many left
+///       m-<i>       slot i was claimed (created while holding byte i; never removed)
+///       l-<i>       member i has left
 ///       k-<name>    a key (name escaped), h-<hash> for long keys
+///   dir/.trash-<id> a run's folder being removed by its last member
 ///
 /// A process joins a run that still misses members and has a live member; otherwise it starts
 /// a fresh run with a new random id, so the keys of a run that ended, was killed or is
@@ -27,6 +30,7 @@
 #include <sys/random.h>  // getrandom
 #include <sys/stat.h>    // mkdir, fstat, fstatat
 #include <sys/types.h>   // off_t, mode_t
+#include <sys/vfs.h>     // fstatfs (is the folder on a local file system?)
 #include <unistd.h>      // close, read, write, renameat, unlinkat, getpid, gethostname
 
 #include <algorithm>    // std::min, std::max
@@ -46,6 +50,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 #include <thread>       // std::this_thread::sleep_for
+#include <unordered_set>  // std::unordered_set (wait's folder listing)
 #include <utility>      // std::exchange
 #include <vector>       // std::vector
 
@@ -79,10 +84,13 @@ using Clock = std::chrono::steady_clock;
 /// together completes within a few hundred µs, a long wait costs at most 50 polls a second.
 inline constexpr std::chrono::microseconds kPollFirst{100};
 inline constexpr std::chrono::microseconds kPollCap{20000};
-/// Locks are held for tens of µs, so waiting for one polls faster, with jitter so that many
-/// waiters do not retry in lock step.
+/// Locks are held for tens of µs, so waiting for one starts polling faster, with jitter so that
+/// many waiters do not retry in lock step. The cap bounds the CPU that waiters burn: with W
+/// waiters the lock is retried W/cap times a second, so a release is noticed quickly anyway.
 inline constexpr std::chrono::microseconds kLockPollFirst{20};
-inline constexpr std::chrono::microseconds kLockPollCap{1000};
+inline constexpr std::chrono::microseconds kLockPollCap{5000};
+/// wait() looks up each missing key when at most this many are missing, else lists the folder.
+inline constexpr std::size_t kSweepByLookup = 8;
 /// A plain key file name ("k-" + escaped key) longer than this becomes "h-" + a 128-bit hash;
 /// file systems allow 255 bytes, and temp names add a suffix.
 inline constexpr std::size_t kMaxPlainName = 200;
@@ -220,6 +228,32 @@ inline int refresh_folder(const std::string& path) {
   return 0;
 }
 
+/// Whether the file is on a local file system (ext2/3/4, xfs, btrfs, tmpfs, overlayfs, f2fs,
+/// zfs), whose caches are coherent, so folders need no refresh_folder. Anything else (NFS,
+/// CIFS, Lustre, GPFS, CephFS, FUSE, ...) gets the refresh.
+inline bool is_local_file_system(int fd) {
+  struct statfs info {};
+  if (::fstatfs(fd, &info) != 0) return false;
+  switch (static_cast<unsigned long>(info.f_type)) {
+    case 0xEF53UL:      // ext2/3/4
+    case 0x58465342UL:  // xfs
+    case 0x9123683EUL:  // btrfs
+    case 0x01021994UL:  // tmpfs
+    case 0x794C7630UL:  // overlayfs
+    case 0xF2F52010UL:  // f2fs
+    case 0x2FC12FC1UL:  // zfs
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// Tests set this to exercise the refreshes that network file systems get, on a local disk.
+inline std::atomic<bool>& always_refresh_folders() {
+  static std::atomic<bool> value{false};
+  return value;
+}
+
 /// Escapes a key into file-name characters: [a-z0-9._-] stay, every other byte becomes %xx.
 /// Upper-case letters are escaped too, so that keys stay distinct on case-insensitive file
 /// systems. Injective, and '/' or NUL never reach the file system.
@@ -327,11 +361,12 @@ class Backoff {
   bool jitter_;
 };
 
-/// Tries an exclusive open file description lock on one byte; 0, EAGAIN/EACCES when another
-/// description holds it, or another errno value (ENOLCK: the file system offers no locks).
-inline int try_lock_byte(int fd, off_t offset) {
+/// Tries an open file description lock on one byte (F_WRLCK: exclusive, F_RDLCK: shared);
+/// 0, EAGAIN/EACCES when a conflicting lock is held, or another errno value (ENOLCK: the file
+/// system offers no locks).
+inline int try_lock_byte(int fd, off_t offset, short type = F_WRLCK) {
   struct flock lock {};
-  lock.l_type = F_WRLCK;
+  lock.l_type = type;
   lock.l_whence = SEEK_SET;
   lock.l_start = offset;
   lock.l_len = 1;
@@ -352,10 +387,10 @@ inline void unlock_byte(int fd, off_t offset) noexcept {
 }
 
 /// Polls for the lock until `deadline` (F_OFD_SETLKW has no timeout); 0, ETIMEDOUT or errno.
-inline int lock_byte_until(int fd, off_t offset, Clock::time_point deadline) {
+inline int lock_byte_until(int fd, off_t offset, Clock::time_point deadline, short type = F_WRLCK) {
   Backoff backoff(kLockPollFirst, kLockPollCap, true);
   for (;;) {
-    int err = try_lock_byte(fd, offset);
+    int err = try_lock_byte(fd, offset, type);
     if (err == 0) return 0;
     if (err != EAGAIN && err != EACCES) return err;
     if (Clock::now() >= deadline) return ETIMEDOUT;
@@ -557,43 +592,18 @@ inline std::optional<RunRecord> parse_record(const std::string& text) {
   return record;
 }
 
-/// A run's membership counts, in dir/r-<id>/state.
-struct RunState {
-  std::int64_t joined = 0;
-  std::int64_t left = 0;
-};
-
-inline std::optional<RunState> parse_state(const std::string& text) {
-  std::istringstream lines(text);
-  std::string word;
-  std::string joined_text, left_text;
-  RunState state;
-  if (!(lines >> word >> joined_text) || word != "joined") return std::nullopt;
-  if (!(lines >> word >> left_text) || word != "left") return std::nullopt;
-  auto joined = parse_int(joined_text);
-  auto left = parse_int(left_text);
-  if (!joined || !left || *joined < 1 || *left < 0) return std::nullopt;
-  state.joined = *joined;
-  state.left = *left;
-  return state;
-}
-
-inline std::string format_state(const RunState& state) {
-  return "joined " + std::to_string(state.joined) + "\nleft " + std::to_string(state.left) + "\n";
-}
-
 }  // namespace detail::file_store
 
 /// A Store in a folder; see the top of this file and docs/filestore.md.
 ///
 /// Keys may hold any bytes, values any size (0 B to many MiB). set/add/compare_set/delete_key
 /// are atomic across processes and hosts; get/wait poll with backoff (100 µs up to 20 ms).
-/// Construction joins the folder's current run or starts a new one and never waits for other
-/// processes (only, briefly, for the folder lock).
+/// Construction joins a live run that still misses members, or starts a new one; it never
+/// waits for other processes (only, briefly, for the folder lock).
 class FileStore final : public Store {
  public:
-  /// Opens (creating it with mode 0700 if missing) the rendezvous folder `dir` and joins its
-  /// current run or starts a fresh one. Throws ConfigError for a bad argument or when the
+  /// Opens (creating it with mode 0700 if missing) the rendezvous folder `dir` and joins the
+  /// run there that still misses members and has a live member, or starts a fresh run. Throws ConfigError for a bad argument or when the
   /// folder's live, incomplete run was started with another world size; StoreError when the
   /// folder cannot be used; TimeoutError when the folder lock stays taken past the timeout.
   explicit FileStore(std::string dir, FileStoreOptions options = {});
@@ -636,13 +646,23 @@ class FileStore final : public Store {
   }
 
   void join();
+  bool join_existing_run(std::string& mismatch);
+  int claim_slot(int run_fd, int members_fd, int world_size, const std::string& run_path);
   void start_run();
-  int run_alive(const std::string& id);
+  void remove_dead_runs();
+  std::vector<std::string> list_runs(std::string_view prefix = "r-");
   void leave() noexcept;
 
-  detail::file_store::ByteLock lock_folder(Clock::time_point deadline, const char* purpose);
+  detail::file_store::ByteLock lock_folder(short type, Clock::time_point deadline, const char* purpose);
   detail::file_store::ByteLock lock_key(std::string_view key, const char* op);
+  /// Makes the next lookups in the run's folder see other hosts' changes (see refresh_folder);
+  /// throws StoreError when the folder is gone.
   void refresh_run_folder() const;
+  /// refresh_folder where it matters (network file systems), a no-op elsewhere.
+  void refresh(const std::string& path) const {
+    if (refresh_) detail::file_store::refresh_folder(path);
+  }
+  void sweep(std::vector<std::string>& missing) const;
   std::optional<Bytes> read_key(const std::string& name, std::string_view key) const;
   std::string write_temp(std::string_view key, const std::string& name, std::span<const std::uint8_t> value);
   void commit(const std::string& temp, const std::string& name, std::string_view key, const char* op);
@@ -660,6 +680,8 @@ class FileStore final : public Store {
   int run_world_size_ = 0;
   std::uint64_t key_lock_seed_ = 0;
   std::mutex key_mutex_;  ///< locks taken through one description do not exclude our own threads
+  std::string temp_token_ = detail::file_store::random_hex_id().substr(0, 12);
+  bool refresh_ = true;  ///< whether folders need refreshing (not on local file systems)
   std::atomic<std::uint64_t> temp_counter_{0};
 };
 
@@ -689,13 +711,14 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options)
                      fs::describe_errno(errno));
   }
   if (auto warning = fs::mount_warning(dir_); !warning.empty()) log_warn("FileStore: " + warning);
+  refresh_ = fs::always_refresh_folders().load() || !fs::is_local_file_system(lock_fd_.get());
   join();
 }
 
-inline detail::file_store::ByteLock FileStore::lock_folder(Clock::time_point deadline, const char* purpose) {
+inline detail::file_store::ByteLock FileStore::lock_folder(short type, Clock::time_point deadline, const char* purpose) {
   namespace fs = detail::file_store;
   const auto start = Clock::now();
-  int err = fs::lock_byte_until(lock_fd_.get(), 0, deadline);
+  int err = fs::lock_byte_until(lock_fd_.get(), 0, deadline, type);
   if (err == ETIMEDOUT) {
     throw TimeoutError("FileStore " + describe() + ": could not take the folder lock (" + dir_ + "/lock, byte 0) to " +
                        purpose + " within " + fs::format_seconds(Clock::now() - start) +
@@ -709,116 +732,160 @@ inline detail::file_store::ByteLock FileStore::lock_folder(Clock::time_point dea
   return fs::ByteLock(lock_fd_.get(), 0);
 }
 
-/// 1 when a member of run `id` is alive, 0 when none is (or the run's folder is gone).
-inline int FileStore::run_alive(const std::string& id) {
+/// Run ids of the folder's run folders ("r-<id>", or "<prefix><id>"), sorted so that every
+/// process scans them in one order.
+inline std::vector<std::string> FileStore::list_runs(std::string_view prefix) {
   namespace fs = detail::file_store;
-  const std::string path = dir_ + "/r-" + id + "/members";
-  fs::Fd fd(fs::open_at(AT_FDCWD, path.c_str(), O_RDWR));
-  if (!fd) {
-    if (errno == ENOENT || errno == ENOTDIR) return 0;
-    throw StoreError("FileStore " + describe() + ": cannot open " + path + ": " + fs::describe_errno(errno));
-  }
-  int alive = fs::any_lock_held(fd.get());
-  if (alive < 0) {
-    throw StoreError("FileStore " + describe() + ": cannot test the locks of " + path + ": " + fs::describe_errno(-alive));
-  }
-  return alive;
-}
-
-/// Joins the run this process belongs to, or starts one. Under the folder lock, so that no
-/// other process joins, starts or removes a run meanwhile:
-///   1. every run folder none of whose members is alive is removed (killed, or all left);
-///   2. a live run that is not complete (fewer than world_size joined) and has our tag
-///      (NCCLKIT_RUN_ID, usually empty) is joined: we take the next member slot;
-///   3. otherwise a new run with a fresh random id starts, with us as member 0.
-/// A complete run is never joined, and a dead run is never joined (its keys are gone).
-inline void FileStore::join() {
-  namespace fs = detail::file_store;
-  auto folder_lock = lock_folder(fs::deadline_after(Clock::now(), options_.timeout), "join a run");
-  if (int err = fs::refresh_folder(dir_); err != 0) {
-    throw StoreError("FileStore " + describe() + ": cannot open the rendezvous folder: " + fs::describe_errno(err));
-  }
   std::vector<std::string> ids;
-  if (DIR* listing = ::opendir(dir_.c_str())) {
-    while (dirent* entry = ::readdir(listing)) {
-      if (fs::is_run_folder_name(entry->d_name)) ids.emplace_back(entry->d_name + 2);
-    }
-    ::closedir(listing);
-  } else {
+  DIR* listing = ::opendir(dir_.c_str());
+  if (listing == nullptr) {
     throw StoreError("FileStore " + describe() + ": cannot list the rendezvous folder: " + fs::describe_errno(errno));
   }
-  std::sort(ids.begin(), ids.end());  // several joinable runs (never made by this scheme): all pick the same
-
-  std::optional<fs::RunRecord> chosen;
-  fs::RunState chosen_state;
-  std::string mismatch;
-  const std::string my_tag = fs::escape_key(tag_);
-  for (const auto& id : ids) {
-    const std::string path = dir_ + "/r-" + id;
-    if (!run_alive(id)) {
-      std::error_code error;
-      std::filesystem::remove_all(path, error);
-      if (error) {
-        log_warn("FileStore " + describe() + ": could not remove the folder of dead run " + id.substr(0, 8) + ": " +
-                 error.message() + " (it is never joined; the next run retries)");
-      } else {
-        log_info("FileStore " + describe() + ": removed dead run " + id.substr(0, 8) + " (no member alive)");
-      }
-      continue;
-    }
-    fs::refresh_folder(path);
-    int err = 0;
-    auto record_text = fs::read_text(AT_FDCWD, (path + "/record").c_str(), err);
-    auto state_text = fs::read_text(AT_FDCWD, (path + "/state").c_str(), err);
-    auto record = record_text ? fs::parse_record(*record_text) : std::nullopt;
-    auto state = state_text ? fs::parse_state(*state_text) : std::nullopt;
-    if (!record || !state || record->id != id) {
-      log_warn("FileStore " + describe() + ": run folder r-" + id +
-               " has live members but no record this version of ncclkit reads; not joining it");
-      continue;
-    }
-    const bool complete = record->world_size > 0 && state->joined >= record->world_size;
-    if (complete || record->tag != my_tag || chosen) continue;
-    if (options_.world_size > 0 && record->world_size > 0 && options_.world_size != record->world_size) {
-      mismatch = "run " + id.substr(0, 8) + " (started by " + record->creator + ") has world_size " +
-                 std::to_string(record->world_size) + " and live members (" + std::to_string(state->joined) + " of " +
-                 std::to_string(record->world_size) + " joined, " + std::to_string(state->left) + " left)";
-      continue;
-    }
-    chosen = record;
-    chosen_state = *state;
+  while (dirent* entry = ::readdir(listing)) {
+    const std::string_view name = entry->d_name;
+    if (name.substr(0, prefix.size()) == prefix && fs::is_run_folder_name("r-" + std::string(name.substr(prefix.size()))))
+      ids.emplace_back(name.substr(prefix.size()));
   }
-  if (!chosen && !mismatch.empty()) {
+  ::closedir(listing);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+/// Joins the run this process belongs to, or starts one:
+///   1. under the folder lock held shared (so joins and leaves run in parallel), join a run
+///      with our tag (NCCLKIT_RUN_ID, usually empty) that has a live member and a free slot;
+///   2. failing that, under the folder lock held exclusively: remove the folders of runs with
+///      no live member, try step 1 again (someone may have started our run meanwhile), and
+///      otherwise start a new run with a fresh random id, as its member 0.
+/// A dead run (no member alive) is never joined, and neither is a full one, so a new run never
+/// sees the keys of a run that was killed, has ended or belongs to others.
+inline void FileStore::join() {
+  namespace fs = detail::file_store;
+  const auto deadline = fs::deadline_after(Clock::now(), options_.timeout);
+  std::string mismatch;
+  {
+    auto shared = lock_folder(F_RDLCK, deadline, "join a run");
+    if (join_existing_run(mismatch)) return;
+  }
+  auto exclusive = lock_folder(F_WRLCK, deadline, "start a run");
+  remove_dead_runs();
+  mismatch.clear();
+  if (join_existing_run(mismatch)) return;
+  if (!mismatch.empty()) {
     throw ConfigError("FileStore " + describe() + ": the folder's " + mismatch + ", but this process was given world_size " +
                       std::to_string(options_.world_size) +
                       "; all processes of a job must pass the same world size, and two jobs must not share a folder "
                       "at once (use another folder, or give each job its own NCCLKIT_RUN_ID)");
   }
-  if (!chosen) return start_run();
-
-  // Take the next member slot of the chosen run.
-  const std::string run_path = dir_ + "/r-" + chosen->id;
-  member_fd_ = fs::Fd(fs::open_at(AT_FDCWD, (run_path + "/members").c_str(), O_RDWR));
-  run_fd_ = fs::Fd(fs::open_at(AT_FDCWD, run_path.c_str(), O_RDONLY | O_DIRECTORY));
-  if (!member_fd_ || !run_fd_) {
-    throw StoreError("FileStore " + describe() + ": cannot open " + run_path + ": " + fs::describe_errno(errno));
-  }
-  const auto slot = static_cast<int>(chosen_state.joined);
-  if (int err = fs::try_lock_byte(member_fd_.get(), slot); err != 0) {
-    throw StoreError("FileStore " + describe() + ": member slot " + std::to_string(slot) + " of run " + chosen->id +
-                     " is already locked (" + fs::describe_errno(err) + "); the folder was changed behind ncclkit's back");
-  }
-  ++chosen_state.joined;
-  if (int err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state(chosen_state)); err != 0) {
-    throw StoreError("FileStore " + describe() + ": cannot write " + run_path + "/state: " + fs::describe_errno(err));
-  }
-  run_id_ = chosen->id;
-  run_path_ = run_path;
-  member_ = slot;
-  run_world_size_ = chosen->world_size;
-  key_lock_seed_ = fs::hash64(run_id_, 0);
+  start_run();
 }
 
+/// Step 1 of join(): scans the runs and claims a slot in the first joinable one. Sets
+/// `mismatch` when a live run with our tag and free slots has another world size.
+inline bool FileStore::join_existing_run(std::string& mismatch) {
+  namespace fs = detail::file_store;
+  const std::string my_tag = fs::escape_key(tag_);
+  for (const auto& id : list_runs()) {
+    const std::string path = dir_ + "/r-" + id;
+    refresh(path);
+    int err = 0;
+    auto text = fs::read_text(AT_FDCWD, (path + "/record").c_str(), err);
+    auto record = text ? fs::parse_record(*text) : std::nullopt;
+    if (!record || record->id != id || record->tag != my_tag) continue;
+    fs::Fd members(fs::open_at(AT_FDCWD, (path + "/members").c_str(), O_RDWR));
+    fs::Fd run_fd(fs::open_at(AT_FDCWD, path.c_str(), O_RDONLY | O_DIRECTORY));
+    if (!members || !run_fd) continue;  // removed meanwhile
+    const int alive = fs::any_lock_held(members.get());
+    if (alive < 0) {
+      throw StoreError("FileStore " + describe() + ": cannot test the locks of " + path + "/members: " +
+                       fs::describe_errno(-alive) +
+                       (-alive == ENOLCK ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)" : ""));
+    }
+    if (alive == 0) continue;  // dead: never joined
+    if (options_.world_size > 0 && record->world_size > 0 && options_.world_size != record->world_size) {
+      int claimed = 0;
+      for (int i = 0; i < record->world_size; ++i) {
+        struct stat info {};
+        claimed += ::fstatat(run_fd.get(), ("m-" + std::to_string(i)).c_str(), &info, 0) == 0;
+      }
+      if (claimed < record->world_size) {
+        mismatch = "run " + id.substr(0, 8) + " (started by " + record->creator + ") has world_size " +
+                   std::to_string(record->world_size) + " and live members (" + std::to_string(claimed) + " of " +
+                   std::to_string(record->world_size) + " joined)";
+      }
+      continue;
+    }
+    const int slot = claim_slot(run_fd.get(), members.get(), record->world_size, path);
+    if (slot < 0) continue;  // full
+    run_fd_ = std::move(run_fd);
+    member_fd_ = std::move(members);
+    run_id_ = id;
+    run_path_ = path;
+    member_ = slot;
+    run_world_size_ = record->world_size;
+    key_lock_seed_ = fs::hash64(run_id_, 0);
+    return true;
+  }
+  return false;
+}
+
+/// Claims the lowest free member slot of a run: a slot is ours once we hold its byte lock and
+/// created its m-<i> file, which nobody removes; so a slot is never given twice, even after
+/// its first owner left. Returns the slot, or -1 when all `world_size` slots are taken
+/// (world_size 0: no limit).
+inline int FileStore::claim_slot(int run_fd, int members_fd, int world_size, const std::string& run_path) {
+  namespace fs = detail::file_store;
+  auto claimed = [&](int i) {
+    struct stat info {};
+    return ::fstatat(run_fd, ("m-" + std::to_string(i)).c_str(), &info, 0) == 0;
+  };
+  auto try_claim = [&](int i) {
+    if (claimed(i)) return false;
+    const int err = fs::try_lock_byte(members_fd, i);
+    if (err == EAGAIN || err == EACCES) return false;  // another process is claiming it right now
+    if (err != 0) {
+      throw StoreError("FileStore " + describe() + ": cannot lock " + run_path + "/members: " + fs::describe_errno(err));
+    }
+    // Look again now that we hold the byte: its previous holder may have claimed it and left.
+    refresh(run_path);
+    const std::string claim = "m-" + std::to_string(i);
+    int create_err = EEXIST;
+    if (!claimed(i)) {
+      fs::Fd marker(fs::open_at(run_fd, claim.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600));
+      if (marker) return true;
+      create_err = errno;
+    }
+    fs::unlock_byte(members_fd, i);
+    if (create_err != EEXIST) {
+      throw StoreError("FileStore " + describe() + ": cannot create " + run_path + "/" + claim + ": " +
+                       fs::describe_errno(create_err));
+    }
+    return false;
+  };
+  // Slots are claimed nearly in order, so the first free one is found by binary search (256
+  // joiners cost 256 log 256 lookups, not 256^2/2); free slots below it (their claimer is at
+  // work right now, or died) are tried last.
+  int low = 0, high = world_size;
+  if (world_size == 0) {
+    high = 1;
+    while (claimed(high - 1)) high *= 2;
+  }
+  while (low < high) {
+    const int middle = low + (high - low) / 2;
+    if (claimed(middle)) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  for (int i = low; world_size == 0 || i < world_size; ++i)
+    if (try_claim(i)) return i;
+  for (int i = 0; i < low; ++i)
+    if (try_claim(i)) return i;
+  return -1;
+}
+
+/// Starts a new run with us as member 0. Called with the folder lock held exclusively.
 inline void FileStore::start_run() {
   namespace fs = detail::file_store;
   fs::RunRecord record;
@@ -832,21 +899,27 @@ inline void FileStore::start_run() {
   if (::mkdir(run_path.c_str(), 0700) != 0) {
     throw StoreError("FileStore " + describe() + ": cannot create the run folder " + run_path + ": " + fs::describe_errno(errno));
   }
-  // The members lock comes first: from then on the folder counts as alive. If we die before the
-  // record is written, the folder is dead and the next process removes it.
+  // The members lock comes first: from then on the folder counts as alive. Nobody else looks
+  // at it before we release the folder lock; if we die first, it is dead and gets removed.
+  int err = 0;
   run_fd_ = fs::Fd(fs::open_at(AT_FDCWD, run_path.c_str(), O_RDONLY | O_DIRECTORY));
-  member_fd_ = fs::Fd(fs::open_at(AT_FDCWD, (run_path + "/members").c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
-  if (!run_fd_ || !member_fd_) {
-    const int err = errno;
-    std::error_code ignored;
-    std::filesystem::remove_all(run_path, ignored);
-    throw StoreError("FileStore " + describe() + ": cannot create " + run_path + "/members: " + fs::describe_errno(err));
+  if (run_fd_) member_fd_ = fs::Fd(fs::open_at(run_fd_.get(), "members", O_RDWR | O_CREAT | O_EXCL, 0600));
+  if (!run_fd_ || !member_fd_) err = errno;
+  if (err == 0) err = fs::try_lock_byte(member_fd_.get(), 0);
+  if (err == 0) {
+    fs::Fd marker(fs::open_at(run_fd_.get(), "m-0", O_WRONLY | O_CREAT | O_EXCL, 0600));
+    if (!marker) err = errno;
   }
-  int err = fs::try_lock_byte(member_fd_.get(), 0);
-  if (err == 0) err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state({1, 0}));
-  if (err == 0) err = fs::write_text_atomically(run_fd_.get(), "record", fs::format_record(record));
+  if (err == 0) {
+    const std::string text = fs::format_record(record);
+    fs::Fd out(fs::open_at(run_fd_.get(), "record", O_WRONLY | O_CREAT | O_EXCL, 0600));
+    if (!out) err = errno;
+    if (err == 0) err = fs::write_all(out.get(), reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
+    if (err == 0 && ::close(out.release()) != 0) err = errno;
+  }
   if (err != 0) {
     member_fd_.reset();
+    run_fd_.reset();
     std::error_code ignored;
     std::filesystem::remove_all(run_path, ignored);
     throw StoreError("FileStore " + describe() + ": cannot set up the run folder " + run_path + ": " + fs::describe_errno(err) +
@@ -860,39 +933,77 @@ inline void FileStore::start_run() {
   log_info(where() + ": started a new run");
 }
 
+/// Removes the folders of runs none of whose members is alive: killed runs, runs whose members
+/// all left before it was complete, runs with world_size 0 that ended. Called with the folder
+/// lock held exclusively, so nobody joins or leaves a run meanwhile.
+inline void FileStore::remove_dead_runs() {
+  namespace fs = detail::file_store;
+  for (const auto& id : list_runs(".trash-")) {  // removals cut short by a killed process
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_ + "/.trash-" + id, ignored);
+  }
+  for (const auto& id : list_runs("r-")) {
+    const std::string path = dir_ + "/r-" + id;
+    fs::Fd members(fs::open_at(AT_FDCWD, (path + "/members").c_str(), O_RDWR));
+    if (members) {
+      const int alive = fs::any_lock_held(members.get());
+      if (alive != 0) continue;  // alive, or cannot tell (then never remove)
+    } else if (errno != ENOENT) {
+      continue;
+    }
+    members.reset();
+    std::error_code error;
+    std::filesystem::remove_all(path, error);
+    if (error) {
+      log_warn("FileStore " + describe() + ": could not remove the folder of dead run " + id.substr(0, 8) + ": " +
+               error.message() + " (it is never joined; the next run retries)");
+    } else {
+      log_info("FileStore " + describe() + ": removed dead run " + id.substr(0, 8) + " (no member alive)");
+    }
+  }
+}
+
 // ---- leaving --------------------------------------------------------------------------------
 
 inline FileStore::~FileStore() { leave(); }
 
+/// Marks our slot as left (l-<i>), releases its lock and, when every one of world_size
+/// members has left, removes the run's folder. Under the folder lock held shared, so leaving
+/// never overlaps the removal of dead runs, and leavers do not wait for each other.
 inline void FileStore::leave() noexcept {
   namespace fs = detail::file_store;
   if (run_id_.empty()) return;
   try {
     // Leaving should not hold up a process that is exiting: at most 30 s for the lock.
     const auto limit = std::min<Duration>(options_.timeout, std::chrono::seconds(30));
-    auto folder_lock = lock_folder(fs::deadline_after(Clock::now(), limit), "leave the run");
-    refresh_run_folder();
-    int err = 0;
-    auto text = fs::read_text(run_fd_.get(), "state", err);
-    auto state = text ? fs::parse_state(*text) : std::nullopt;
-    if (!state) {
-      log_warn(where() + ": the run's membership record is missing or unreadable (" + fs::describe_errno(err) +
-               "); not cleaning up");
+    auto shared = lock_folder(F_RDLCK, fs::deadline_after(Clock::now(), limit), "leave the run");
+    const std::string left = "l-" + std::to_string(member_);
+    fs::Fd marker(fs::open_at(run_fd_.get(), left.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600));
+    if (!marker && errno != EEXIST) {
+      log_warn(where() + ": cannot create " + run_path_ + "/" + left + ": " + fs::describe_errno(errno) +
+               " (the run's files stay until the next run removes them)");
       member_fd_.reset();
       return;
     }
-    ++state->left;
-    member_fd_.reset();  // our member slot is free: to others we are gone
-    const bool last = run_world_size_ > 0 && state->joined >= run_world_size_ && state->left >= run_world_size_;
-    if (!last) {
-      if ((err = fs::write_text_atomically(run_fd_.get(), "state", fs::format_state(*state))) != 0)
-        log_warn(where() + ": cannot update the run's membership record: " + fs::describe_errno(err));
-      return;
-    }
+    marker.reset();
+    member_fd_.reset();  // our slot's lock is released: to others we are gone
+    if (run_world_size_ <= 0) return;
+    // Last to leave when every member's l-<i> exists. One listing of the folder (a few
+    // getdents calls) counts them; looking each up would cost O(world_size) per leaver.
+    DIR* listing = ::opendir(run_path_.c_str());
+    if (listing == nullptr) return;  // gone: removed by another member that left just now
+    int left_count = 0;
+    while (dirent* entry = ::readdir(listing)) left_count += entry->d_name[0] == 'l' && entry->d_name[1] == '-';
+    ::closedir(listing);
+    if (left_count < run_world_size_) return;
+    // Members that left at the same moment may all see every l-<i>: the one whose rename of
+    // the folder out of the way succeeds removes it.
+    const std::string trash = dir_ + "/.trash-" + run_id_;
     run_fd_.reset();
+    if (::rename(run_path_.c_str(), trash.c_str()) != 0) return;
     std::error_code error;
-    std::filesystem::remove_all(run_path_, error);
-    if (error) log_warn(where() + ": could not remove the run's folder " + run_path_ + ": " + error.message());
+    std::filesystem::remove_all(trash, error);
+    if (error) log_warn(where() + ": could not remove the run's folder " + trash + ": " + error.message());
   } catch (const std::exception& e) {
     log_warn(where() + ": leaving the run failed: " + e.what() + " (the next run in this folder removes what is left)");
   } catch (...) {
@@ -909,8 +1020,10 @@ inline void FileStore::leave() noexcept {
 }
 
 inline void FileStore::refresh_run_folder() const {
-  int err = detail::file_store::refresh_folder(run_path_);
-  if (err == ENOENT) {
+  struct stat info {};
+  const bool gone = refresh_ ? detail::file_store::refresh_folder(run_path_) == ENOENT
+                             : ::fstat(run_fd_.get(), &info) == 0 && info.st_nlink == 0;
+  if (gone) {
     throw StoreError(where() + ": the run's folder " + run_path_ +
                      " is gone (removed while this store used it: by hand, or by a run that found no "
                      "member of this one alive, e.g. after the processes were suspended for long)");
@@ -955,8 +1068,9 @@ inline std::optional<Bytes> FileStore::read_key(const std::string& name, std::st
 inline std::string FileStore::write_temp(std::string_view key, const std::string& name,
                                          std::span<const std::uint8_t> value) {
   namespace fs = detail::file_store;
-  const std::string temp = ".t-" + std::to_string(::getpid()) + "-" + std::to_string(temp_counter_.fetch_add(1)) + "-" +
-                           fs::random_hex_id().substr(0, 8);
+  // Unique across hosts (the random token), forked processes (the pid) and threads (the counter).
+  const std::string temp = ".t-" + temp_token_ + "-" + std::to_string(::getpid()) + "-" +
+                           std::to_string(temp_counter_.fetch_add(1));
   fs::Fd fd(fs::open_at(run_fd_.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600));
   if (!fd) fail("write", key, "cannot create a temp file in " + run_path_, errno);
   int err = 0;
@@ -1019,45 +1133,67 @@ inline Bytes FileStore::get(std::string_view key, Duration timeout) {
   }
   throw TimeoutError(where() + ": get of key " + fs::quote_key(key) + " timed out after " +
                      fs::format_seconds(Clock::now() - start) + " (timeout " + fs::format_seconds(timeout) +
-                     "): the key was never set. Is the process that sets it running, and using " + dir_ + "?");
+                     "): the key does not exist. Is the process that sets it running, and using " + dir_ + "?");
 }
 
 inline void FileStore::wait(std::span<const std::string> keys, Duration timeout) {
   namespace fs = detail::file_store;
   const auto start = Clock::now();
   const auto deadline = fs::deadline_after(start, timeout);
-  std::vector<std::string> names;
-  names.reserve(keys.size());
-  for (const auto& key : keys) names.push_back(fs::key_file_name(key));
-  // Keys are checked in order and a found key is not checked again, so a poll costs one
-  // lookup while nothing changes, however many keys are awaited.
-  std::size_t next = 0;
+  std::vector<std::string> missing;  // file names of the keys not seen yet, in the caller's order
+  missing.reserve(keys.size());
+  for (const auto& key : keys) missing.push_back(fs::key_file_name(key));
+  // A poll looks up only the first missing key; when it has appeared, all missing keys are
+  // swept (by one folder listing when there are many). So a poll costs one lookup while
+  // nothing changes, and waiting for N keys costs O(N) lookups, not O(N) per poll.
   fs::Backoff backoff(fs::kPollFirst, fs::kPollCap, false);
   for (;;) {
     refresh_run_folder();
-    struct stat info {};
-    while (next < names.size() && ::fstatat(run_fd_.get(), names[next].c_str(), &info, 0) == 0) {
-      ++next;
-      backoff.reset();
+    bool front_present = true;
+    if (struct stat info {}; !missing.empty() && ::fstatat(run_fd_.get(), missing.front().c_str(), &info, 0) != 0) {
+      if (errno != ENOENT) {
+        throw StoreError(where() + ": wait cannot look up " + run_path_ + "/" + missing.front() + ": " +
+                         fs::describe_errno(errno));
+      }
+      front_present = false;
     }
-    if (next == names.size()) return;
-    if (errno != ENOENT) fail("wait", keys[next], "cannot look up " + run_path_ + "/" + names[next], errno);
+    if (front_present) sweep(missing);
+    if (missing.empty()) return;
     if (Clock::now() >= deadline) break;
     backoff.sleep(deadline);
   }
-  // Name every key still missing, not just the first.
-  std::string missing;
-  std::size_t missing_count = 0;
-  for (std::size_t i = next; i < names.size(); ++i) {
-    struct stat info {};
-    if (::fstatat(run_fd_.get(), names[i].c_str(), &info, 0) == 0) continue;
-    if (missing_count++ < 32) missing += (missing.empty() ? "" : ", ") + fs::quote_key(keys[i]);
+  sweep(missing);  // name every key still missing, not just the first
+  std::string names;
+  std::size_t shown = 0;
+  for (const auto& key : keys) {
+    if (std::find(missing.begin(), missing.end(), fs::key_file_name(key)) == missing.end()) continue;
+    if (shown++ < 32) names += (names.empty() ? "" : ", ") + fs::quote_key(key);
   }
-  if (missing_count > 32) missing += ", ... (" + std::to_string(missing_count) + " in all)";
+  if (missing.size() > 32) names += ", ... (" + std::to_string(missing.size()) + " in all)";
   throw TimeoutError(where() + ": wait for " + std::to_string(keys.size()) + " key(s) timed out after " +
                      fs::format_seconds(Clock::now() - start) + " (timeout " + fs::format_seconds(timeout) + "); " +
-                     std::to_string(missing_count) + " never set: " + missing +
+                     std::to_string(missing.size()) + " still missing: " + names +
                      ". Are the processes that set them running, and using " + dir_ + "?");
+}
+
+/// Drops from `missing` the names of key files that exist now.
+inline void FileStore::sweep(std::vector<std::string>& missing) const {
+  namespace fs = detail::file_store;
+  if (missing.size() <= fs::kSweepByLookup) {
+    std::erase_if(missing, [&](const std::string& name) {
+      struct stat info {};
+      return ::fstatat(run_fd_.get(), name.c_str(), &info, 0) == 0;
+    });
+    return;
+  }
+  std::unordered_set<std::string> present;
+  DIR* listing = ::opendir(run_path_.c_str());
+  if (listing == nullptr) throw StoreError(where() + ": cannot list " + run_path_ + ": " + fs::describe_errno(errno));
+  while (dirent* entry = ::readdir(listing)) {
+    if (fs::is_key_file_name(entry->d_name)) present.emplace(entry->d_name);
+  }
+  ::closedir(listing);
+  std::erase_if(missing, [&](const std::string& name) { return present.count(name) != 0; });
 }
 
 inline bool FileStore::check(std::span<const std::string> keys) {
