@@ -232,3 +232,48 @@ TEST_CASE("timeouts in every process are never early and late by at most max(10%
     });
   }
 }
+
+TEST_CASE("the network file system code path (folder refreshes before every lookup) works too") {
+  // On a local disk FileStore skips the folder refreshes that NFS needs; force them here so
+  // that the code NFS runs is exercised. Workers inherit the setting through fork.
+  ncclkit::detail::file_store::always_refresh_folders() = true;
+  for (int n : {2, 8}) {
+    CAPTURE(n);
+    run_ranks(n, [](FileStore& store, int rank, int world) {
+      store.set("addr/" + std::to_string(rank), random_bytes(100, 5000 + rank));
+      store.add("count", 1);
+      std::vector<std::string> keys;
+      for (int r = 0; r < world; ++r) keys.push_back("addr/" + std::to_string(r));
+      store.wait(keys, 30s);
+      for (int r = 0; r < world; ++r)
+        require(store.get("addr/" + std::to_string(r), 1s) == random_bytes(100, 5000 + r), "wrong value");
+      ncclkit::barrier(store, rank, world, "counted", 30s);
+      require(store.get_string("count") == std::to_string(world), "count is wrong");
+      require(store.compare_set("leader", "", std::to_string(rank)).size() > 0, "compare_set returned nothing");
+      require(!store.check({"missing"}), "a missing key is present");
+      ncclkit::barrier(store, rank, world, "end", 30s);
+    });
+  }
+  ncclkit::detail::file_store::always_refresh_folders() = false;
+}
+
+TEST_CASE("world_size 0 (unknown): processes share one run; the next run removes it once all are gone") {
+  TempDir dir;
+  constexpr int kRanks = 8;
+  auto result = ncclkit::spawn(kRanks, [&](const ncclkit::WorldInfo& world) {
+    ::signal(SIGTERM, SIG_DFL);
+    FileStore store(dir.path, {.world_size = 0, .timeout = 60s});
+    require(store.run_world_size() == 0, "the run should have an unknown world size");
+    store.set("run/" + std::to_string(world.rank), store.run_id());
+    for (int r = 0; r < kRanks; ++r)
+      require(store.get_string("run/" + std::to_string(r), 30s) == store.run_id(), "ranks joined different runs");
+    ncclkit::barrier(store, world.rank, kRanks, "end", 30s);
+  }, {.timeout = 120s});
+  CHECK_MESSAGE(result.ok(), result.describe());
+  const auto left_behind = entries(dir.path);
+  REQUIRE(left_behind.size() == 2);  // lock and the run: nobody knew it was complete
+  FileStore next(dir.path);
+  CHECK("r-" + next.run_id() != left_behind[1]);
+  CHECK_FALSE(next.check({"run/0"}));
+  CHECK(entries(dir.path) == std::vector<std::string>{"lock", "r-" + next.run_id()});
+}
