@@ -8,8 +8,9 @@ With --ncclkit, it runs that benchmark binary too, in alternation with PyTorch's
 (measurement by measurement), and prints both side by side with the ratio ncclkit / PyTorch.
 
 Measurements (each the median of --rounds runs, the two stores taking turns):
-  set+get      one set and one get of a 16-byte value, client and server in this process
-  add          one add
+  set+get      one set and one get of a 16-byte value, client and server in this process;
+               timed in batches of 100 calls for 0.5 s, the median batch per call
+  add          one add, timed the same way
   rendezvous threads 256   256 threads, each its own client (connecting included), set their
                key, then wait for all 256 keys; from the first thread's start to the last join
   rendezvous processes N   N forked processes do the same; from the first fork until every
@@ -49,16 +50,16 @@ def client(TCPStore, port):
     return TCPStore(HOST, port, None, False, TIMEOUT)
 
 
-def per_op_seconds(fn, min_seconds=0.5):
-    """Runs fn in batches until min_seconds have passed; returns seconds per call."""
-    calls, start = 0, time.perf_counter()
-    while True:
-        for _ in range(200):
+def per_op_seconds(fn, min_seconds=0.5, batch=100):
+    """Runs fn in batches of `batch` calls until min_seconds have passed; returns the median
+    seconds per call over the batches (as bench_tcp_store's median_us counter)."""
+    samples, start = [], time.perf_counter()
+    while time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        for _ in range(batch):
             fn()
-        calls += 200
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_seconds:
-            return elapsed / calls
+        samples.append((time.perf_counter() - t0) / batch)
+    return statistics.median(samples)
 
 
 def bench_set_get(TCPStore):
@@ -176,8 +177,10 @@ def run_ncclkit(binary, name_filter):
     out = subprocess.run([binary, "--benchmark_format=json", f"--benchmark_filter={name_filter}"],
                          check=True, capture_output=True, text=True).stdout
     scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-    results = [entry["real_time"] * scale[entry["time_unit"]] for entry in json.loads(out)["benchmarks"]
-               if "error_occurred" not in entry]
+    # Latency benchmarks report the median over batches (counter median_us); the rendezvous
+    # ones one run each (real_time).
+    results = [entry["median_us"] * 1e-6 if "median_us" in entry else entry["real_time"] * scale[entry["time_unit"]]
+               for entry in json.loads(out)["benchmarks"] if "error_occurred" not in entry]
     if len(results) != 1:
         raise RuntimeError(f"{binary} --benchmark_filter={name_filter} gave {len(results)} results: {out}")
     return results[0]
