@@ -122,7 +122,8 @@ inline std::string quote_key(std::string_view key) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out = "'";
   std::size_t shown = 0;
-  for (unsigned char c : key) {
+  for (char raw : key) {
+    const auto c = static_cast<unsigned char>(raw);
     if (shown++ == 120) {
       out += "...' (" + std::to_string(key.size()) + " bytes)";
       return out;
@@ -261,7 +262,8 @@ inline std::string escape_key(std::string_view key) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(key.size());
-  for (unsigned char c : key) {
+  for (char raw : key) {
+    const auto c = static_cast<unsigned char>(raw);
     if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.') {
       out.push_back(static_cast<char>(c));
     } else {
