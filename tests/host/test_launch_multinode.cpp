@@ -187,3 +187,20 @@ TEST_CASE("a worker that hangs at start-up: the workers' rendezvous timeout name
   CHECK_MESSAGE(std::regex_search(launcher.err(), std::regex("\\[rank [01]\\] rendezvous failed: .*never arrived: 2")),
                 launcher.output());
 }
+
+TEST_CASE("a node whose workers succeeded notices when another node's launcher dies") {
+  TempDir dir;
+  const int port = free_port();
+  std::vector<std::string> args0 = tcp_args(port, 0, 1), args1 = tcp_args(port, 1, 1);
+  args0.back() = "2";  // --rdzv-timeout: also how long a silent peer is waited for
+  args1.back() = "2";
+  Process node0 = start_launcher(args0, {"exit=0"}, dir.path(), "node0");
+  Process node1 = start_launcher(args1, {"pidfile=" + dir.path(), "hang"}, dir.path(), "node1");
+  REQUIRE(wait_until([&] { return read_pids(dir.path()).size() == 1; }, 30s));
+  ::kill(node1.pid, SIGKILL);
+  REQUIRE(node1.wait(10s));
+  REQUIRE(node0.wait(30s));
+  CHECK_MESSAGE(node0.status == 1, node0.output());
+  CHECK(contains(node0.err(), "node 1 stopped responding (no heartbeat for 2 s) before its workers finished"));
+  for (const auto& [name, pid] : read_pids(dir.path())) CHECK_MESSAGE(wait_until([&] { return !alive(pid); }, 5s), name);
+}
