@@ -12,6 +12,7 @@
 #include <atomic>     // std::atomic
 #include <chrono>     // std::chrono
 #include <cstdint>    // std::uint8_t, std::uint64_t
+#include <memory>     // std::unique_ptr
 #include <random>     // std::mt19937_64: random values
 #include <string>     // std::string
 #include <thread>     // std::thread
@@ -583,4 +584,45 @@ TEST_CASE("input buffers grow with the bytes received, not with the size a peer 
   CHECK(buffer.size() == announced);
   CHECK(largest_capacity_step <= announced / 2 + kChunk);
   CHECK(buffer.next_read_size(announced, kChunk) == kChunk);  // frame complete: back to chunks
+}
+
+TEST_CASE("the rank that hosts the server keeps serving until the other clients have left") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  auto host = std::make_unique<TcpStore>(TcpStoreOptions{.port = 0, .is_server = true, .timeout = 5s, .linger = 20s});
+  auto client = std::make_unique<TcpStore>(TcpStoreOptions{.port = host->port(), .timeout = 5s});
+  std::atomic<bool> host_gone{false};
+  Clock::time_point host_destroyed_at;
+  std::thread finisher([&] {
+    host.reset();  // rank 0 is done first
+    host_destroyed_at = Clock::now();
+    host_gone.store(true);
+  });
+  // While the host lingers, the other client's requests keep working.
+  const auto start = Clock::now();
+  int operations = 0;
+  while (Clock::now() - start < 400ms) {
+    client->set("late/" + std::to_string(operations), "v");
+    CHECK(client->get_string("late/" + std::to_string(operations)) == "v");
+    ++operations;
+  }
+  CHECK_FALSE(host_gone.load());
+  const auto client_left_at = Clock::now();
+  client.reset();
+  finisher.join();
+  CHECK(operations > 0);
+  CHECK(host_destroyed_at >= client_left_at);
+  CHECK(host_destroyed_at - client_left_at < 5s);
+}
+
+TEST_CASE("the lingering host gives up after its linger time when a client never leaves") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  auto host = std::make_unique<TcpStore>(TcpStoreOptions{.port = 0, .is_server = true, .timeout = 5s, .linger = 300ms});
+  TcpStore client(TcpStoreOptions{.port = host->port(), .timeout = 5s});
+  client.set("k", "v");
+  const auto start = Clock::now();
+  host.reset();
+  const auto waited = Clock::now() - start;
+  CHECK(waited >= 300ms);
+  CHECK(waited < 300ms + 2s);
+  CHECK_THROWS_AS(client.get("k", 1s), ncclkit::StoreError);
 }

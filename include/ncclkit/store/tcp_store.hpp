@@ -170,6 +170,9 @@ class TcpStoreServerLoop {
   int port() const { return port_; }
   const std::string& host() const { return host_; }
 
+  /// Client connections open at the end of the loop's last iteration.
+  std::size_t open_connections() const { return open_connections_.load(std::memory_order_acquire); }
+
  private:
   static constexpr std::uint64_t kListenerId = 0;
   static constexpr std::uint64_t kWakeId = 1;
@@ -249,6 +252,7 @@ class TcpStoreServerLoop {
       resume_parked();
       for (std::uint64_t id : dead_) connections_.erase(id);
       dead_.clear();
+      open_connections_.store(connections_.size(), std::memory_order_release);
     }
   }
 
@@ -640,6 +644,7 @@ class TcpStoreServerLoop {
   std::string address_;
   tcp::ParseLimits limits_;
   std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> open_connections_{0};
 
   std::unordered_map<std::uint64_t, Connection> connections_;
   std::uint64_t next_id_ = 2;
@@ -688,6 +693,22 @@ class TcpStoreServer {
   /// The address it is bound to, numeric ("127.0.0.1", "::").
   std::string host() const { return loop_->host(); }
 
+  /// Client connections currently open (updated by the server thread after each event).
+  std::size_t open_connections() const { return loop_->open_connections(); }
+
+  /// Waits until no client is connected or `limit` has passed; returns whether none is left.
+  /// Lets the process that hosts the store outlive the other ranks' last requests.
+  bool wait_for_clients_to_leave(std::chrono::milliseconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    auto pause = std::chrono::microseconds(200);
+    while (loop_->open_connections() > 0) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
  private:
   explicit TcpStoreServer(std::unique_ptr<detail::TcpStoreServerLoop> loop) : loop_(std::move(loop)) {}
   std::unique_ptr<detail::TcpStoreServerLoop> loop_;
@@ -703,6 +724,10 @@ struct TcpStoreOptions {
   std::chrono::milliseconds timeout = default_store_timeout();
   /// Shared secret to present; default NCCLKIT_STORE_TOKEN when set.
   std::optional<std::string> token;
+  /// With is_server: how long the destructor keeps serving while other clients are still
+  /// connected, so that ranks reading the last keys (a final barrier) are not cut off when
+  /// the hosting rank finishes first. Default NCCLKIT_STORE_LINGER seconds, else 30 s.
+  std::chrono::milliseconds linger = env_seconds("NCCLKIT_STORE_LINGER", std::chrono::seconds(30));
 };
 
 /// A Store client talking to a TcpStoreServer; with is_server it also hosts the server.
@@ -713,7 +738,7 @@ class TcpStore final : public Store {
   /// with backoff until `options.timeout`; then TimeoutError naming host:port. A rejected
   /// token is a StoreError at once.
   explicit TcpStore(TcpStoreOptions options)
-      : host_(options.host), port_(options.port), token_(resolve_store_token(options.token)) {
+      : host_(options.host), port_(options.port), token_(resolve_store_token(options.token)), linger_(options.linger) {
     if (options.is_server) {
       server_.emplace(TcpStoreServerOptions{.host = options.host, .port = options.port, .token = token_});
       port_ = server_->port();
@@ -731,7 +756,17 @@ class TcpStore final : public Store {
     connect(detail::deadline_after(options.timeout), options.timeout);
   }
 
-  ~TcpStore() override = default;
+  /// With is_server: closes this client's connection, then keeps serving until the other
+  /// clients have disconnected or `linger` has passed (logged), then stops the server.
+  ~TcpStore() override {
+    if (!server_) return;
+    socket_.reset();
+    if (!server_->wait_for_clients_to_leave(linger_)) {
+      log_warn("TcpStore server on " + address_ + ": stopping with " + std::to_string(server_->open_connections()) +
+               " client(s) still connected after waiting " + std::to_string(linger_.count()) +
+               " ms for them (NCCLKIT_STORE_LINGER); they will see the store as lost");
+    }
+  }
 
   // The base's convenience overloads (strings, initializer lists, default timeouts).
   using Store::check;
@@ -1095,6 +1130,7 @@ class TcpStore final : public Store {
   std::string host_;
   int port_;
   std::string token_;
+  std::chrono::milliseconds linger_;
   std::string address_;
   std::mutex mutex_;
   detail::Socket socket_;
