@@ -20,7 +20,8 @@
 /// A process joins a run that still misses members and has a live member; otherwise it starts
 /// a fresh run with a new random id, so the keys of a run that ended, was killed or is
 /// complete can never be read. The last of `world_size` members to leave removes its run's
-/// folder; the folders of runs whose members all died are removed by the next arrival.
+/// folder; the folders of runs whose members all died are removed by the next process that
+/// starts a run.
 ///
 /// Thread safety: one FileStore may be used by several threads. Do not use one across fork():
 /// the child would share its locks (and look alive while the parent is gone).
@@ -605,9 +606,10 @@ inline std::optional<RunRecord> parse_record(const std::string& text) {
 class FileStore final : public Store {
  public:
   /// Opens (creating it with mode 0700 if missing) the rendezvous folder `dir` and joins the
-  /// run there that still misses members and has a live member, or starts a fresh run. Throws ConfigError for a bad argument or when the
-  /// folder's live, incomplete run was started with another world size; StoreError when the
-  /// folder cannot be used; TimeoutError when the folder lock stays taken past the timeout.
+  /// run there that still misses members and has a live member, or starts a fresh run.
+  /// Throws ConfigError for a bad argument or when the folder's live, incomplete run was
+  /// started with another world size; StoreError when the folder cannot be used;
+  /// TimeoutError when the folder lock stays taken past the timeout.
   explicit FileStore(std::string dir, FileStoreOptions options = {});
 
   /// Leaves the run; the last of `world_size` members to leave removes the run's files.
