@@ -14,7 +14,8 @@
 /// implementation, one correctness run (inputs from a formula every rank can evaluate, output
 /// poisoned first, a guard zone behind it; the result is compared with a host reference in
 /// double), then `-w` warm-up calls, then `-R` rounds in which each implementation in turn runs
-/// a timed batch of ceil(n / R) calls; ranks line up before each batch. A batch's time is the
+/// a timed batch of ceil(n / R) calls (who goes first rotates from round to round); ranks line
+/// up before each batch. A batch's time is the
 /// host time from its first issue to `synchronize`, divided by the batch size, averaged over
 /// ranks (-a); the table shows the median over rounds. algbw = size / time; busbw = algbw x
 /// the collective's factor (nccl-tests' PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather,
@@ -732,7 +733,9 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
             std::vector<std::vector<double>> samples(implementations.size());
             for (int round = 0; round < options.rounds; ++round) {
               std::vector<double> times(implementations.size(), 0.0);
-              for (std::size_t k = 0; k < implementations.size(); ++k) {
+              // Rotate which implementation goes first, so neither always follows the other.
+              for (std::size_t step = 0; step < implementations.size(); ++step) {
+                const std::size_t k = (step + static_cast<std::size_t>(round)) % implementations.size();
                 if (!runs[k]) continue;
                 line_up();
                 const auto start = Clock::now();
