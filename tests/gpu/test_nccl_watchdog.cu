@@ -169,7 +169,7 @@ void run_drill(Drill drill) {
   const auto start = Clock::now();
   run_workers(n, [drill](const WorldInfo& world, const std::shared_ptr<Store>& store) { return drill_worker(world, store, drill); },
               std::chrono::minutes(2));
-  MESSAGE(drill_name(drill) << ": whole drill took "
+  MESSAGE(std::string(drill_name(drill)) << ": whole drill took "
                             << std::chrono::duration<double>(Clock::now() - start).count() << " s on " << n << " GPUs");
 }
 

@@ -163,18 +163,19 @@ class Communicator {
 
     core->scope->set("joined/" + std::to_string(core->rank), "1");
     const auto deadline = detail::Clock::now() + core->options.timeout;
-    ncclConfig_t config = make_config(core->options);
-    ncclComm_t comm = nullptr;
+    ncclConfig_t config = make_config(core->options, /*blocking=*/false);
+    ncclComm_t control = nullptr;
     {
       DeviceGuard guard(core->device);
-      const ncclResult_t status = ncclCommInitRankConfig(&comm, core->size, id, core->rank, &config);
+      const ncclResult_t status = ncclCommInitRankConfig(&control, core->size, id, core->rank, &config);
       if (status != ncclSuccess && status != ncclInProgress) {
-        if (comm != nullptr) (void)ncclCommAbort(comm);
+        if (control != nullptr) (void)ncclCommAbort(control);
         check_nccl(status, who + " init (ncclCommInitRankConfig)");
       }
     }
-    wait_for_init(comm, deadline, *core, "init (ncclCommInitRankConfig)");
-    adopt(std::move(core), comm);
+    wait_for_init(control, deadline, *core, "init (ncclCommInitRankConfig)");
+    ncclComm_t comm = split_working(control, core->rank, deadline, *core);
+    adopt(std::move(core), control, comm);
   }
 
   Communicator(Communicator&& other) noexcept = default;
@@ -200,8 +201,8 @@ class Communicator {
   const std::string& name() const { return core().options.name; }
   const Options& options() const { return core().options; }
   std::chrono::milliseconds timeout() const { return core().options.timeout; }
-  /// The NCCL handle, for calls ncclkit does not wrap (null once aborted). Calls made through
-  /// it are not watched.
+  /// The (blocking) NCCL communicator collectives run on, for calls ncclkit does not wrap
+  /// (null once aborted). Calls made through it are not watched.
   ncclComm_t native() const { return core().watchdog.handle().comm; }
   /// Sequence number of the last collective issued / of the last one known complete.
   std::uint64_t issued_seq() const { return core().watchdog.issued(); }
@@ -604,9 +605,10 @@ class Communicator {
     const std::uint64_t index = parent.splits++;
     const std::string what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
     const auto deadline = detail::Clock::now() + child->options.timeout;
-    ncclConfig_t config = make_config(child->options);
-    ncclComm_t comm = nullptr;
+    ncclConfig_t config = make_config(child->options, /*blocking=*/false);
+    ncclComm_t control = nullptr;
     {
+      // Split the parent's non-blocking control communicator: polled, hence bounded.
       std::unique_lock lock(parent.handle().mutex);
       if (parent.handle().aborted) {
         lock.unlock();
@@ -614,7 +616,7 @@ class Communicator {
       }
       DeviceGuard guard(parent.device);
       const ncclResult_t status =
-          ncclCommSplit(parent.handle().comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &comm, &config);
+          ncclCommSplit(parent.handle().control, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &control, &config);
       if (status != ncclSuccess && status != ncclInProgress) {
         lock.unlock();
         on_nccl_error(status, "split");
@@ -622,28 +624,29 @@ class Communicator {
     }
     ncclResult_t parent_state = ncclSuccess;
     try {
-      parent_state = detail::wait_while_in_progress(parent, deadline, what);
+      parent_state = detail::wait_while_in_progress(parent, deadline, what, /*control=*/true);
     } catch (const TimeoutError& e) {
-      if (comm != nullptr) (void)ncclCommAbort(comm);
+      if (control != nullptr) (void)ncclCommAbort(control);
       fail_issue("split", 0, e.what());
     }
     if (parent_state != ncclSuccess) {
-      if (comm != nullptr) (void)ncclCommAbort(comm);
+      if (control != nullptr) (void)ncclCommAbort(control);
       on_nccl_error(parent_state, "split");
     }
-    if (comm == nullptr) return std::nullopt;
-    wait_for_init(comm, deadline, *child, what);
+    if (control == nullptr) return std::nullopt;
+    wait_for_init(control, deadline, *child, what);
     int child_rank = 0, child_size = 1;
-    NCCLKIT_NCCL_CHECK(ncclCommUserRank(comm, &child_rank));
-    NCCLKIT_NCCL_CHECK(ncclCommCount(comm, &child_size));
+    NCCLKIT_NCCL_CHECK(ncclCommUserRank(control, &child_rank));
+    NCCLKIT_NCCL_CHECK(ncclCommCount(control, &child_size));
     child->rank = child_rank;
     child->size = child_size;
     if (parent.scope) {
       child->scope = std::make_shared<PrefixStore>(
           "split/" + std::to_string(index) + "/color/" + std::to_string(color), parent.scope);
     }
+    ncclComm_t comm = split_working(control, child_rank, deadline, *child);
     Communicator result;
-    result.adopt(std::move(child), comm);
+    result.adopt(std::move(child), control, comm);
     return result;
   }
 
@@ -694,9 +697,11 @@ class Communicator {
     return core;
   }
 
-  static ncclConfig_t make_config(const Options& options) {
+  /// NCCL's config from the options. Non-blocking for the control communicator (init and
+  /// split are polled, hence bounded), blocking for the one collectives run on (see CommHandle).
+  static ncclConfig_t make_config(const Options& options, bool blocking) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;  // so that init and every call can be bounded by polling
+    config.blocking = blocking ? 1 : 0;
     if (options.cga_cluster_size >= 0) config.cgaClusterSize = options.cga_cluster_size;
     if (options.min_ctas >= 0) config.minCTAs = options.min_ctas;
     if (options.max_ctas >= 0) config.maxCTAs = options.max_ctas;
@@ -710,7 +715,7 @@ class Communicator {
   /// Polls a communicator being created until NCCL is done with it; aborts it and throws on
   /// an error or at `deadline` (naming, when the store knows, the ranks that never joined).
   static void wait_for_init(ncclComm_t comm, detail::Clock::time_point deadline, const detail::CommCore& core,
-                            const std::string& what) {
+                            const std::string& what, bool abort_on_failure = true) {
     auto pause = std::chrono::microseconds(10);
     while (true) {
       ncclResult_t state = ncclSuccess;
@@ -719,7 +724,7 @@ class Communicator {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
         const std::string error = describe_nccl_error(state, comm);
-        (void)ncclCommAbort(comm);
+        if (abort_on_failure) (void)ncclCommAbort(comm);
         throw NcclError(core.who() + " " + what + " failed: " + error +
                         "; set NCCL_DEBUG=WARN to see NCCL's account (duplicate GPUs across ranks? a firewall?)");
       }
@@ -734,7 +739,7 @@ class Communicator {
             missing = "; the store did not answer which ranks joined";
           }
         }
-        (void)ncclCommAbort(comm);
+        if (abort_on_failure) (void)ncclCommAbort(comm);
         throw TimeoutError(core.who() + " " + what + " did not finish within the timeout of " +
                            std::to_string(core.options.timeout.count()) + " ms" + missing +
                            "; raise Options::timeout / NCCLKIT_TIMEOUT if the job is large");
@@ -744,9 +749,35 @@ class Communicator {
     }
   }
 
-  /// Completes a core whose NCCL handle is ready: streams, scratch, the watchdog. Aborts the
-  /// handle if any of that fails.
-  void adopt(std::unique_ptr<detail::CommCore> core, ncclComm_t comm) {
+  /// Splits the (non-blocking, ready) control communicator into the blocking one collectives
+  /// run on, every rank keeping its rank. The split is polled through its non-blocking
+  /// parent, so it is bounded by `deadline`; on failure both are aborted and it throws.
+  static ncclComm_t split_working(ncclComm_t control, int rank, detail::Clock::time_point deadline,
+                                  const detail::CommCore& core) {
+    ncclConfig_t config = make_config(core.options, /*blocking=*/true);
+    ncclComm_t comm = nullptr;
+    ncclResult_t status = ncclSuccess;
+    {
+      DeviceGuard guard(core.device);
+      status = ncclCommSplit(control, 0, rank, &comm, &config);
+    }
+    try {
+      if (status != ncclSuccess && status != ncclInProgress) {
+        check_nccl(status, core.who() + " init (ncclCommSplit into the blocking communicator)", control);
+      }
+      wait_for_init(control, deadline, core, "init (split of the control communicator)", /*abort_on_failure=*/false);
+      if (comm == nullptr) throw NcclError(core.who() + " init: ncclCommSplit returned no communicator");
+      wait_for_init(comm, deadline, core, "init (the blocking communicator)");
+    } catch (...) {
+      (void)ncclCommAbort(control);
+      throw;
+    }
+    return comm;
+  }
+
+  /// Completes a core whose NCCL handles are ready: streams, scratch, the watchdog. Aborts the
+  /// handles if any of that fails.
+  void adopt(std::unique_ptr<detail::CommCore> core, ncclComm_t control, ncclComm_t comm) {
     try {
       DeviceGuard guard(core->device);
       core->own_comm_stream = nccl::Stream(core->device, core->options.stream_priority);
@@ -764,61 +795,81 @@ class Communicator {
                                                  core->options.timeout, core->scope});
     } catch (...) {
       (void)ncclCommAbort(comm);
+      (void)ncclCommAbort(control);
       if (core->scratch != nullptr) (void)cudaFree(core->scratch);
       throw;
     }
+    core->watchdog.handle().control = control;
     core->watchdog.handle().comm = comm;
     core->watchdog.start();
     core_ = std::move(core);
   }
 
   /// Shuts communicators down together (a single-process group must finalise all of its
-  /// members before waiting for any). Never throws, never waits past each one's timeout.
+  /// members before waiting for any). Never throws, never waits much past each one's timeout:
+  ///   1. the watchdog stops;
+  ///   2. collectives still in flight get the timeout to complete; then the blocking
+  ///      communicator is destroyed (with nothing in flight, ncclCommDestroy only flushes and
+  ///      frees local resources) or, if they did not complete, aborted;
+  ///   3. the idle control communicators are finalised together (non-blocking, polled for at
+  ///      most min(timeout, 10 s)), then destroyed, or aborted when that fails.
   static void shutdown_all(std::vector<detail::CommCore*> cores) noexcept {
-    struct Closing {
-      detail::CommCore* core;
-      ncclComm_t comm;
-      bool finalizing;
-    };
-    std::vector<Closing> closing;
     auto& group = detail::group_state();
+    std::vector<detail::CommCore*> closing;
     for (auto* core : cores) {
       core->watchdog.stop();
       auto& handle = core->handle();
       if (handle.open_groups.load() > 0) {
         // Its ops sit in an open group that will still reference the handle: leak it rather
         // than free it under NCCL's feet.
-        log_error(core->who() + " destroyed with ops queued in an open group; its NCCL communicator is leaked");
+        log_error(core->who() + " destroyed with ops queued in an open group; its NCCL communicators are leaked");
         std::erase(group.members, core);
         continue;
       }
-      if (handle.aborted || handle.comm == nullptr) continue;
-      const ncclResult_t status = ncclCommFinalize(handle.comm);
-      closing.push_back({core, handle.comm, status == ncclSuccess || status == ncclInProgress});
+      if (handle.aborted) continue;
+      closing.push_back(core);
     }
-    for (auto& item : closing) {
-      bool clean = item.finalizing;
-      const auto deadline = detail::Clock::now() + item.core->options.timeout;
+    for (auto* core : closing) {
+      auto& handle = core->handle();
+      if (handle.comm == nullptr) continue;
+      const bool drained = core->watchdog.drain(detail::Clock::now() + core->options.timeout);
+      if (!drained) log_warn(core->who() + ": collectives still in flight at destruction after the timeout; aborting");
+      const ncclResult_t status = drained ? ncclCommDestroy(handle.comm) : ncclCommAbort(handle.comm);
+      if (status != ncclSuccess) log_warn(core->who() + ": destroying the NCCL communicator returned " + describe_nccl_error(status));
+      handle.comm = nullptr;
+    }
+    std::vector<bool> finalizing(closing.size(), false);
+    for (std::size_t i = 0; i < closing.size(); ++i) {
+      if (closing[i]->handle().control == nullptr) continue;
+      const ncclResult_t status = ncclCommFinalize(closing[i]->handle().control);
+      finalizing[i] = status == ncclSuccess || status == ncclInProgress;
+    }
+    for (std::size_t i = 0; i < closing.size(); ++i) {
+      auto& handle = closing[i]->handle();
+      if (handle.control == nullptr) continue;
+      bool clean = finalizing[i];
+      const auto limit = std::min<std::chrono::milliseconds>(closing[i]->options.timeout, std::chrono::seconds(10));
+      const auto deadline = detail::Clock::now() + limit;
       auto pause = std::chrono::microseconds(10);
       while (clean) {
         ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(item.comm, &state) != ncclSuccess) state = ncclInternalError;
+        if (ncclCommGetAsyncError(handle.control, &state) != ncclSuccess) state = ncclInternalError;
         if (state == ncclSuccess) break;
         if (state != ncclInProgress || detail::Clock::now() >= deadline) {
           clean = false;
-          log_warn(item.core->who() + ": finalize did not complete (" +
+          log_warn(closing[i]->who() + ": finalize did not complete (" +
                    (state == ncclInProgress ? std::string("timeout") : describe_nccl_error(state)) + "); aborting");
           break;
         }
         std::this_thread::sleep_for(pause);
         pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(2));
       }
-      const ncclResult_t status = clean ? ncclCommDestroy(item.comm) : ncclCommAbort(item.comm);
+      const ncclResult_t status = clean ? ncclCommDestroy(handle.control) : ncclCommAbort(handle.control);
       if (status != ncclSuccess && status != ncclInProgress) {
-        log_warn(item.core->who() + ": " + (clean ? "ncclCommDestroy" : "ncclCommAbort") + " returned " +
+        log_warn(closing[i]->who() + ": " + (clean ? "ncclCommDestroy" : "ncclCommAbort") + " returned " +
                  describe_nccl_error(status));
       }
-      item.core->handle().comm = nullptr;
+      handle.control = nullptr;
     }
     for (auto* core : cores) {
       if (core->scratch != nullptr && cudaFree(core->scratch) != cudaSuccess) (void)cudaGetLastError();
@@ -839,6 +890,10 @@ class Communicator {
     const bool grouped = group.depth > 0;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    // The sequence number is taken before the call, so that a call that never returns is
+    // reported under its own number; captured collectives (replayed by the user's graph) get none.
+    const bool watched = capture == cudaStreamCaptureStatusNone;
+    const std::uint64_t seq = watched ? c.watchdog.next_seq() : 0;
     ncclResult_t status;
     {
       std::unique_lock lock(c.handle().mutex);
@@ -846,18 +901,22 @@ class Communicator {
         lock.unlock();
         c.watchdog.throw_failure(!grouped);
       }
+      c.handle().enter(seq, operation, bytes);
       status = call(c.handle().comm);
+      c.handle().leave();
     }
     if (status == ncclInProgress && !grouped) {
       try {
         status = detail::wait_while_in_progress(c, detail::Clock::now() + c.options.timeout, operation);
       } catch (const TimeoutError& e) {
-        fail_issue(operation, bytes, e.what());
+        fail_issue(operation, bytes, e.what(), seq);
       }
     }
-    if (status != ncclSuccess && status != ncclInProgress) on_nccl_error(status, operation, bytes);
-    if (capture != cudaStreamCaptureStatusNone) return;  // replays are launched by the user's graph
-    const std::uint64_t seq = c.watchdog.next_seq();
+    if (status != ncclSuccess && status != ncclInProgress) {
+      if (watched && (status == ncclInvalidArgument || status == ncclInvalidUsage)) c.watchdog.undo_seq();
+      on_nccl_error(status, operation, bytes, seq);
+    }
+    if (!watched) return;
     if (grouped) {
       if (c.pending.empty()) detail::join_group(c);
       c.pending.push_back({seq, operation, bytes, stream});
@@ -867,19 +926,21 @@ class Communicator {
   }
 
   /// Usage errors leave the communicator usable (NcclError); anything else fails it (CommError).
-  [[noreturn]] void on_nccl_error(ncclResult_t status, const char* operation, std::size_t bytes = 0) {
+  [[noreturn]] void on_nccl_error(ncclResult_t status, const char* operation, std::size_t bytes = 0,
+                                  std::uint64_t seq = 0) {
     auto& c = core();
     if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
       throw NcclError("ncclkit " + std::string(operation) + " on " + c.who() + ": NCCL rejected the call: " +
                       describe_nccl_error(status, c.handle().aborted ? nullptr : c.handle().comm));
     }
-    fail_issue(operation, bytes, "NCCL returned " + describe_nccl_error(status) + " when it was issued");
+    fail_issue(operation, bytes, "NCCL returned " + describe_nccl_error(status) + " when it was issued", seq);
   }
-  /// Fails the communicator over the collective being issued (it takes the next sequence
+  /// Fails the communicator over the collective being issued (`seq`; 0: it takes the next
   /// number, so that the report names it) and throws the CommError.
-  [[noreturn]] void fail_issue(const char* operation, std::size_t bytes, const std::string& reason) {
+  [[noreturn]] void fail_issue(const char* operation, std::size_t bytes, const std::string& reason,
+                               std::uint64_t seq = 0) {
     auto& c = core();
-    c.watchdog.request_failure(reason, c.watchdog.next_seq(), operation, bytes);
+    c.watchdog.request_failure(reason, seq != 0 ? seq : c.watchdog.next_seq(), operation, bytes);
     c.watchdog.throw_failure(detail::group_state().depth == 0);
   }
 

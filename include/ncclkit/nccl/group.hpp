@@ -90,7 +90,14 @@ class GroupGuard {
       std::vector<std::unique_lock<std::timed_mutex>> locks;
       locks.reserve(members.size());
       for (auto* member : members) locks.emplace_back(member->handle().mutex);
+      // The launch may block (connection setup waits for peers): let the watchdogs see it.
+      for (auto* member : members) {
+        std::size_t bytes = 0;
+        for (const auto& op : member->pending) bytes += op.bytes;
+        member->handle().enter(member->pending.empty() ? 0 : member->pending.front().seq, "group", bytes);
+      }
       status = ncclGroupEnd();
+      for (auto* member : members) member->handle().leave();
       --group.depth;
     }
 

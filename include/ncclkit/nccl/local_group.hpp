@@ -11,11 +11,13 @@
 ///   }
 ///   for (auto& comm : local) comm.synchronize();
 ///
-/// Why not ncclCommInitAll itself: it makes blocking communicators and takes no ncclConfig_t.
-/// The group does what ncclCommInitAll does (one unique id, ncclCommInitRankConfig per device
-/// inside one ncclGroupStart/End) with non-blocking configs, so init is bounded by the
-/// timeout and each member gets a watchdog like any other communicator. Members have no
-/// store: their failure reports cannot show other processes' progress (there are none).
+/// Why not ncclCommInitAll itself: it makes blocking communicators and takes no ncclConfig_t,
+/// so its init cannot be bounded. The group does what ncclCommInitAll does (one unique id,
+/// ncclCommInitRankConfig per device inside one ncclGroupStart/End) with non-blocking configs,
+/// polled until the timeout; then, like every ncclkit communicator, each member splits its
+/// non-blocking control communicator into the blocking one collectives run on (one grouped
+/// ncclCommSplit, polled through the non-blocking parents). Each member has a watchdog.
+/// Members have no store: their failure reports cannot show other processes' progress.
 
 #include <nccl.h>  // ncclGetUniqueId, ncclCommInitRankConfig, ncclGroupStart/End
 
@@ -58,46 +60,69 @@ class LocalGroup {
     }
     ncclUniqueId id;
     NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-    std::vector<ncclConfig_t> configs;
-    for (auto& core : cores) configs.push_back(Communicator::make_config(core->options));
-    std::vector<ncclComm_t> comms(static_cast<std::size_t>(n), nullptr);
+    const auto at = [](auto& vector, int i) -> auto& { return vector[static_cast<std::size_t>(i)]; };
+    std::vector<ncclConfig_t> configs, blocking_configs;
+    for (auto& core : cores) {
+      configs.push_back(Communicator::make_config(core->options, /*blocking=*/false));
+      blocking_configs.push_back(Communicator::make_config(core->options, /*blocking=*/true));
+    }
+    std::vector<ncclComm_t> controls(static_cast<std::size_t>(n), nullptr), comms(static_cast<std::size_t>(n), nullptr);
     const auto deadline = detail::Clock::now() + cores.front()->options.timeout;
     auto abort_all = [&] {
-      for (auto& comm : comms)
-        if (comm != nullptr) (void)ncclCommAbort(comm);
+      for (auto* list : {&comms, &controls})
+        for (auto& comm : *list)
+          if (comm != nullptr) {
+            (void)ncclCommAbort(comm);
+            comm = nullptr;
+          }
     };
-    {
+    // One grouped call per device (the ranks of one clique, driven by this thread), polled.
+    auto grouped = [&](const std::string& what, auto&& call_for) {
       DeviceGuard restore(devices.front());
       NCCLKIT_NCCL_CHECK(ncclGroupStart());
       ncclResult_t status = ncclSuccess;
       for (int i = 0; i < n && (status == ncclSuccess || status == ncclInProgress); ++i) {
-        NCCLKIT_CUDA_CHECK(cudaSetDevice(devices[static_cast<std::size_t>(i)]));
-        status = ncclCommInitRankConfig(&comms[static_cast<std::size_t>(i)], n, id, i, &configs[static_cast<std::size_t>(i)]);
+        NCCLKIT_CUDA_CHECK(cudaSetDevice(at(devices, i)));
+        status = call_for(i);
       }
       const ncclResult_t end = ncclGroupEnd();
       if (status == ncclSuccess) status = end;
       if (status != ncclSuccess && status != ncclInProgress) {
         abort_all();
-        check_nccl(status, "LocalGroup init of " + std::to_string(n) + " GPUs");
+        check_nccl(status, "LocalGroup " + what + " of " + std::to_string(n) + " GPUs");
       }
-    }
-    for (int i = 0; i < n; ++i) {
-      try {
-        Communicator::wait_for_init(comms[static_cast<std::size_t>(i)], deadline, *cores[static_cast<std::size_t>(i)],
-                                    "single-process group init");
-      } catch (...) {
-        comms[static_cast<std::size_t>(i)] = nullptr;  // wait_for_init aborted it
-        abort_all();
-        throw;
+    };
+    try {
+      grouped("init", [&](int i) { return ncclCommInitRankConfig(&at(controls, i), n, id, i, &at(configs, i)); });
+      for (int i = 0; i < n; ++i) {
+        Communicator::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group init",
+                                    /*abort_on_failure=*/false);
       }
+      grouped("split", [&](int i) { return ncclCommSplit(at(controls, i), 0, i, &at(comms, i), &at(blocking_configs, i)); });
+      // The children appear once their non-blocking parents are done.
+      for (int i = 0; i < n; ++i) {
+        Communicator::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group split",
+                                    /*abort_on_failure=*/false);
+      }
+      for (int i = 0; i < n; ++i) {
+        if (at(comms, i) == nullptr) throw NcclError("LocalGroup: ncclCommSplit returned no communicator for GPU " + std::to_string(at(devices, i)));
+        Communicator::wait_for_init(at(comms, i), deadline, *at(cores, i), "single-process group split",
+                                    /*abort_on_failure=*/false);
+      }
+    } catch (...) {
+      abort_all();
+      throw;
     }
     for (int i = 0; i < n; ++i) {
       Communicator comm;
       try {
-        comm.adopt(std::move(cores[static_cast<std::size_t>(i)]), comms[static_cast<std::size_t>(i)]);
+        comm.adopt(std::move(at(cores, i)), at(controls, i), at(comms, i));
       } catch (...) {
-        comms[static_cast<std::size_t>(i)] = nullptr;  // adopt aborted it
-        for (int j = i + 1; j < n; ++j) (void)ncclCommAbort(comms[static_cast<std::size_t>(j)]);
+        at(controls, i) = at(comms, i) = nullptr;  // adopt aborted them
+        for (int j = i + 1; j < n; ++j) {
+          (void)ncclCommAbort(at(comms, j));
+          (void)ncclCommAbort(at(controls, j));
+        }
         throw;  // members adopted so far are shut down by their destructors
       }
       members_.push_back(std::move(comm));

@@ -31,7 +31,8 @@
 #include <atomic>              // std::atomic
 #include <chrono>              // std::chrono
 #include <condition_variable>  // std::condition_variable
-#include <cstdint>             // std::uint64_t
+#include <cstddef>             // std::size_t
+#include <cstdint>             // std::uint64_t, std::int64_t
 #include <cstdio>              // std::snprintf
 #include <deque>               // std::deque
 #include <memory>              // std::shared_ptr
@@ -151,14 +152,41 @@ namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
-/// The NCCL handle shared by the communicator (which issues work on it) and its watchdog
-/// (which may abort it). Every NCCL call on `comm` holds `mutex`, so that an abort never runs
-/// while another thread is inside NCCL with the same handle.
+/// The NCCL handles shared by the communicator (which issues work on them) and its watchdog
+/// (which may abort them). Every NCCL call on them holds `mutex`, so that an abort never runs
+/// while another thread is inside NCCL with the same handle, except when that thread is stuck
+/// there (see Watchdog::handle_failure).
+///
+/// Two NCCL communicators per ncclkit communicator, because NCCL's non-blocking mode costs
+/// about 90 us per collective (NCCL 2.28 launches every group of a non-blocking communicator
+/// from a helper thread; measured in docs/perf-nccl.md):
+///   - `control`, non-blocking: init, split and finalize, each polled and so bounded;
+///   - `comm`, blocking, split from `control` (bounded too, since its parent is non-blocking):
+///     every collective. A blocking call that does not return (connection setup waiting for a
+///     dead peer) is caught through `issuing_since`.
 struct CommHandle {
   std::timed_mutex mutex;
-  ncclComm_t comm = nullptr;
-  bool aborted = false;             ///< guarded by mutex; comm is gone when true
+  ncclComm_t control = nullptr;     ///< non-blocking
+  ncclComm_t comm = nullptr;        ///< blocking; collectives
+  bool aborted = false;             ///< guarded by mutex; both handles are gone when true
   std::atomic<int> open_groups{0};  ///< >0: ops of this comm sit in an open ncclGroupStart
+  /// Steady-clock nanoseconds at which the issuing thread entered an NCCL call (0: not in one),
+  /// and what that call is.
+  std::atomic<std::int64_t> issuing_since{0};
+  std::uint64_t issuing_seq = 0;
+  const char* issuing_operation = "";
+  std::size_t issuing_bytes = 0;
+
+  /// Marks entry into an NCCL call that may block (written by the issuing thread only).
+  void enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
+    issuing_seq = seq;
+    issuing_operation = operation;
+    issuing_bytes = bytes;
+    issuing_since.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count(),
+                        std::memory_order_release);
+  }
+  void leave() { issuing_since.store(0, std::memory_order_release); }
 };
 
 /// Collectives issued together (one, or one NCCL group) and the event that marks their end.
@@ -373,6 +401,8 @@ class Watchdog {
 
   /// Takes the next sequence number (one per collective).
   std::uint64_t next_seq() { return state_->issued.fetch_add(1, std::memory_order_relaxed) + 1; }
+  /// Gives back the last sequence number (a call NCCL rejected as misuse never ran).
+  void undo_seq() { state_->issued.fetch_sub(1, std::memory_order_relaxed); }
   std::uint64_t issued() const { return state_->issued.load(); }
   std::uint64_t completed() const { return state_->completed.load(); }
 
@@ -397,6 +427,31 @@ class Watchdog {
                              std::to_string(first_seq));
     }
     s.in_flight.push_back(record);
+  }
+
+  /// For shutdown, after stop(): waits until every tracked collective has completed (true) or
+  /// `deadline` passes or the GPU reports an error (false).
+  bool drain(detail::Clock::time_point deadline) {
+    auto& s = *state_;
+    while (true) {
+      {
+        std::lock_guard lock(s.queue_mutex);
+        while (!s.in_flight.empty()) {
+          const cudaError_t status = cudaEventQuery(s.in_flight.front().event);
+          if (status == cudaErrorNotReady) break;
+          if (status != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+          }
+          s.completed.store(s.in_flight.front().last_seq);
+          s.free_events.push_back(s.in_flight.front().event);
+          s.in_flight.pop_front();
+        }
+        if (s.in_flight.empty()) return true;
+      }
+      if (detail::Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
 
   /// Whether the communicator has failed (from the moment the failure was detected).
@@ -488,6 +543,7 @@ class Watchdog {
       }
       if (!handled) {
         poll_completions(s);
+        poll_issuing(s);
         poll_async_error(s);
         bool requested = false;
         {
@@ -541,6 +597,21 @@ class Watchdog {
       }
       break;
     }
+  }
+
+  /// A blocking NCCL call that has not returned within the timeout (e.g. connection setup
+  /// waiting for a peer that is gone) fails the communicator; the abort releases the call.
+  static void poll_issuing(detail::WatchdogState& s) {
+    const std::int64_t since = s.handle.issuing_since.load(std::memory_order_acquire);
+    if (since == 0) return;
+    const auto entered = detail::Clock::time_point(std::chrono::nanoseconds(since));
+    if (detail::Clock::now() - entered <= s.timeout) return;
+    request(s,
+            "an NCCL call did not return within the timeout of " +
+                FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()) +
+                " (it was waiting for other ranks, e.g. to set up connections)",
+            detail::WorkRecord{s.handle.issuing_seq, s.handle.issuing_seq, s.handle.issuing_operation, 1,
+                               s.handle.issuing_bytes, entered, nullptr});
   }
 
   static void poll_async_error(detail::WatchdogState& s) {
@@ -601,11 +672,14 @@ class Watchdog {
       std::unique_lock lock(s.handle.mutex, std::defer_lock);
       const bool locked = lock.try_lock_for(std::chrono::seconds(2));
       if (!locked) log_warn("watchdog of '" + s.name + "': aborting while another thread is inside NCCL");
-      if (!s.handle.aborted && s.handle.comm != nullptr) {
-        ncclResult_t status = ncclCommAbort(s.handle.comm);
-        if (status != ncclSuccess) log_warn("ncclCommAbort returned " + describe_nccl_error(status));
+      if (!s.handle.aborted) {
+        for (ncclComm_t* handle : {&s.handle.comm, &s.handle.control}) {
+          if (*handle == nullptr) continue;
+          const ncclResult_t status = ncclCommAbort(*handle);
+          if (status != ncclSuccess) log_warn("ncclCommAbort returned " + describe_nccl_error(status));
+          *handle = nullptr;
+        }
         s.handle.aborted = true;
-        s.handle.comm = nullptr;
         report.aborted = true;
       }
     }

@@ -82,14 +82,16 @@ struct CommCore {
 /// Polls ncclCommGetAsyncError while it says ncclInProgress (a non-blocking communicator
 /// still setting up or enqueueing), releasing the handle's lock between polls so that the
 /// watchdog can act. Returns the final status; TimeoutError at `deadline`.
-inline ncclResult_t wait_while_in_progress(CommCore& core, Clock::time_point deadline, const std::string& what) {
+inline ncclResult_t wait_while_in_progress(CommCore& core, Clock::time_point deadline, const std::string& what,
+                                           bool control = false) {
   auto pause = std::chrono::microseconds(1);
   while (true) {
     ncclResult_t state = ncclSuccess;
     {
       std::unique_lock lock(core.handle().mutex);
       if (core.handle().aborted) return ncclRemoteError;  // the watchdog took it down meanwhile
-      const ncclResult_t status = ncclCommGetAsyncError(core.handle().comm, &state);
+      const ncclResult_t status =
+          ncclCommGetAsyncError(control ? core.handle().control : core.handle().comm, &state);
       if (status != ncclSuccess) return status;
     }
     if (state != ncclInProgress) return state;
