@@ -76,6 +76,9 @@ TEST_CASE("version numbers and the driver version line") {
   std::ofstream(dir / "version") << "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
                                  << "GCC version:  gcc version 12.2.0\n";
   CHECK(detail::read_driver_version(dir / "version") == "550.54.15");
+  std::ofstream(dir / "open") << "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  "
+                                 "(dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025\n";
+  CHECK(detail::read_driver_version(dir / "open") == "580.65.06");
   CHECK(detail::read_driver_version(dir / "missing").empty());
   const SoftwareVersions here = probe_versions();  // never throws; "not found" is an answer
   CHECK(!here.nccl.empty());

@@ -8,6 +8,7 @@
 #include <link.h>   // struct link_map (dlinfo RTLD_DI_LINKMAP: where a library was found)
 
 #include <fstream>  // std::ifstream (/proc/driver/nvidia/version)
+#include <sstream>  // std::istringstream
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -67,18 +68,24 @@ inline std::string nccl_version_text(int version) {
          std::to_string(version % 100);
 }
 
-/// "550.54.15" from /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel
-/// Module  550.54.15  Tue Mar  5 ..."), or "".
+/// "550.54.15" from /proc/driver/nvidia/version, whose first line reads "NVRM version: NVIDIA
+/// UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..." (proprietary module) or "... Open
+/// Kernel Module for x86_64  580.65.06  Release Build ..." (open module): the first word after
+/// "Kernel Module" made of digits and dots. "" when there is none.
 inline std::string read_driver_version(const std::string& path = "/proc/driver/nvidia/version") {
   std::ifstream file(path);
   std::string line;
   if (!std::getline(file, line)) return "";
   const auto module = line.find("Kernel Module");
   if (module == std::string::npos) return "";
-  std::size_t begin = line.find_first_not_of(' ', module + 13);
-  if (begin == std::string::npos) return "";
-  const std::size_t end = line.find(' ', begin);
-  return line.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  std::istringstream words(line.substr(module + 13));
+  std::string word;
+  while (words >> word) {
+    bool version = word.find('.') != std::string::npos && word.front() >= '0' && word.front() <= '9';
+    for (char c : word) version = version && ((c >= '0' && c <= '9') || c == '.');
+    if (version) return word;
+  }
+  return "";
 }
 
 }  // namespace detail
