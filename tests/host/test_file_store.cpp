@@ -220,7 +220,7 @@ TEST_CASE("get and wait time out never early, late by at most max(10%, 250 ms), 
       CHECK(waited >= limit);
       CHECK(waited <= limit + slack);
       const std::string text = e.what();
-      CHECK(text.find("2 never set: 'gone/1', 'gone/2'") != std::string::npos);
+      CHECK(text.find("2 still missing: 'gone/1', 'gone/2'") != std::string::npos);
       CHECK(text.find("'present'") == std::string::npos);
       CHECK(text.find("file://" + dir.path) != std::string::npos);
     }
