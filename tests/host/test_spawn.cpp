@@ -85,3 +85,14 @@ TEST_CASE("bad arguments are clear errors") {
   CHECK_THROWS_WITH_AS(ncclkit::spawn(0, [](const ncclkit::WorldInfo&) {}),
                        doctest::Contains("nprocs=0"), ncclkit::ConfigError);
 }
+
+TEST_CASE("workers start with default signal handlers, whatever the parent installed") {
+  auto previous = ::signal(SIGTERM, [](int) {});
+  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo&) {
+    struct sigaction action {};
+    ::sigaction(SIGTERM, nullptr, &action);
+    return action.sa_handler == SIG_DFL ? 0 : 1;
+  });
+  ::signal(SIGTERM, previous);
+  CHECK_MESSAGE(result.ok(), result.describe());
+}

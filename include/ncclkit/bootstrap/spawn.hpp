@@ -102,9 +102,18 @@ struct SpawnResult {
 namespace detail {
 
 template <class Fn>
-[[noreturn]] void run_spawned_worker(Fn& fn, const WorldInfo& world) {
+[[noreturn]] void run_spawned_worker(Fn& fn, const WorldInfo& world, pid_t parent) {
   // Die with the parent, even if it is SIGKILLed; then close the race where it died already.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);
+  // Start from default signal handling: handlers the parent installed (a test framework's
+  // crash reporter, say) would misreport the SIGTERM spawn sends to stop a worker.
+  for (int signal_number = 1; signal_number < NSIG; ++signal_number) {
+    if (signal_number != SIGKILL && signal_number != SIGSTOP) ::signal(signal_number, SIG_DFL);
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   set_log_rank(world.rank);
   int code = 0;
   try {
@@ -189,10 +198,11 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
       world.master_port = tcp_port;
     }
     world.source = "spawn";
+    const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     if (pid == 0) {
       if (listener) ::close(listener.get());  // the parent serves it; _exit skips destructors
-      detail::run_spawned_worker(fn, world);
+      detail::run_spawned_worker(fn, world, parent);
     }
     if (pid < 0) {
       int err = errno;
