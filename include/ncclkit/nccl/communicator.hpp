@@ -41,6 +41,7 @@
 #include <nccl.h>              // ncclComm_t, ncclConfig_t and the collectives
 
 #include <algorithm>    // std::min
+#include <atomic>       // std::atomic_ref
 #include <chrono>       // std::chrono
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint64_t
@@ -633,7 +634,12 @@ class Communicator {
       if (control != nullptr) (void)ncclCommAbort(control);
       on_nccl_error(parent_state, "split");
     }
-    if (control == nullptr) return std::nullopt;
+    if (color < 0) return std::nullopt;
+    try {
+      control = await_child(control, parent.handle().control, deadline, *child, what);
+    } catch (const std::exception& e) {
+      fail_issue("split", 0, e.what());
+    }
     wait_for_init(control, deadline, *child, what);
     int child_rank = 0, child_size = 1;
     NCCLKIT_NCCL_CHECK(ncclCommUserRank(control, &child_rank));
@@ -765,14 +771,36 @@ class Communicator {
       if (status != ncclSuccess && status != ncclInProgress) {
         check_nccl(status, core.who() + " init (ncclCommSplit into the blocking communicator)", control);
       }
-      wait_for_init(control, deadline, core, "init (split of the control communicator)", /*abort_on_failure=*/false);
-      if (comm == nullptr) throw NcclError(core.who() + " init: ncclCommSplit returned no communicator");
+      comm = await_child(comm, control, deadline, core, "init (split of the control communicator)");
       wait_for_init(comm, deadline, core, "init (the blocking communicator)");
     } catch (...) {
       (void)ncclCommAbort(control);
       throw;
     }
     return comm;
+  }
+
+  /// Waits until NCCL has written the new handle of a split into `slot` (its helper thread does
+  /// so when the split of a non-blocking parent completes), the parent reports an error
+  /// (NcclError) or `deadline` passes (TimeoutError). Aborts nothing.
+  static ncclComm_t await_child(ncclComm_t& slot, ncclComm_t parent, detail::Clock::time_point deadline,
+                                const detail::CommCore& core, const std::string& what) {
+    auto pause = std::chrono::microseconds(10);
+    while (true) {
+      if (ncclComm_t child = std::atomic_ref<ncclComm_t>(slot).load(std::memory_order_acquire)) return child;
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(parent, &state) != ncclSuccess) state = ncclInternalError;
+      if (state != ncclSuccess && state != ncclInProgress) {
+        throw NcclError(core.who() + " " + what + " failed: " + describe_nccl_error(state, parent) +
+                        "; set NCCL_DEBUG=WARN to see NCCL's account");
+      }
+      if (detail::Clock::now() >= deadline) {
+        throw TimeoutError(core.who() + " " + what + " did not finish within the timeout of " +
+                           std::to_string(core.options.timeout.count()) + " ms");
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    }
   }
 
   /// Completes a core whose NCCL handles are ready: streams, scratch, the watchdog. Aborts the

@@ -105,7 +105,8 @@ class LocalGroup {
                                     /*abort_on_failure=*/false);
       }
       for (int i = 0; i < n; ++i) {
-        if (at(comms, i) == nullptr) throw NcclError("LocalGroup: ncclCommSplit returned no communicator for GPU " + std::to_string(at(devices, i)));
+        at(comms, i) = Communicator::await_child(at(comms, i), at(controls, i), deadline, *at(cores, i),
+                                                 "single-process group split");
         Communicator::wait_for_init(at(comms, i), deadline, *at(cores, i), "single-process group split",
                                     /*abort_on_failure=*/false);
       }
