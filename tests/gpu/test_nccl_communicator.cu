@@ -360,6 +360,73 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   return local.failures() == 0 ? "" : std::to_string(local.failures()) + " replay checks failed";
 }
 
+/// Captures one all_reduce issued by `issue` on a fresh stream in relaxed mode after an eager
+/// warm-up, replays it, and says what happened ("" when the replay was right).
+template <class Issue>
+std::string probe_capture(int device, Issue&& issue) {
+  const std::size_t count = 4097;
+  DeviceBuffer<float> in(count, device), out(count, device);
+  ncclkit::nccl::Stream stream(device);
+  ncclkit::nccl::DeviceGuard guard(device);
+  const auto input = make_input<float>(3, 0, count);
+  upload(in, input, stream);
+  issue(in.data(), out.data(), count, stream.get());  // eager warm-up
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return "eager call failed";
+  cudaGraph_t graph = nullptr;
+  NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  std::string error;
+  try {
+    issue(in.data(), out.data(), count, stream.get());
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  (void)cudaGetLastError();
+  if (!error.empty()) return "issue failed: " + error.substr(0, 200);
+  if (ended != cudaSuccess) return "cudaStreamEndCapture: " + ncclkit::nccl::describe_cuda_error(ended);
+  cudaGraphExec_t exec = nullptr;
+  if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return "instantiate failed";
+  out.fill_bytes(0xFF, stream);
+  if (cudaGraphLaunch(exec, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) return "replay failed";
+  std::vector<float> got(count);
+  NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), count * sizeof(float), cudaMemcpyDeviceToHost));
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  return got == input ? "" : "replay gave wrong values";
+}
+
+TEST_CASE("graph capture probe: plain NCCL, ncclkit's NCCL handle, ncclkit (1 GPU, reported)") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Checker checker(world.rank);
+    const int device = 0;
+    auto report = [](const char* what, const std::string& result) {
+      std::printf("INFO capture probe, %s: %s\n", what, result.empty() ? "works" : result.c_str());
+      std::fflush(stdout);
+    };
+    {
+      ncclComm_t plain = nullptr;
+      NCCLKIT_NCCL_CHECK(ncclCommInitAll(&plain, 1, &device));
+      report("plain blocking NCCL communicator (ncclCommInitAll)", probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
+               NCCLKIT_NCCL_CHECK(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, plain, st));
+             }));
+      (void)ncclCommDestroy(plain);
+    }
+    {
+      Communicator comm(store, world, Options{.device = device, .timeout = std::chrono::seconds(20), .name = "probe-native"});
+      report("ncclAllReduce on ncclkit's native() handle", probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
+               NCCLKIT_NCCL_CHECK(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, comm.native(), st));
+             }));
+    }
+    {
+      Communicator comm(store, world, Options{.device = device, .timeout = std::chrono::seconds(20), .name = "probe-ncclkit"});
+      report("ncclkit all_reduce", probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
+               comm.all_reduce(in, out, n, ReduceOp::kSum, st);
+             }));
+    }
+    return checker.finish("capture probe");
+  });
+}
+
 TEST_CASE("collectives captured in a CUDA graph replay with fresh inputs") {
   const auto sizes = world_sizes();
   if (sizes.empty()) return;

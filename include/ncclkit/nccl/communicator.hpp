@@ -249,9 +249,9 @@ class Communicator {
   /// out[i] = op over ranks of in[i]. In place when in.data == out.data.
   void all_reduce(TensorView in, TensorView out, ReduceOp op, StreamArg stream = {}) {
     static constexpr const char* kOp = "all_reduce";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_op(kOp, op);
     check_pair(kOp, in, out, in.count, "in.count == out.count");
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclAllReduce(in.data, out.data, in.count, to_nccl(in.dtype), to_nccl(op), comm, s);
     });
@@ -261,10 +261,10 @@ class Communicator {
   /// be empty elsewhere). In place when in.data == out.data on the root.
   void broadcast(TensorView in, TensorView out, int root, StreamArg stream = {}) {
     static constexpr const char* kOp = "broadcast";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_root(kOp, root);
     check_buffer(kOp, "output", out, true);
     if (rank() == root) check_pair(kOp, in, out, out.count, "in.count == out.count on the root");
-    const cudaStream_t s = checked_stream(kOp, stream);
     const void* send = rank() == root ? in.data : out.data;
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
       return ncclBroadcast(send, out.data, out.count, to_nccl(out.dtype), root, comm, s);
@@ -274,11 +274,11 @@ class Communicator {
   /// Reduces `in` of every rank into `out` of rank `root` (`out` is ignored elsewhere).
   void reduce(TensorView in, TensorView out, ReduceOp op, int root, StreamArg stream = {}) {
     static constexpr const char* kOp = "reduce";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_op(kOp, op);
     check_root(kOp, root);
     check_buffer(kOp, "input", in, true);
     if (rank() == root) check_pair(kOp, in, out, in.count, "in.count == out.count on the root");
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.count, to_nccl(in.dtype), to_nccl(op),
                         root, comm, s);
@@ -289,8 +289,8 @@ class Communicator {
   /// size()). In place when in.data is this rank's slice of out.
   void all_gather(TensorView in, TensorView out, StreamArg stream = {}) {
     static constexpr const char* kOp = "all_gather";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_pair(kOp, in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size()");
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
       return ncclAllGather(in.data, out.data, in.count, to_nccl(in.dtype), comm, s);
     });
@@ -302,6 +302,7 @@ class Communicator {
   void all_gather_uneven(TensorView in, TensorView out, std::span<const std::size_t> counts,
                          StreamArg stream = {}) {
     static constexpr const char* kOp = "all_gather_uneven";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     if (counts.size() != static_cast<std::size_t>(size())) {
       misuse(kOp, "counts has " + std::to_string(counts.size()) + " entries, one per rank (" +
                       std::to_string(size()) + ") needed");
@@ -313,7 +314,6 @@ class Communicator {
                       std::to_string(counts[static_cast<std::size_t>(rank())]));
     }
     check_pair(kOp, in, out, total, "out.count == sum of counts");
-    const cudaStream_t s = checked_stream(kOp, stream);
     const ncclDataType_t type = to_nccl(out.dtype);
     const std::size_t element = size_of(out.dtype);
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
@@ -338,9 +338,9 @@ class Communicator {
   /// * size()). In place when out.data is this rank's slice of in.
   void reduce_scatter(TensorView in, TensorView out, ReduceOp op, StreamArg stream = {}) {
     static constexpr const char* kOp = "reduce_scatter";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_op(kOp, op);
     check_pair(kOp, out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size()");
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.dtype), to_nccl(op), comm, s);
     });
@@ -350,12 +350,12 @@ class Communicator {
   /// `rank()` of `out`. in.count == out.count, a multiple of size(). Out of place only.
   void all_to_all(TensorView in, TensorView out, StreamArg stream = {}) {
     static constexpr const char* kOp = "all_to_all";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_pair(kOp, in, out, in.count, "in.count == out.count");
     if (in.count % static_cast<std::size_t>(size()) != 0) {
       misuse(kOp, "in.count " + std::to_string(in.count) + " is not a multiple of size() " + std::to_string(size()));
     }
     if (in.count != 0 && in.data == out.data) misuse(kOp, "in and out are the same buffer; all_to_all is out of place only");
-    const cudaStream_t s = checked_stream(kOp, stream);
     const std::size_t per_peer = in.count / static_cast<std::size_t>(size());
     const ncclDataType_t type = to_nccl(in.dtype);
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
@@ -373,10 +373,10 @@ class Communicator {
   /// in.count * size() on the root; `out` is ignored elsewhere).
   void gather(TensorView in, TensorView out, int root, StreamArg stream = {}) {
     static constexpr const char* kOp = "gather";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_root(kOp, root);
     check_buffer(kOp, "input", in, true);
     if (rank() == root) check_pair(kOp, in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size() on the root");
-    const cudaStream_t s = checked_stream(kOp, stream);
     const ncclDataType_t type = to_nccl(in.dtype);
     void* receive = rank() == root ? out.data : nullptr;
     issue(kOp, rank() == root ? out.bytes() : in.bytes(), s, [&](ncclComm_t comm) {
@@ -402,10 +402,10 @@ class Communicator {
   /// rank j. `in` is ignored off the root.
   void scatter(TensorView in, TensorView out, int root, StreamArg stream = {}) {
     static constexpr const char* kOp = "scatter";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_root(kOp, root);
     check_buffer(kOp, "output", out, true);
     if (rank() == root) check_pair(kOp, out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size() on the root");
-    const cudaStream_t s = checked_stream(kOp, stream);
     const ncclDataType_t type = to_nccl(out.dtype);
     const void* send = rank() == root ? in.data : nullptr;
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
@@ -431,9 +431,9 @@ class Communicator {
   /// that must progress together go in one GroupGuard.
   void send(TensorView in, int peer, StreamArg stream = {}) {
     static constexpr const char* kOp = "send";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_peer(kOp, peer);
     check_buffer(kOp, "input", in, true);
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclSend(in.data, in.count, to_nccl(in.dtype), peer, comm, s);
     });
@@ -442,9 +442,9 @@ class Communicator {
   /// Receives into `out` from rank `peer` (see send).
   void recv(TensorView out, int peer, StreamArg stream = {}) {
     static constexpr const char* kOp = "recv";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_peer(kOp, peer);
     check_buffer(kOp, "output", out, true);
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
       return ncclRecv(out.data, out.count, to_nccl(out.dtype), peer, comm, s);
     });
@@ -454,8 +454,8 @@ class Communicator {
   /// then synchronize(stream). Bounded by the timeout like every collective.
   void barrier(StreamArg stream = {}) {
     static constexpr const char* kOp = "barrier";
+    const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     auto& c = core();
-    const cudaStream_t s = checked_stream(kOp, stream);
     issue(kOp, sizeof(std::int32_t), s, [&](ncclComm_t comm) {
       return ncclAllReduce(c.scratch, c.scratch, 1, ncclInt32, ncclSum, comm, s);
     });
@@ -576,6 +576,7 @@ class Communicator {
   /// out[i] *= factor, computed in out's type (floats in float, doubles in double, integers
   /// rounded to nearest and saturated).
   void scale(TensorView out, double factor, StreamArg stream = {}) {
+    const cudaStream_t s = checked_stream("scale", stream);
     check_buffer("scale", "buffer", out, true);
     auto launcher = detail::scale_launcher();
     if (launcher == nullptr) {
@@ -583,7 +584,7 @@ class Communicator {
                         "ncclkit/nccl/kernels.cuh) in at least one file compiled by nvcc");
     }
     DeviceGuard guard(core().device);  // kernels launch on the current device's streams only
-    launcher(out.data, out.count, out.dtype, factor, stream.resolve(core().default_stream));
+    launcher(out.data, out.count, out.dtype, factor, s);
   }
 
   // ---- sub-groups and failure -------------------------------------------------------------
@@ -916,11 +917,10 @@ class Communicator {
     detail::NvtxRange range(operation);
     auto& group = detail::group_state();
     const bool grouped = group.depth > 0;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     // The sequence number is taken before the call, so that a call that never returns is
-    // reported under its own number; captured collectives (replayed by the user's graph) get none.
-    const bool watched = capture == cudaStreamCaptureStatusNone;
+    // reported under its own number; captured collectives (replayed by the user's graph) get
+    // none. checked_stream() has just learnt whether `stream` is capturing.
+    const bool watched = !c.capturing;
     const std::uint64_t seq = watched ? c.watchdog.next_seq() : 0;
     ncclResult_t status;
     {
@@ -1032,7 +1032,7 @@ class Communicator {
     if (buffer.data == nullptr) {
       misuse(operation, std::string(which) + " is a null pointer with count " + std::to_string(buffer.count));
     }
-    if (!core().options.check_pointers) return;
+    if (!core().options.check_pointers || core().capturing) return;
     detail::RelaxedCaptureMode relaxed;  // legal while another stream captures a graph
     cudaPointerAttributes attributes{};
     const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data);
@@ -1053,10 +1053,17 @@ class Communicator {
                             std::to_string(device()));
     }
   }
+  /// Resolves the stream, learns whether it is capturing a CUDA graph (kept in the core for the
+  /// checks and the issue path of this call), and checks its device. While capturing, no CUDA
+  /// query is made beyond cudaStreamIsCapturing: capture is fragile, and one illegal call
+  /// spoils it for good.
   cudaStream_t checked_stream(const char* operation, const StreamArg& stream) const {
     const cudaStream_t s = stream.resolve(core().default_stream);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+    core().capturing = capture != cudaStreamCaptureStatusNone;
 #if CUDART_VERSION >= 12080
-    if (core().options.check_pointers) {
+    if (core().options.check_pointers && !core().capturing) {
       detail::RelaxedCaptureMode relaxed;
       int stream_device = -1;
       if (cudaStreamGetDevice(s, &stream_device) != cudaSuccess) {

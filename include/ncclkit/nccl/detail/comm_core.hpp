@@ -46,6 +46,7 @@ struct CommCore {
   std::uint64_t splits = 0;      ///< split() calls so far (scopes the children's keys)
   std::vector<PendingOp> pending;
   Event sync_event;  ///< recorded by synchronize()
+  bool capturing = false;  ///< whether the stream of the call being issued is capturing a graph
   void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
 
   CommHandle& handle() { return watchdog.handle(); }
