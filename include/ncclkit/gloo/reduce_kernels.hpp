@@ -27,6 +27,7 @@
 #include <string>       // std::string, std::to_string
 #include <string_view>  // std::string_view
 #include <type_traits>  // std::is_same_v, std::make_unsigned_t, std::common_type_t
+#include <utility>      // std::index_sequence (vector shuffles)
 
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
