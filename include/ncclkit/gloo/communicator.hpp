@@ -45,11 +45,15 @@
 #include <gloo/transport/unbound_buffer.h>  // gloo::transport::UnboundBuffer
 #include <gloo/types.h>                     // gloo::Slot
 
+#include <pthread.h>  // pthread_sigmask
+#include <signal.h>   // sigset_t, SIGPIPE, sigtimedwait
+
 #include <algorithm>    // std::min, std::max
 #include <atomic>       // std::atomic
 #include <chrono>       // std::chrono
 #include <cstddef>      // std::size_t, std::byte
 #include <cstdint>      // std::uint64_t
+#include <cerrno>       // errno, EINTR
 #include <cstdio>       // std::snprintf
 #include <cstring>      // std::memcpy
 #include <exception>    // std::exception
@@ -136,6 +140,43 @@ inline std::string format_seconds(std::chrono::steady_clock::duration d) {
   std::snprintf(text, sizeof text, "%.3f s", std::chrono::duration<double>(d).count());
   return text;
 }
+
+/// Blocks SIGPIPE in the calling thread while Gloo uses sockets. Gloo writes with writev(),
+/// which raises SIGPIPE when the peer has gone; its default action kills the process, so a
+/// dead peer would kill the survivors instead of making them throw CommError. (Python, and so
+/// PyTorch, ignores SIGPIPE process-wide; a C++ library must not change the process's signal
+/// dispositions.) With SIGPIPE blocked the write fails with EPIPE, which Gloo reports as an
+/// IoException. A SIGPIPE left pending by such a write is consumed before the mask is
+/// restored. Threads created while it is active (Gloo's device loop thread) inherit the mask.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    active_ = ::pthread_sigmask(SIG_BLOCK, &set, &previous_) == 0 && !sigismember(&previous_, SIGPIPE);
+  }
+  ~SigpipeBlock() {
+    if (!active_) return;  // it was blocked already: leave it so
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (::sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGPIPE);
+      const timespec zero{0, 0};
+      while (::sigtimedwait(&set, nullptr, &zero) == -1 && errno == EINTR) {
+      }
+    }
+    ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t previous_{};
+  bool active_ = false;
+};
 
 /// What an error message says about a collective.
 struct OpInfo {
@@ -226,6 +267,7 @@ struct CommunicatorState {
   template <class Body>
   void execute(const OpInfo& op, Body&& body) {
     std::lock_guard<std::mutex> lock(context_mutex);
+    SigpipeBlock no_sigpipe;
     check_usable(op.name);
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + options.timeout;
@@ -737,6 +779,8 @@ class Communicator {
 
   static void connect(detail::CommunicatorState& s, const std::shared_ptr<ncclkit::Store>& store) {
     const auto start = std::chrono::steady_clock::now();
+    // Also makes Gloo's device loop thread, created below, start with SIGPIPE blocked.
+    detail::SigpipeBlock no_sigpipe;
     // Agree on a fresh key scope: the n-th communicator of this name on every rank gets
     // generation n, and reruns on a persistent store count on from where they left off.
     const std::string base = "ncclkit/gloo/" + s.options.name;
@@ -797,6 +841,7 @@ class Communicator {
     if (!state_) return;
     auto& s = *state_;
     try {
+      detail::SigpipeBlock no_sigpipe;
       const std::size_t cancelled = s.queue ? s.queue->shutdown() : 0;
       if (cancelled > 0) {
         log_warn(s.who() + ": destroyed with " + std::to_string(cancelled) +
