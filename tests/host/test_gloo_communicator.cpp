@@ -76,6 +76,26 @@ TEST_CASE("a world of one rank needs no peers: every collective copies, avg divi
   comm.broadcast(std::span<float>(in), 0);
   comm.barrier();
   CHECK(comm.sequence() == 5);
+
+  // Memory and element-wise work of the Backend concept, on both streams.
+  auto* a = static_cast<float*>(comm.allocate(100 * sizeof(float)));
+  auto* b = static_cast<float*>(comm.allocate(100 * sizeof(float)));
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % 64 == 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(b) % 64 == 0);
+  for (int i = 0; i < 100; ++i) a[i] = static_cast<float>(i) - 50.0f;
+  comm.copy(b, a, 100 * sizeof(float), comm.default_stream());
+  comm.scale(TensorView::of(b, 100), 0.5, comm.default_stream());
+  CHECK(b[10] == -20.0f);
+  comm.scale(TensorView::of(b, 100), 4.0, comm.comm_stream());
+  comm.copy(a, b, 100 * sizeof(float), comm.comm_stream());
+  comm.synchronize(comm.comm_stream());
+  CHECK(a[10] == -80.0f);
+  CHECK(a[99] == 98.0f);
+  std::vector<Half> h{Half(1.5f), Half(-3.0f)};
+  comm.scale(TensorView::of(h.data(), h.size()), 2.0);
+  CHECK(static_cast<float>(h[1]) == -6.0f);
+  comm.deallocate(a);
+  comm.deallocate(b);
 }
 
 TEST_CASE("options and misuse are ConfigErrors that say what is wrong, before Gloo sees anything") {
