@@ -29,6 +29,12 @@
 /// stays usable then. Destruction never hangs: pending work gets the timeout to finish, then
 /// the communicator is aborted.
 ///
+/// Limit (NCCL's, not detectable here): an aborted rank's kernels stop waiting but still
+/// signal their peers, so a rank whose direct peers in NCCL's ring all aborted may see the
+/// collective it waits on complete, with undefined data, and fail only when its next
+/// collective times out (read from NCCL's device code; the likely cause of GPU run 4's
+/// drill failure, docs/gpu-runs.md).
+///
 /// Threads. One thread at a time may issue work on a communicator (as with NCCL itself).
 /// Collectives captured into a CUDA graph are issued (and must be replayed) in the same order
 /// on every rank; their replays are not watched (no sequence number, no event).
