@@ -48,9 +48,14 @@ struct TempDir {
   }
 };
 
-/// A deterministic value with an exact float sum over a few ranks: multiples of 1/8 below 128.
+/// A deterministic value with an exact float sum over a few ranks: multiples of 1/8 below 128,
+/// hashed from (rank, i) so that no two pieces of a buffer repeat each other.
 float exact_value(int rank, std::size_t i) {
-  return static_cast<float>(((i * 2654435761u) ^ (static_cast<std::size_t>(rank) * 40503u)) % 1024) / 8.0f;
+  std::uint64_t h = (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL ^ (static_cast<std::uint64_t>(rank) << 48);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 29;
+  return static_cast<float>(h % 1024) / 8.0f;
 }
 
 }  // namespace
@@ -154,10 +159,12 @@ TEST_CASE("an interface that does not exist is a ConfigError naming it") {
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("a tiny chunk limit splits every collective into many Gloo calls and changes no result") {
-  ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::testing::run_gloo(
-      3,
+namespace {
+
+/// Every collective with a chunk limit of 7 elements, in `nprocs` ranks.
+ncclkit::SpawnResult run_with_tiny_chunks(int nprocs) {
+  return ncclkit::testing::run_gloo(
+      nprocs,
       [](Communicator& comm, const WorldInfo& world, Checker& check) {
         const int n = comm.size();
         const int rank = world.rank;
@@ -178,8 +185,8 @@ TEST_CASE("a tiny chunk limit splits every collective into many Gloo calls and c
             for (std::size_t i = 0; i < count * n; ++i) worst = std::max(worst, std::abs(out[i] - ref(i)));
             check.expect(worst <= 1e-4, "chunked all_reduce count=" + std::to_string(count));
             std::vector<float> root_out(count * n);
-            comm.reduce(std::span<const float>(in[rank]), std::span<float>(root_out), op, 2);
-            if (rank == 2) {
+            comm.reduce(std::span<const float>(in[rank]), std::span<float>(root_out), op, n - 1);
+            if (rank == n - 1) {
               worst = 0;
               for (std::size_t i = 0; i < count * n; ++i) worst = std::max(worst, std::abs(root_out[i] - ref(i)));
               check.expect(worst <= 1e-4, "chunked reduce count=" + std::to_string(count));
@@ -217,7 +224,8 @@ TEST_CASE("a tiny chunk limit splits every collective into many Gloo calls and c
               for (std::size_t i = 0; i < count; ++i) ok = ok && all[r * count + i] == static_cast<std::int64_t>(i) * 10 + r;
             check.expect(ok, "chunked all_gather count=" + std::to_string(count) + (in_place ? " in-place" : ""));
           }
-          const std::vector<std::size_t> counts{count, 0, count / 2 + 3};
+          std::vector<std::size_t> counts{count, 0, count / 2 + 3};
+          counts.resize(static_cast<std::size_t>(n));
           std::vector<std::int64_t> part(counts[rank]);
           for (std::size_t i = 0; i < part.size(); ++i) part[i] = static_cast<std::int64_t>(i) * 10 + rank;
           std::vector<std::int64_t> v(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
@@ -230,6 +238,55 @@ TEST_CASE("a tiny chunk limit splits every collective into many Gloo calls and c
         }
       },
       {.timeout = 30s, .chunk_elements = 7});
+}
+
+}  // namespace
+
+TEST_CASE("a tiny chunk limit splits every collective into many Gloo calls and changes no result") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  // Two ranks take the two-rank all-reduce exchange, three Gloo's ring.
+  for (int nprocs : {2, 3}) {
+    CAPTURE(nprocs);
+    auto result = run_with_tiny_chunks(nprocs);
+    CHECK_MESSAGE(result.ok(), result.describe());
+  }
+}
+
+TEST_CASE("two ranks: the piecewise all-reduce exchange is right for odd counts, every op, both placements") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  auto result = ncclkit::testing::run_gloo(
+      2,
+      [](Communicator& comm, const WorldInfo& world, Checker& check) {
+        auto exercise = [&]<class T>(std::size_t count) {
+          for (ReduceOp op : ncclkit::testing::kAllOps) {
+            const std::uint64_t seed = count * 7 + static_cast<std::uint64_t>(op);
+            std::vector<std::vector<T>> inputs;
+            for (int r = 0; r < 2; ++r) inputs.push_back(ncclkit::testing::random_inputs<T>(count, r, 2, op, seed));
+            std::vector<double> want(count);
+            for (std::size_t i = 0; i < count; ++i) {
+              want[i] = ncclkit::testing::reduce_reference<T>(
+                  {ncclkit::testing::as_double(inputs[0][i]), ncclkit::testing::as_double(inputs[1][i])}, op);
+            }
+            const double tolerance = ncclkit::testing::tolerance_of(data_type_v<T>, op, 2);
+            std::vector<T> out(count);
+            comm.all_reduce(std::span<const T>(inputs[world.rank]), std::span<T>(out), op);
+            const double error = ncclkit::testing::relative_error(out.data(), want);
+            check.expect(error <= tolerance, "out-of-place count " + std::to_string(count) + " " +
+                                                 std::string(ncclkit::name_of(op)) + ": error " + std::to_string(error));
+            std::vector<T> data = inputs[world.rank];
+            comm.all_reduce(std::span<T>(data), op);
+            const double in_place_error = ncclkit::testing::relative_error(data.data(), want);
+            check.expect(in_place_error <= tolerance, "in-place count " + std::to_string(count) + " " +
+                                                          std::string(ncclkit::name_of(op)) + ": error " +
+                                                          std::to_string(in_place_error));
+          }
+        };
+        // Parts just over 1 MiB (2 pieces, the halves differ by one element) and 3.5 MiB (4 pieces).
+        exercise.template operator()<float>((std::size_t{1} << 19) + 5);
+        exercise.template operator()<Half>((std::size_t{7} << 19) + 1);
+        exercise.template operator()<std::int32_t>((std::size_t{3} << 18) + 3);
+      },
+      {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
