@@ -25,6 +25,8 @@
 /// What this Gloo snapshot (Debian 0.0~git20220518) lacks, and how it is provided:
 ///   - bfloat16, and a fast float16: reductions are ncclkit's (reduce_kernels.hpp), for every
 ///     type, passed to Gloo as its reduction callback.
+///   - a fast all-reduce of two ranks: ncclkit's piecewise exchange on Gloo's transport
+///     (all_reduce_pair below); three or more ranks use Gloo's ring.
 ///   - an options-style reduce_scatter: a ring reduce-scatter on Gloo's transport buffers
 ///     (each rank sends and receives (n-1)/n of the data, as NCCL's ring does).
 ///   - loops that count past 2^31 elements: buffers are cut into chunks of at most
