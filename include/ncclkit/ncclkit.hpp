@@ -1,7 +1,8 @@
 #pragma once
 /// ncclkit's umbrella header: everything this build can use.
 ///   - always: core types, stores, bootstrap (C++20 and POSIX only);
-///   - the Gloo backend when Gloo's headers are found (define NCCLKIT_NO_GLOO to leave it out);
+///   - the Gloo backend when Gloo's headers are found and the compiler is not nvcc (define
+///     NCCLKIT_NO_GLOO to leave it out);
 ///   - the NCCL backend when NCCL's and CUDA's headers are found (NCCLKIT_NO_NCCL leaves it out).
 
 #include "ncclkit/version.hpp"
@@ -25,7 +26,9 @@
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/bootstrap/world_info.hpp"
 
-#if !defined(NCCLKIT_NO_GLOO) && __has_include(<gloo/context.h>)
+// Gloo's reduction loops use GCC vector extensions that nvcc's front end rejects: .cu files
+// get the NCCL backend only (include the Gloo header from a .cpp file).
+#if !defined(NCCLKIT_NO_GLOO) && !defined(__CUDACC__) && __has_include(<gloo/context.h>)
 #include "ncclkit/gloo/communicator.hpp"
 #endif
 
