@@ -179,10 +179,17 @@ TEST_CASE("a peer that skips a collective makes the others time out with CommErr
       [](const WorldInfo& world) {
         auto store = ncclkit::make_store(world.init_url, world);
         Checker check(world.rank);
-        Communicator comm(store, world, {.timeout = kTimeout});
+        // One communicator per collective: a failure makes a communicator unusable.
+        Communicator for_broadcast(store, world, {.timeout = kTimeout, .name = "b"});
+        Communicator for_all_reduce(store, world, {.timeout = kTimeout, .name = "a"});
         std::vector<std::int32_t> data(10, 1);
         if (world.rank == 0) {
-          expect_comm_error(check, "broadcast the peer skipped", [&] { comm.broadcast(std::span<std::int32_t>(data), 1); },
+          expect_comm_error(check, "broadcast the peer skipped",
+                            [&] { for_broadcast.broadcast(std::span<std::int32_t>(data), 1); },
+                            /*expect_timeout_in_message=*/true);
+          // Two ranks: ncclkit's own all-reduce exchange, bounded the same way.
+          expect_comm_error(check, "all_reduce the peer skipped",
+                            [&] { for_all_reduce.all_reduce(std::span<std::int32_t>(data)); },
                             /*expect_timeout_in_message=*/true);
           store->set("rank0_done", "1");
         } else {
