@@ -382,22 +382,6 @@ inline double input_value(int rank, std::size_t index, DataType type, ReduceOp o
   return is_unsigned ? v : v - 4.0;
 }
 
-template <class Visitor>
-decltype(auto) visit_type(DataType type, Visitor&& visit) {
-  switch (type) {
-    case DataType::kInt8: return visit.template operator()<std::int8_t>();
-    case DataType::kUint8: return visit.template operator()<std::uint8_t>();
-    case DataType::kInt32: return visit.template operator()<std::int32_t>();
-    case DataType::kUint32: return visit.template operator()<std::uint32_t>();
-    case DataType::kInt64: return visit.template operator()<std::int64_t>();
-    case DataType::kUint64: return visit.template operator()<std::uint64_t>();
-    case DataType::kFloat16: return visit.template operator()<Half>();
-    case DataType::kBFloat16: return visit.template operator()<BFloat16>();
-    case DataType::kFloat32: return visit.template operator()<float>();
-    case DataType::kFloat64: return visit.template operator()<double>();
-  }
-  throw ConfigError("unknown data type");
-}
 
 template <class T>
 T from_double(double v) {
@@ -597,7 +581,7 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
     const int root = is_rooted(c) ? options.root : -1;
     // Host inputs.
     std::vector<unsigned char> input(shape.in_elems * element);
-    detail::visit_type(type, [&]<class T>() {
+    visit_data_type(type, [&]<class T>() {
       T* values = reinterpret_cast<T*>(input.data());
       for (std::size_t i = 0; i < shape.in_elems; ++i) values[i] = detail::from_double<T>(detail::input_value(rank, i, type, op));
     });
@@ -640,7 +624,7 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
       // The output of non-roots is scratch: only the guard is checked.
     } else {
       const double tol = detail::tolerance(type, op, nranks);
-      detail::visit_type(type, [&]<class T>() {
+      visit_data_type(type, [&]<class T>() {
         for (std::size_t i = 0; i < checked_elems; ++i) {
           double expected = 0;
           switch (c) {

@@ -3,8 +3,10 @@
 
 #include <cstddef>      // std::size_t
 #include <cstdint>      // fixed-width integers
+#include <string>       // std::to_string
 #include <string_view>  // std::string_view
 
+#include "ncclkit/core/error.hpp"
 #include "ncclkit/core/half.hpp"
 
 namespace ncclkit {
@@ -92,6 +94,25 @@ NCCLKIT_DATATYPE_OF(double, kFloat64);
 /// The DataType of `T`; fails to compile, with a readable message, for unsupported types.
 template <class T>
 inline constexpr DataType data_type_v = DataTypeOf<T>::value;
+
+/// Calls `visit.template operator()<T>()` with the C++ element type of `type` and returns
+/// what it returns: one switch for every place that turns a run-time DataType into a type.
+template <class Visitor>
+decltype(auto) visit_data_type(DataType type, Visitor&& visit) {
+  switch (type) {
+    case DataType::kInt8: return visit.template operator()<std::int8_t>();
+    case DataType::kUint8: return visit.template operator()<std::uint8_t>();
+    case DataType::kInt32: return visit.template operator()<std::int32_t>();
+    case DataType::kUint32: return visit.template operator()<std::uint32_t>();
+    case DataType::kInt64: return visit.template operator()<std::int64_t>();
+    case DataType::kUint64: return visit.template operator()<std::uint64_t>();
+    case DataType::kFloat16: return visit.template operator()<Half>();
+    case DataType::kBFloat16: return visit.template operator()<BFloat16>();
+    case DataType::kFloat32: return visit.template operator()<float>();
+    case DataType::kFloat64: return visit.template operator()<double>();
+  }
+  throw ConfigError("ncclkit: unknown data type " + std::to_string(static_cast<int>(type)));
+}
 
 /// Reduction operations. `kAvg` is sum divided by the number of ranks.
 enum class ReduceOp : int { kSum, kProd, kMin, kMax, kAvg };

@@ -164,23 +164,6 @@ inline bool cpu_has_avx2_f16c() {
 #endif
 }
 
-/// Calls `visit.template operator()<T>()` with the C++ type of `type`.
-template <class Visitor>
-decltype(auto) visit_type(DataType type, Visitor&& visit) {
-  switch (type) {
-    case DataType::kInt8: return visit.template operator()<std::int8_t>();
-    case DataType::kUint8: return visit.template operator()<std::uint8_t>();
-    case DataType::kInt32: return visit.template operator()<std::int32_t>();
-    case DataType::kUint32: return visit.template operator()<std::uint32_t>();
-    case DataType::kInt64: return visit.template operator()<std::int64_t>();
-    case DataType::kUint64: return visit.template operator()<std::uint64_t>();
-    case DataType::kFloat16: return visit.template operator()<Half>();
-    case DataType::kBFloat16: return visit.template operator()<BFloat16>();
-    case DataType::kFloat32: return visit.template operator()<float>();
-    case DataType::kFloat64: return visit.template operator()<double>();
-  }
-  throw ConfigError("ncclkit::gloo: unknown data type " + std::to_string(static_cast<int>(type)));
-}
 
 }  // namespace detail
 
@@ -214,7 +197,7 @@ inline std::string_view name_of(KernelIsa isa) {
 /// The element-wise reduction for `type` and `op`. kAvg reduces as kSum: the average's
 /// division happens once, outside the callback. Precondition: `isa_supported(isa)`.
 inline ReduceFunction reduce_function(DataType type, ReduceOp op, KernelIsa isa = default_isa()) {
-  return detail::visit_type(type, [&]<class T>() -> ReduceFunction {
+  return visit_data_type(type, [&]<class T>() -> ReduceFunction {
 #if NCCLKIT_GLOO_X86_DISPATCH
     if (isa == KernelIsa::kAvx2F16c) return detail::avx2::reduce_for<T>(op);
 #endif
@@ -227,7 +210,7 @@ inline ReduceFunction reduce_function(DataType type, ReduceOp op, KernelIsa isa 
 /// to 2^53). `out` may equal `in`. Precondition: `isa_supported(isa)`.
 inline void scale(DataType type, void* out, const void* in, std::size_t count, double factor,
                   KernelIsa isa = default_isa()) {
-  detail::visit_type(type, [&]<class T>() {
+  visit_data_type(type, [&]<class T>() {
 #if NCCLKIT_GLOO_X86_DISPATCH
     if (isa == KernelIsa::kAvx2F16c) return detail::avx2::scale<T>(out, in, count, factor);
 #endif
@@ -238,7 +221,7 @@ inline void scale(DataType type, void* out, const void* in, std::size_t count, d
 /// The integer average's division: data[i] /= divisor, truncating toward zero (as NCCL's
 /// ncclAvg does for integers). For a floating-point `type`: data[i] *= 1 / divisor.
 inline void divide(DataType type, void* data, std::size_t count, std::int64_t divisor) {
-  detail::visit_type(type, [&]<class T>() {
+  visit_data_type(type, [&]<class T>() {
     if constexpr (std::is_integral_v<T>) {
       auto* values = static_cast<T*>(data);
       const T d = static_cast<T>(divisor);
