@@ -17,6 +17,7 @@
 #include <thread>      // std::thread
 #include <vector>      // std::vector
 
+#include "support/temp_dir.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
@@ -29,27 +30,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-/// A fresh folder under /tmp, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/ncclkit-fs-test-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
+using ncclkit_test::entries;
 
-/// Names in a folder, sorted.
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
+using ncclkit_test::TempDir;
+
 
 /// Reproducible random bytes (never all zeros).
 Bytes random_bytes(std::size_t size, std::uint64_t seed) {

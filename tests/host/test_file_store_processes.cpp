@@ -17,6 +17,7 @@
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "support/temp_dir.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
@@ -29,27 +30,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using ncclkit_test::entries;
+
+using ncclkit_test::TempDir;
+
+
 constexpr int kSizes[] = {2, 8, 64};
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/ncclkit-fsp-test-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 Bytes random_bytes(std::size_t size, std::uint64_t seed) {
   Bytes out(size);

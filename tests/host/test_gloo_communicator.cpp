@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "support/temp_dir.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "support/gloo_testing.hpp"
 
@@ -34,20 +35,11 @@ using ncclkit::testing::Checker;
 
 namespace {
 
-/// A private folder for a FileStore of a single-process test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/ncclkit-gloo-test-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
 
+using ncclkit_test::TempDir;
+
+
+/// A private folder for a FileStore of a single-process test.
 /// A deterministic value with an exact float sum over a few ranks: multiples of 1/8 below 128,
 /// hashed from (rank, i) so that no two pieces of a buffer repeat each other.
 float exact_value(int rank, std::size_t i) {

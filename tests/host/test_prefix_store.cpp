@@ -11,6 +11,7 @@
 #include <stdexcept>   // std::runtime_error
 #include <string>      // std::string
 
+#include "support/temp_dir.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
@@ -22,18 +23,9 @@ using ncclkit::PrefixStore;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char pattern[] = "/tmp/ncclkit-prefix-test-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
+
+using ncclkit_test::TempDir;
+
 
 void require(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
