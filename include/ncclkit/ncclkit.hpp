@@ -34,4 +34,5 @@
 
 #if !defined(NCCLKIT_NO_NCCL) && __has_include(<nccl.h>) && __has_include(<cuda_runtime.h>)
 #include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/local_group.hpp"
 #endif
