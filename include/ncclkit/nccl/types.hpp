@@ -11,6 +11,11 @@
 
 #include <string>  // std::string
 
+// The oldest NCCL ncclkit supports: ncclCommSplit and non-blocking init through ncclConfig_t.
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "ncclkit needs NCCL 2.18 or newer (found an older nccl.h); set NCCL_ROOT to a newer NCCL"
+#endif
+
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 
