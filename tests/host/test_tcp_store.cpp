@@ -12,6 +12,7 @@
 #include <atomic>     // std::atomic
 #include <chrono>     // std::chrono
 #include <cstdint>    // std::uint8_t, std::uint64_t
+#include <future>     // std::promise: the outcome of a get running on a thread
 #include <memory>     // std::unique_ptr
 #include <random>     // std::mt19937_64: random values
 #include <string>     // std::string
@@ -625,4 +626,28 @@ TEST_CASE("the lingering host gives up after its linger time when a client never
   CHECK(waited >= 300ms);
   CHECK(waited < 300ms + 2s);
   CHECK_THROWS_AS(client.get("k", 1s), ncclkit::StoreError);
+}
+
+TEST_CASE("a huge timeout (milliseconds::max()) means wait long, not time out at once") {
+  // timeout + the reply grace used to overflow, giving a deadline in the past: the get threw
+  // TimeoutError "after 0 ms" and dropped the connection instead of waiting for the key.
+  TcpStoreServer server;
+  TcpStore waiter(client_of(server));
+  TcpStore setter(client_of(server));
+  std::promise<std::string> outcome;
+  auto result = outcome.get_future();
+  std::thread thread([&] {
+    try {
+      outcome.set_value(ncclkit::to_string(waiter.get("huge", std::chrono::milliseconds::max())));
+    } catch (const std::exception& e) {
+      outcome.set_value(std::string("threw: ") + e.what());
+    }
+  });
+  // Nothing may end the get before the key exists; with the bug it ends at once.
+  const bool ended_early = result.wait_for(300ms) == std::future_status::ready;
+  setter.set("huge", "value");
+  thread.join();
+  const std::string got = result.get();
+  CHECK_MESSAGE(!ended_early, got);
+  CHECK(got == "value");
 }

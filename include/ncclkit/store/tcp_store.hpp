@@ -28,7 +28,7 @@
 #include <fcntl.h>        // open (the spare descriptor)
 #include <unistd.h>       // close, read, write
 
-#include <algorithm>      // std::remove, std::min, std::max
+#include <algorithm>      // std::remove, std::min, std::max, std::clamp
 #include <atomic>         // std::atomic
 #include <cerrno>         // errno
 #include <chrono>         // std::chrono
@@ -1097,7 +1097,9 @@ class TcpStore final : public Store {
     std::vector<std::string> missing;
     bool timed_out = false;
     std::string server_error;
-    const auto hard_deadline = detail::deadline_after(std::max<Duration>(timeout, Duration(0)) + reply_grace(timeout));
+    // Bounded first: timeout + grace must not overflow for a huge timeout (milliseconds::max()).
+    const auto bounded = std::clamp<Duration>(timeout, Duration(0), std::chrono::hours(24 * 365 * 100));
+    const auto hard_deadline = detail::deadline_after(bounded + reply_grace(bounded));
     const auto status = read_reply(what, hard_deadline, [&](const detail::tcp::Frame& frame) {
       if (frame.type == expected) {
         on_frame(frame);
