@@ -208,7 +208,8 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
       int err = errno;
       for (int r = 0; r < rank; ++r) ::kill(result.workers[static_cast<std::size_t>(r)].pid, SIGKILL);
       for (int r = 0; r < rank; ++r) ::waitpid(result.workers[static_cast<std::size_t>(r)].pid, nullptr, 0);
-      if (own_dir) std::filesystem::remove_all(dir);
+      std::error_code ignored;
+      if (own_dir) std::filesystem::remove_all(dir, ignored);
       throw ConfigError("spawn: fork of worker " + std::to_string(rank) + " of " + std::to_string(nprocs) +
                         " failed: " + std::strerror(err) + " (too many processes? check ulimit -u)");
     }
