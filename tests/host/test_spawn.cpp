@@ -96,3 +96,16 @@ TEST_CASE("workers start with default signal handlers, whatever the parent insta
   ::signal(SIGTERM, previous);
   CHECK_MESSAGE(result.ok(), result.describe());
 }
+
+TEST_CASE("a huge timeout (milliseconds::max()) does not stop the workers at once") {
+  // now + milliseconds::max() used to overflow into a deadline already passed: every worker
+  // was killed at once and the run reported as timed out.
+  ncclkit::SpawnOptions options;
+  options.timeout = std::chrono::milliseconds::max();
+  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo&) {
+    std::this_thread::sleep_for(300ms);  // work that outlasts spawn's first look at the workers
+    return 0;
+  }, options);
+  CHECK_FALSE(result.timed_out);
+  CHECK_MESSAGE(result.ok(), result.describe());
+}

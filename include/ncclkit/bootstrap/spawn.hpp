@@ -229,7 +229,8 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
   }
 
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + options.timeout;
+  // Saturating: a huge timeout (milliseconds::max()) must not wrap into one already passed.
+  const auto deadline = detail::deadline_after(options.timeout);
   std::vector<bool> done(static_cast<std::size_t>(nprocs), false);
   int remaining = nprocs;
   bool terminating = false;
@@ -255,7 +256,7 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
       if (!worker.ok() && !terminating) {
         if (!worker.stopped_by_spawn) log_warn("spawn: " + worker.describe() + "; stopping the other workers");
         terminating = true;
-        kill_at = Clock::now() + options.grace;
+        kill_at = detail::deadline_after(options.grace);
         for (int other = 0; other < nprocs; ++other) {
           if (done[static_cast<std::size_t>(other)]) continue;
           result.workers[static_cast<std::size_t>(other)].stopped_by_spawn = true;
