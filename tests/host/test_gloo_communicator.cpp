@@ -388,3 +388,17 @@ TEST_CASE("an explicit interface binds there; the native Gloo context is the one
       {.timeout = 30s, .interface = "lo"});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
+
+TEST_CASE("a timeout of milliseconds::max() means wait as long as it takes, not an instant failure") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  auto result = ncclkit::testing::run_gloo(
+      2,
+      [](Communicator& comm, const WorldInfo& world, Checker& check) {
+        std::vector<float> data(1001, static_cast<float>(world.rank + 1));
+        comm.all_reduce(std::span<float>(data), ReduceOp::kSum);
+        check.expect(data[0] == 3.0f && data[1000] == 3.0f, "sum of 1 and 2 is 3");
+        comm.barrier();
+      },
+      {.timeout = std::chrono::milliseconds::max(), .hostname = "127.0.0.1"});
+  CHECK_MESSAGE(result.ok(), result.describe());
+}

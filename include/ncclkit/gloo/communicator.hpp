@@ -867,10 +867,14 @@ class Communicator {
     return *state_;
   }
 
-  static void validate_options(const CommunicatorOptions& options) {
+  static void validate_options(CommunicatorOptions& options) {
     if (options.timeout <= std::chrono::milliseconds::zero()) {
       throw ConfigError("ncclkit::gloo::Communicator '" + options.name + "': timeout must be positive");
     }
+    // "Wait forever" (milliseconds::max()) would overflow every now() + timeout: a century is
+    // forever enough, and keeps deadlines, Gloo's own included, in range.
+    constexpr std::chrono::milliseconds kLongest = std::chrono::hours(24 * 365 * 100);
+    if (options.timeout > kLongest) options.timeout = kLongest;
     if (options.chunk_elements < 1 || options.chunk_elements > kMaxChunkElements) {
       throw ConfigError("ncclkit::gloo::Communicator '" + options.name + "': chunk_elements=" +
                         std::to_string(options.chunk_elements) + " must be in [1, 2^31-1]");

@@ -699,7 +699,7 @@ class TcpStoreServer {
   /// Waits until no client is connected or `limit` has passed; returns whether none is left.
   /// Lets the process that hosts the store outlive the other ranks' last requests.
   bool wait_for_clients_to_leave(std::chrono::milliseconds limit) const {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
+    const auto deadline = detail::deadline_after(limit);  // saturates: max() must not wrap
     auto pause = std::chrono::microseconds(200);
     while (loop_->open_connections() > 0) {
       if (std::chrono::steady_clock::now() >= deadline) return false;
