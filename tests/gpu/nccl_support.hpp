@@ -18,6 +18,7 @@
 #include <vector>       // std::vector
 
 #include "gpu/gpu_support.hpp"
+#include "support/element_conversions.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -128,23 +129,6 @@ inline double unit(std::uint64_t seed, int rank, std::size_t index) {
 template <class T>
 constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
-template <class T>
-double to_double(T value) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return static_cast<double>(static_cast<float>(value));
-  } else {
-    return static_cast<double>(value);
-  }
-}
-template <class T>
-T from_double(double value) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(value));
-  } else {
-    return static_cast<T>(value);
-  }
-}
-
 /// Element `index` of rank `rank`'s input. Never zero-only; ranges keep integer results of
 /// up to 4 ranks inside the type (prod included) and keep products of floats well scaled.
 template <class T>
@@ -188,9 +172,9 @@ std::vector<T> make_input(std::uint64_t seed, int rank, std::size_t count, Reduc
 /// in long double (floats) or exact int64 (integers; avg truncates like C++).
 template <class T>
 long double reference(std::uint64_t seed, int world, std::size_t index, ReduceOp op) {
-  long double acc = to_double(sample<T>(seed, 0, index, op));
+  long double acc = as_double(sample<T>(seed, 0, index, op));
   for (int r = 1; r < world; ++r) {
-    const long double v = to_double(sample<T>(seed, r, index, op));
+    const long double v = as_double(sample<T>(seed, r, index, op));
     switch (op) {
       case ReduceOp::kSum:
       case ReduceOp::kAvg: acc += v; break;
@@ -230,7 +214,7 @@ bool check_reduction(Checker& checker, const std::vector<T>& got, std::uint64_t 
   std::size_t nan_count = 0, wrong = 0, first_wrong = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     const long double ref = reference<T>(seed, world, first + i, op);
-    const long double value = to_double(got[i]);
+    const long double value = as_double(got[i]);
     if constexpr (is_float_v<T>) {
       if (std::isnan(static_cast<double>(value))) {
         if (nan_count++ == 0) first_wrong = i;

@@ -83,11 +83,11 @@ TEST_CASE("scale and fill kernels agree with the host for every type") {
         const auto got = download(comm, buffer, s);
         std::size_t wrong = 0;
         for (std::size_t i = 0; i < count; ++i) {
-          const double x = to_double(input[i]) * factor;
+          const double x = as_double(input[i]) * factor;
           double expected = 0;
           if constexpr (is_float_v<T>) {
             // float arithmetic, then rounding to T (what the kernel does): compare within 1 ulp of T
-            expected = to_double(from_double<T>(static_cast<float>(to_double(input[i])) * static_cast<float>(factor)));
+            expected = as_double(from_double<T>(static_cast<float>(as_double(input[i])) * static_cast<float>(factor)));
             if constexpr (std::is_same_v<T, double>) expected = x;
           } else {
             double r = std::nearbyint(x);
@@ -95,7 +95,7 @@ TEST_CASE("scale and fill kernels agree with the host for every type") {
             const double hi = static_cast<double>(std::numeric_limits<T>::max());
             expected = r < lo ? lo : (r > hi ? hi : r);
           }
-          if (to_double(got[i]) != expected) ++wrong;
+          if (as_double(got[i]) != expected) ++wrong;
         }
         checker.expect(wrong == 0, "scale " + type_name<T>() + " by " + std::to_string(factor) + ": " +
                                        std::to_string(wrong) + " wrong elements");

@@ -76,7 +76,7 @@ void large_case(Communicator& comm, Checker& checker) {
       std::size_t nans = 0;
       for (std::size_t i = begin; i < end; ++i) {
         const long double ref = reference<T>(7, n, i, ReduceOp::kSum);
-        const long double value = to_double(got[i]);
+        const long double value = as_double(got[i]);
         if (std::isnan(static_cast<double>(value))) {
           ++nans;
           continue;

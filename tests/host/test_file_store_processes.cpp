@@ -17,6 +17,7 @@
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "support/store_values.hpp"
 #include "support/temp_dir.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/log.hpp"
@@ -32,21 +33,11 @@ namespace {
 
 using ncclkit_test::entries;
 
+using ncclkit_test::random_bytes;
 using ncclkit_test::TempDir;
 
 
 constexpr int kSizes[] = {2, 8, 64};
-
-Bytes random_bytes(std::size_t size, std::uint64_t seed) {
-  Bytes out(size);
-  std::uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
-  for (std::size_t i = 0; i < size; i += 8) {
-    state += 0x9e3779b97f4a7c15ULL;
-    const std::uint64_t word = ncclkit::detail::file_store::mix64(state);
-    std::memcpy(out.data() + i, &word, std::min<std::size_t>(8, size - i));
-  }
-  return out;
-}
 
 /// A fingerprint of a value, to compare large values without a second copy.
 std::uint64_t hash_of(const Bytes& bytes) {

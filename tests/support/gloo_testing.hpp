@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/element_conversions.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -69,23 +70,8 @@ inline double epsilon_of(DataType type) {
   }
 }
 
-template <class T>
-double as_double(T value) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return static_cast<double>(static_cast<float>(value));
-  } else {
-    return static_cast<double>(value);
-  }
-}
-
-template <class T>
-T from_double(double value) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(value));
-  } else {
-    return static_cast<T>(value);
-  }
-}
+using ncclkit_test::as_double;
+using ncclkit_test::from_double;
 
 /// Random inputs for `op` that keep every reduction over `nranks` ranks in range: sums and
 /// averages of integers within the type, products of integers small (factors +-1, and 2 on a
