@@ -403,37 +403,29 @@ double to_double(T v) {
   }
 }
 
-/// The reduction of rank values at `index`, as the element type would hold it.
+/// acc op value, for one step of a reference reduction (kAvg sums; the caller divides).
+template <class Acc>
+Acc reduce_step(Acc acc, Acc value, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return acc + value;
+    case ReduceOp::kProd: return acc * value;
+    case ReduceOp::kMin: return std::min(acc, value);
+    case ReduceOp::kMax: return std::max(acc, value);
+  }
+  return acc;
+}
+
+/// The reduction of rank values at `index`, as the element type would hold it: integers
+/// exactly in int64 (so an integer average truncates like the collective), floats in double.
 inline double reference_reduction(DataType type, ReduceOp op, int nranks, std::size_t index) {
-  const bool integer = !is_floating(type);
-  if (integer) {
-    std::int64_t acc = static_cast<std::int64_t>(input_value(0, index, type, op));
-    for (int r = 1; r < nranks; ++r) {
-      const auto v = static_cast<std::int64_t>(input_value(r, index, type, op));
-      switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg: acc += v; break;
-        case ReduceOp::kProd: acc *= v; break;
-        case ReduceOp::kMin: acc = std::min(acc, v); break;
-        case ReduceOp::kMax: acc = std::max(acc, v); break;
-      }
-    }
+  auto reduce = [&]<class Acc>() {
+    Acc acc = static_cast<Acc>(input_value(0, index, type, op));
+    for (int r = 1; r < nranks; ++r) acc = reduce_step(acc, static_cast<Acc>(input_value(r, index, type, op)), op);
     if (op == ReduceOp::kAvg) acc /= nranks;
     return static_cast<double>(acc);
-  }
-  double acc = input_value(0, index, type, op);
-  for (int r = 1; r < nranks; ++r) {
-    const double v = input_value(r, index, type, op);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = std::min(acc, v); break;
-      case ReduceOp::kMax: acc = std::max(acc, v); break;
-    }
-  }
-  if (op == ReduceOp::kAvg) acc /= nranks;
-  return acc;
+  };
+  return is_floating(type) ? reduce.template operator()<double>() : reduce.template operator()<std::int64_t>();
 }
 
 /// Absolute tolerance of a result: integers and sums of small integers are exact; the average
