@@ -1,6 +1,7 @@
 // Tests of ncclkit/bootstrap/spawn.hpp with real processes.
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -60,11 +61,23 @@ TEST_CASE("one failing worker stops the others, which would otherwise never end"
 
 TEST_CASE("workers that ignore SIGTERM are killed after the grace period") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo& world) {
-    if (world.rank == 0) ::_exit(1);
+  // Rank 0 fails only once rank 1 ignores SIGTERM (told through a pipe), so the SIGTERM that
+  // spawn then sends cannot arrive before the worker ignores it.
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
+  auto result = ncclkit::spawn(2, [&ready](const ncclkit::WorldInfo& world) {
+    if (world.rank == 0) {
+      pollfd wait_for{ready[0], POLLIN, 0};
+      ::poll(&wait_for, 1, 30000);
+      ::_exit(1);
+    }
     ::signal(SIGTERM, SIG_IGN);
+    const char byte = 1;
+    if (::write(ready[1], &byte, 1) != 1) ::_exit(2);
     for (;;) ::pause();
   }, {.timeout = 60s, .grace = 200ms});
+  ::close(ready[0]);
+  ::close(ready[1]);
   CHECK(result.workers[1].signal == SIGKILL);
 }
 
