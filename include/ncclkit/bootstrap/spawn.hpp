@@ -199,7 +199,13 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
     }
     world.source = "spawn";
     const pid_t parent = ::getpid();
+    // Signals stay blocked across fork until the child has reset its handlers, so an early
+    // SIGTERM reaches the worker's default action, not a handler inherited from the caller.
+    sigset_t all_signals, caller_mask;
+    sigfillset(&all_signals);
+    ::pthread_sigmask(SIG_BLOCK, &all_signals, &caller_mask);
     pid_t pid = ::fork();
+    if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
     if (pid == 0) {
       if (listener) ::close(listener.get());  // the parent serves it; _exit skips destructors
       detail::run_spawned_worker(fn, world, parent);
