@@ -7,9 +7,15 @@
 // implementations interleaved batch by batch so drift hits all alike. Both ranks issue the
 // same calls, so the collectives always match.
 //
-// Variants: raw (ncclAllReduce on a plain blocking communicator), ncclkit with pointer checks
-// (the default), ncclkit without them (Options::check_pointers = false), and raw/ncclkit with
-// 8 all_reduces fused in one group (per call).
+// Variants: raw (ncclAllReduce on a plain blocking communicator); raw followed by a
+// cudaEventRecord (what completion tracking adds); ncclkit with pointer checks (the default)
+// in place, out of place, on a stream of the caller's, and cycling through 16 buffers (more
+// than the 8 the checks remember, so every call queries CUDA); ncclkit without checks
+// (Options::check_pointers = false); and raw/ncclkit with 8 all_reduces fused in one group
+// (per call).
+//
+// Then the cost of each CUDA runtime call on ncclkit's issue path, alone, on the same thread
+// (median of R batches of K calls): where the overhead goes.
 //
 // A self-made timing loop rather than Google Benchmark: its adaptive iteration count would
 // differ between ranks and leave collectives unmatched, and the binary must run on GPU
@@ -80,15 +86,39 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
 
   DeviceBuffer<float> buffer(2 * 8, checked.device());
   float* data = buffer.data();
+  // 16 separate allocations, more than the 8 addresses the pointer checks remember.
+  std::vector<DeviceBuffer<float>> many;
+  for (int i = 0; i < 16; ++i) many.emplace_back(2, checked.device());
+  int next_buffer = 0;
   const cudaStream_t stream = checked.default_stream();
-  const cudaStream_t unchecked_stream = unchecked.default_stream();
+  ncclkit::nccl::Stream user_stream(checked.device());
+  cudaEvent_t marker = nullptr;
+  NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
 
   std::vector<Variant> variants;
   variants.push_back({"raw ncclAllReduce", 1,
                       [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream)); },
                       [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
+  variants.push_back({"raw ncclAllReduce + cudaEventRecord", 1,
+                      [&] {
+                        NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream));
+                        NCCLKIT_CUDA_CHECK(cudaEventRecord(marker, stream));
+                      },
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
   variants.push_back({"ncclkit all_reduce (pointer checks on)", 1,
                       [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
+  variants.push_back({"ncclkit checks on, out of place", 1,
+                      [&] { checked.all_reduce(data, data + 2, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
+  variants.push_back({"ncclkit checks on, caller's stream", 1,
+                      [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum, user_stream); },
+                      [&] { checked.synchronize(user_stream); }, {}});
+  variants.push_back({"ncclkit checks on, 16 buffers in turn", 1,
+                      [&] {
+                        float* p = many[static_cast<std::size_t>(next_buffer)].data();
+                        next_buffer = (next_buffer + 1) % 16;
+                        checked.all_reduce(p, p, 2, ReduceOp::kSum);
+                      },
+                      [&] { checked.synchronize(); }, {}});
   variants.push_back({"ncclkit all_reduce (pointer checks off)", 1,
                       [&] { unchecked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { unchecked.synchronize(); }, {}});
   variants.push_back({"raw group of 8", 8,
@@ -106,7 +136,6 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
                         group.end();
                       },
                       [&] { unchecked.synchronize(); }, {}});
-  (void)unchecked_stream;
 
   // Warm up: connections, event pools, caches.
   for (auto& v : variants) {
@@ -127,13 +156,41 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   }
   checked.barrier();
 
+  // The CUDA runtime calls of ncclkit's issue path, one at a time, on an idle stream.
+  std::vector<Variant> parts;
+  if (world.rank == 0) {
+    cudaStreamCaptureStatus capture{};
+    cudaPointerAttributes attributes{};
+    parts.push_back({"cudaEventRecord", 1, [&] { NCCLKIT_CUDA_CHECK(cudaEventRecord(marker, stream)); }, {}, {}});
+    parts.push_back({"cudaStreamIsCapturing", 1, [&] { NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture)); }, {}, {}});
+    parts.push_back({"cudaPointerGetAttributes", 1,
+                     [&] { NCCLKIT_CUDA_CHECK(cudaPointerGetAttributes(&attributes, data)); }, {}, {}});
+#if CUDART_VERSION >= 12080
+    int stream_device = -1;
+    parts.push_back({"cudaStreamGetDevice", 1, [&] { NCCLKIT_CUDA_CHECK(cudaStreamGetDevice(user_stream.get(), &stream_device)); },
+                     {}, {}});
+#endif
+    parts.push_back({"NVTX range (no profiler attached)", 1, [&] { ncclkit::nccl::detail::NvtxRange range("bench"); }, {}, {}});
+    for (int repeat = 0; repeat < settings.repeats; ++repeat) {
+      for (auto& part : parts) {
+        const auto start = Clock::now();
+        for (int i = 0; i < settings.batch; ++i) part.issue();
+        const auto end = Clock::now();
+        NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+        part.samples_ns.push_back(std::chrono::duration<double, std::nano>(end - start).count() / settings.batch);
+      }
+    }
+  }
+
   if (world.rank == 0) {
     cudaDeviceProp prop{};
     NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, checked.device()));
     std::printf("# bench_nccl_enqueue: %d ranks, %s, %s, batch %d calls, %d repeats (median; host time per call)\n",
                 world.world_size, prop.name, ncclkit::nccl::version_text().c_str(), settings.batch, settings.repeats);
     const double raw_single = median(variants[0].samples_ns);
-    const double raw_group = median(variants[3].samples_ns);
+    double raw_group = 0;
+    for (const auto& v : variants)
+      if (v.name == "raw group of 8") raw_group = median(v.samples_ns);
     std::printf("# %-42s %12s %12s %12s %18s\n", "variant", "median(ns)", "p10(ns)", "p90(ns)", "vs raw (ns/call)");
     for (std::size_t k = 0; k < variants.size(); ++k) {
       auto sorted = variants[k].samples_ns;
@@ -142,6 +199,13 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
       const double baseline = variants[k].calls_per_issue > 1 ? raw_group : raw_single;
       std::printf("  %-42s %12.0f %12.0f %12.0f %+18.0f\n", variants[k].name.c_str(), med,
                   sorted[sorted.size() / 10], sorted[sorted.size() * 9 / 10], med - baseline);
+    }
+    std::printf("# %-42s %12s %12s %12s\n", "one call alone", "median(ns)", "p10(ns)", "p90(ns)");
+    for (auto& part : parts) {
+      auto sorted = part.samples_ns;
+      std::sort(sorted.begin(), sorted.end());
+      std::printf("  %-42s %12.0f %12.0f %12.0f\n", part.name.c_str(), median(sorted), sorted[sorted.size() / 10],
+                  sorted[sorted.size() * 9 / 10]);
     }
     if (!settings.json_path.empty()) {
       std::FILE* json = std::fopen(settings.json_path.c_str(), "w");
@@ -152,11 +216,17 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
           std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "", variants[k].name.c_str(),
                        median(variants[k].samples_ns));
         }
+        std::fprintf(json, "\n], \"calls\": [");
+        for (std::size_t k = 0; k < parts.size(); ++k) {
+          std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "", parts[k].name.c_str(),
+                       median(parts[k].samples_ns));
+        }
         std::fprintf(json, "\n]}\n");
         std::fclose(json);
       }
     }
   }
+  NCCLKIT_CUDA_CHECK(cudaEventDestroy(marker));
   NCCLKIT_NCCL_CHECK(ncclCommDestroy(raw));
   return 0;
 }

@@ -123,16 +123,20 @@ run_all() {
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 120 "$bin/gpu_test_nccl_communicator"
   CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 180 "$bin/gpu_test_nccl_collectives"
-  CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 120 "$bin/gpu_test_nccl_watchdog"
-  # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; 1 MiB..1 GiB correctness
-  #    checked up to 64 MiB (the engine's host check is single-threaded), 1 GiB by the large test.
-  CUDA_VISIBLE_DEVICES=$all phase perf-p4 150 "$bin/perf_nccl" -p 4 --raw -b 8 -e 64M -f 2 -n 60 -w 10 -R 5 \
+  CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
+  # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
+  #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
+  #    messages get 1000 timed calls (5 rounds of 200): a call takes ~10 us there, and rounds
+  #    of a dozen calls left the 1 us comparison to noise.
+  CUDA_VISIBLE_DEVICES=$all phase perf-p4-small 120 "$bin/perf_nccl" -p 4 --raw -b 8 -e 64K -f 2 -n 1000 -w 50 -R 5 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p4 150 "$bin/perf_nccl" -p 4 --raw -b 128K -e 64M -f 2 -n 60 -w 10 -R 5 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p4-large 90 "$bin/perf_nccl" -p 4 --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_large.csv"
   CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$out/enqueue.json"
   # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
-  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 120 "$bin/gpu_test_nccl_watchdog"
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 150 "$bin/gpu_test_nccl_watchdog"
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLKIT_TEST_WORLD_SIZES=2,4 CUDA_VISIBLE_DEVICES=$all \
     phase collectives-net 240 "$bin/gpu_test_nccl_collectives"
   # 4. 1 GiB collectives.

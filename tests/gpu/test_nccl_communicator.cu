@@ -169,6 +169,23 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
                            "all_reduce after misuse");
     checker.expect(!comm.failed(), "misuse does not fail the communicator");
 
+    // Buffers found good are remembered (detail/checked_pointers.hpp), which must not let bad
+    // ones through: a host buffer after good calls, in place and out of place, and a buffer
+    // freed through ncclkit after it was checked.
+    comm.all_reduce(a.data(), a.data(), 64, ReduceOp::kSum);
+    expect_misuse(checker, "host input after good calls", "is host memory", [&] { comm.all_reduce(host.data(), a.data(), 64); });
+    expect_misuse(checker, "host buffer in place after good calls", "is host memory",
+                  [&] { comm.all_reduce(host.data(), host.data(), 64); });
+    {
+      DeviceBuffer<float> freed(64, device);
+      float* address = freed.data();
+      comm.all_reduce(address, address, 64, ReduceOp::kSum);  // checked and remembered
+      comm.synchronize();
+      freed = DeviceBuffer<float>();  // freed through ncclkit: forgotten
+      expect_misuse(checker, "buffer freed after it was checked", "device memory already freed",
+                    [&] { comm.all_reduce(address, address, 64); });
+    }
+
     // Moved-from communicators say so.
     Communicator moved = std::move(comm);
     expect_misuse(checker, "use after move", "moved from", [&] { (void)comm.rank(); });

@@ -11,7 +11,10 @@
 // NCCL's ring all aborted can see the collective complete, with undefined data, and fails
 // only at its next collective (GPU run 4, docs/gpu-runs.md). The drills accept that outcome
 // only when it is explained so (some peer had already timed out) and the next collective
-// fails; they print the data and timing that show it.
+// fails; they print the data and timing that show it. A failing rank announces its failure
+// through the store, and a rank whose collective waits learns of it from there (watchdog.hpp):
+// the late rank must fail that way, well before its own timeout, and so must ranks whose
+// timeout is much longer than the failing rank's.
 // ncclkit-test: labels=nccl timeout=300 serial
 #include <doctest/doctest.h>
 
@@ -249,6 +252,14 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
       for (const std::string& needle : needles) {
         checker.expect(message.find(needle) != std::string::npos, "message names '" + needle + "'");
       }
+      if (drill == Drill::kLate && r == kLateRank) {
+        // Its peers had failed and announced it before it issued: the store link, not its own
+        // timeout, must end its wait.
+        checker.expect(message.find("announced through the store") != std::string::npos,
+                       "the late rank learnt of its peers' failure through the store");
+        checker.expect(waited < std::chrono::duration<double>(kTimeout).count(),
+                       "the late rank failed before its own timeout (took " + std::to_string(waited) + " s)");
+      }
       const auto report = comm->failure_report();
       checker.expect(report.has_value(), "a failure report exists");
       if (report) {
@@ -310,5 +321,54 @@ TEST_CASE("drill: a rank is stopped; the others get CommError and exit cleanly")
 TEST_CASE("drill: a rank skips a collective; the report names it") { run_drill(Drill::kSkip); }
 TEST_CASE("drill: a rank issues after its peers gave up; it fails by its next collective") { run_drill(Drill::kLate); }
 TEST_CASE("drill: destroying a communicator with a hung collective returns") { run_drill(Drill::kDestroy); }
+
+TEST_CASE("a failure announced through the store ends peers' waits long before their own timeout") {
+  // Rank 0 has a 2 s timeout, the last rank never issues seq 2, the ranks between have 120 s:
+  // they must fail within seconds of rank 0 (through the store), not after 120 s.
+  if (!have_gpus(3, "peer failure through the store")) return;
+  const int n = std::min(visible_gpu_count(), 4);
+  CAPTURE(n);
+  run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Checker checker(world.rank);
+    const int r = world.rank, victim = world.world_size - 1;
+    const auto timeout = r == 0 ? std::chrono::seconds(2) : std::chrono::seconds(120);
+    Communicator comm(store, world, Options{.timeout = timeout, .name = "peers"});
+    DeviceBuffer<float> buffer(kCount, comm.device());
+    upload(buffer, make_input<float>(1, r, kCount), comm.default_stream());
+    comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 1, on every rank
+    comm.synchronize();
+    if (r == victim) {
+      store->wait({"peers/release"}, std::chrono::seconds(120));
+      comm.abort("test over");
+      return checker.finish("peer failure (victim)");
+    }
+    const auto start = Clock::now();
+    Attempt attempt = all_reduce_and_wait(comm, buffer);
+    if (!attempt.threw && r != 0) {
+      // Released by rank 0's abort (see the top of this file): the next collective must fail.
+      std::printf("rank %d: seq 2 returned after %.2f s (released by an aborted peer)\n", r,
+                  std::chrono::duration<double>(attempt.ended - attempt.issued).count());
+      attempt = all_reduce_and_wait(comm, buffer);
+    }
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    checker.expect(attempt.threw, "CommError");
+    std::printf("rank %d caught after %.2f s:\n%s\n", r, waited, attempt.message.c_str());
+    if (r == 0) {
+      checker.expect(attempt.message.find("did not complete within the timeout") != std::string::npos,
+                     "rank 0 failed by its own timeout");
+    } else {
+      checker.expect(attempt.message.find("rank 0 announced through the store") != std::string::npos,
+                     "rank " + std::to_string(r) + " learnt of rank 0's failure through the store");
+      checker.expect(waited < 2.0 + 8.0, "rank " + std::to_string(r) + " failed within 8 s of rank 0's timeout (took " +
+                                             std::to_string(waited) + " s; its own timeout is 120 s)");
+    }
+    store->set("peers/checked/" + std::to_string(r), "1");
+    if (r == 0) {
+      for (int j = 0; j < victim; ++j) store->wait({"peers/checked/" + std::to_string(j)}, std::chrono::seconds(60));
+      store->set("peers/release", "1");
+    }
+    return checker.finish("peer failure");
+  }, std::chrono::minutes(2));
+}
 
 }  // namespace

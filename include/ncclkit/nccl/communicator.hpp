@@ -569,6 +569,7 @@ class Communicator {
   }
   void deallocate(void* pointer) {
     if (pointer == nullptr) return;
+    detail::note_device_memory_freed();  // communicators forget the addresses they checked
     NCCLKIT_CUDA_CHECK(cudaFree(pointer));
   }
   /// Copies `bytes` between non-overlapping device buffers on `stream`.
@@ -1024,7 +1025,8 @@ class Communicator {
       misuse(operation, std::string("sizes do not match (") + rule + "): " + std::to_string(first.count) + " and " +
                             std::to_string(second.count) + " elements");
     }
-    check_buffer(operation, "input/output", first, true);
+    // In place (one address, one element type): one buffer to check.
+    if (first.data != second.data || first.count > second.count) check_buffer(operation, "input/output", first, true);
     check_buffer(operation, "input/output", second, true);
   }
   void check_buffer(const char* operation, const char* which, const TensorView& buffer, bool needed) const {
@@ -1039,6 +1041,7 @@ class Communicator {
       misuse(operation, std::string(which) + " is a null pointer with count " + std::to_string(buffer.count));
     }
     if (!core().options.check_pointers || core().capturing) return;
+    if (core().checked_pointers.contains(buffer.data)) return;  // checked before (detail/checked_pointers.hpp)
     detail::RelaxedCaptureMode relaxed;  // legal while another stream captures a graph
     cudaPointerAttributes attributes{};
     const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data);
@@ -1046,10 +1049,16 @@ class Communicator {
       (void)cudaGetLastError();
       attributes.type = cudaMemoryTypeUnregistered;
     }
-    if (attributes.type == cudaMemoryTypeManaged) return;
+    if (attributes.type == cudaMemoryTypeManaged) {
+      core().checked_pointers.insert(buffer.data);
+      return;
+    }
     if (attributes.type != cudaMemoryTypeDevice) {
       misuse(operation, std::string(which) + " at " + address(buffer.data) + " (" + std::to_string(buffer.bytes()) +
-                            " bytes) is host memory; NCCL needs device memory of GPU " + std::to_string(device()) +
+                            " bytes) is " +
+                            (attributes.type == cudaMemoryTypeHost ? "host memory (pinned)"
+                                                                   : "host memory, or device memory already freed") +
+                            "; NCCL needs device memory of GPU " + std::to_string(device()) +
                             " (cudaMalloc, Communicator::allocate, DeviceBuffer); Options::check_pointers = false "
                             "turns this check off");
     }
@@ -1058,9 +1067,11 @@ class Communicator {
                             std::to_string(attributes.device) + ", but this communicator runs on GPU " +
                             std::to_string(device()));
     }
+    core().checked_pointers.insert(buffer.data);
   }
   /// Resolves the stream, learns whether it is capturing a CUDA graph (kept in the core for the
-  /// checks and the issue path of this call), and checks its device. While capturing, no CUDA
+  /// checks and the issue path of this call), and checks its device (unless it is one of the
+  /// streams the communicator made). While capturing, no CUDA
   /// query is made beyond cudaStreamIsCapturing: capture is fragile, and one illegal call
   /// spoils it for good.
   cudaStream_t checked_stream(const char* operation, const StreamArg& stream) const {
@@ -1068,6 +1079,15 @@ class Communicator {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
     core().capturing = capture != cudaStreamCaptureStatusNone;
+    // Streams the communicator made are of its GPU; any other (Options::stream included, which
+    // may be a special handle such as cudaStreamPerThread) is checked on every call.
+    const bool own = s == core().own_default_stream.get() || s == core().own_comm_stream.get();
+    if (!own || s == nullptr) check_stream_device(operation, s);
+    return s;
+  }
+  /// Misuse when `s` belongs to another GPU (queried when Options::check_pointers is on and
+  /// nothing is capturing; CUDA 12.8 or later).
+  void check_stream_device(const char* operation, cudaStream_t s) const {
 #if CUDART_VERSION >= 12080
     if (core().options.check_pointers && !core().capturing) {
       detail::RelaxedCaptureMode relaxed;
@@ -1082,8 +1102,10 @@ class Communicator {
                                             : ""));
       }
     }
+#else
+    (void)operation;
+    (void)s;
 #endif
-    return s;
   }
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)

@@ -16,6 +16,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/stream.hpp"
 
 namespace ncclkit::nccl {
@@ -91,6 +92,7 @@ class DeviceBuffer {
   }
   void reset() noexcept {
     if (data_ == nullptr) return;
+    detail::note_device_memory_freed();  // communicators forget the addresses they checked
     if (cudaFree(std::exchange(data_, nullptr)) != cudaSuccess) {
       (void)cudaGetLastError();
       log_warn("DeviceBuffer: cudaFree failed on GPU " + std::to_string(device_));

@@ -9,14 +9,24 @@
 ///   - `ncclCommGetAsyncError`: an error there (a peer lost over the network transport, a
 ///     CUDA error inside NCCL) means the communicator has failed.
 /// On failure it aborts the communicator (`ncclCommAbort`, which also releases the GPU streams
-/// waiting on its kernels), publishes this rank's progress to the store and reads every other
-/// rank's (when the store still answers), and records a `FailureReport`. From the moment the
-/// failure is detected, every call on the communicator throws `CommError` with that report.
+/// waiting on its kernels), announces the failure and publishes this rank's progress to the
+/// store, reads every other rank's (when the store still answers), and records a
+/// `FailureReport`. From the moment the failure is detected, every call on the communicator
+/// throws `CommError` with that report.
 ///
-/// Progress exchange: while healthy, the watchdog publishes "issued completed" sequence
-/// numbers under `progress/<rank>` in the communicator's store scope whenever they change (at
-/// most every 50 ms), so that a report can say which rank fell behind even when that rank
-/// is stopped or dead.
+/// The store side runs on a second thread, the store link, so that a store that stops
+/// answering (its host rank stopped, say) never delays the watchdog's own timeout:
+///   - progress: while healthy, it publishes "issued completed" sequence numbers under
+///     `progress/<rank>` in the communicator's store scope whenever they change (at most
+///     every 50 ms), so that a report can say which rank fell behind even when that rank is
+///     stopped or dead;
+///   - peer failures: a failing rank sets `failed` ("<rank> <reason>") in the scope. While
+///     this rank has a collective in flight for longer than the peer check interval (the
+///     timeout / 10, between 100 ms and 1 s), the store link checks that key once per
+///     interval; when it is set, the collective cannot complete (a member of it has aborted),
+///     and this communicator fails too, without waiting out its own timeout. It also catches
+///     a collective that NCCL let complete, with undefined data, because its peers aborted:
+///     the next one fails within an interval rather than a timeout.
 ///
 /// Why a thread and not checks inside each call: a hang happens exactly when the program is
 /// blocked somewhere else (in synchronize, in a data loader, in another library), and it is
@@ -115,6 +125,7 @@ struct WatchdogState {
   int device = 0;
   std::chrono::milliseconds timeout{};
   std::chrono::milliseconds poll{};
+  std::chrono::milliseconds peer_check{};  ///< how often the store link looks for a peer's failure
   std::shared_ptr<Store> store;  ///< this communicator's scope; may be null
   CommHandle handle;
 
@@ -133,6 +144,7 @@ struct WatchdogState {
   std::condition_variable control_cv;
   bool stop = false;
   bool thread_done = false;
+  bool link_done = false;  ///< the store link thread has ended (or never ran)
   bool failure_requested = false;
   std::string requested_reason;
   std::optional<WorkRecord> culprit;
@@ -140,7 +152,11 @@ struct WatchdogState {
   bool report_ready = false;
   FailureReport report;
 
-  // Progress publication (watchdog thread only).
+  // Store traffic: the store link thread while healthy, the watchdog thread after a failure;
+  // publish_mutex keeps a late "healthy" write from landing after the failure's.
+  std::mutex publish_mutex;
+  bool failure_from_peer = false;  ///< this failure was announced by another rank (control_mutex)
+  Clock::time_point last_peer_check{};
   std::uint64_t published_issued = ~std::uint64_t{0};
   std::uint64_t published_completed = ~std::uint64_t{0};
   Clock::time_point published_at{};
@@ -155,8 +171,13 @@ struct WatchdogState {
 
   std::string progress_key(int of_rank) const { return "progress/" + std::to_string(of_rank); }
 
+  static constexpr const char* kFailedKey = "failed";
+
   void publish_progress(bool force, bool failed_now) {
+    std::lock_guard lock(publish_mutex);
     if (!store || store_broken) return;
+    // A healthy rank's write must not overwrite the failure's (see publish_mutex).
+    if (!failed_now && failed.load(std::memory_order_acquire)) return;
     const std::uint64_t i = issued.load(), c = completed.load();
     const auto now = Clock::now();
     if (!force && i == published_issued && c == published_completed) return;
@@ -169,6 +190,36 @@ struct WatchdogState {
     } catch (const std::exception& e) {
       store_broken = true;
       log_warn("watchdog of '" + name + "': cannot publish progress to the store any more: " + e.what());
+    }
+  }
+
+  /// Tells the other ranks (their store links) that this communicator failed.
+  void announce_failure(const std::string& reason) {
+    std::lock_guard lock(publish_mutex);
+    if (!store || store_broken) return;
+    try {
+      store->set(kFailedKey, std::to_string(rank) + " " + reason);
+    } catch (const std::exception& e) {
+      store_broken = true;
+      log_warn("watchdog of '" + name + "': cannot announce the failure through the store: " + e.what());
+    }
+  }
+
+  /// When a peer has announced a failure: "<rank> <reason>". Checked at most once per
+  /// peer_check interval, and only while a collective has been in flight (or an NCCL call
+  /// blocked) that long: no store traffic while work completes normally.
+  std::optional<std::string> peer_failure(Clock::time_point now, Clock::time_point oldest) {
+    if (!store || now - oldest < peer_check || now - last_peer_check < peer_check) return std::nullopt;
+    last_peer_check = now;
+    std::lock_guard lock(publish_mutex);
+    if (store_broken) return std::nullopt;
+    try {
+      if (!store->check({std::string(kFailedKey)})) return std::nullopt;
+      return store->get_string(kFailedKey, std::chrono::milliseconds(500));
+    } catch (const std::exception& e) {
+      store_broken = true;
+      log_warn("watchdog of '" + name + "': cannot read peers' failures from the store any more: " + e.what());
+      return std::nullopt;
     }
   }
 
@@ -250,6 +301,8 @@ class Watchdog {
     s.timeout = config.timeout;
     s.poll = std::clamp<std::chrono::milliseconds>(config.timeout / 20, std::chrono::milliseconds(1),
                                                     std::chrono::milliseconds(50));
+    s.peer_check = std::clamp<std::chrono::milliseconds>(config.timeout / 10, std::chrono::milliseconds(100),
+                                                          std::chrono::milliseconds(1000));
     s.store = std::move(config.store);
     {
       // A few events up front, so that the first collectives do not pay for creating them.
@@ -268,33 +321,46 @@ class Watchdog {
       stop();
       state_ = std::move(other.state_);
       thread_ = std::move(other.thread_);
+      link_ = std::move(other.link_);
     }
     return *this;
   }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  /// Starts the thread, once the communicator's NCCL handle is ready.
+  /// Starts the threads, once the communicator's NCCL handle is ready: the watchdog, and the
+  /// store link when there is a store.
   void start() {
     auto state = state_;
     thread_ = std::thread([state] { run(*state); });
+    if (state->store) {
+      link_ = std::thread([state] { run_store_link(*state); });
+    } else {
+      std::lock_guard lock(state->control_mutex);
+      state->link_done = true;
+    }
   }
 
-  /// Stops the thread: joins it when it ends within 10 s (it ends within one poll interval
-  /// unless it is handling a failure and the store is slow), else detaches it. Never hangs.
+  /// Stops the threads: joins them when they end within 10 s (they end within one poll
+  /// interval unless one is waiting for a slow store), else detaches them (they share the
+  /// state, so they may outlive the communicator). Never hangs.
   void stop() noexcept {
     if (!state_) return;
-    if (thread_.joinable()) {
-      std::unique_lock lock(state_->control_mutex);
-      state_->stop = true;
-      state_->control_cv.notify_all();
-      bool done = state_->control_cv.wait_for(lock, std::chrono::seconds(10), [&] { return state_->thread_done; });
-      lock.unlock();
-      if (done) {
-        thread_.join();
+    if (!thread_.joinable() && !link_.joinable()) return;
+    std::unique_lock lock(state_->control_mutex);
+    state_->stop = true;
+    state_->control_cv.notify_all();
+    const bool done = state_->control_cv.wait_for(lock, std::chrono::seconds(10),
+                                                  [&] { return state_->thread_done && state_->link_done; });
+    const bool watchdog_done = state_->thread_done, link_done = state_->link_done;
+    lock.unlock();
+    if (!done) log_warn("watchdog of '" + state_->name + "' did not stop within 10 s (store not answering?); detached");
+    for (auto [thread, finished] : {std::pair{&thread_, watchdog_done}, std::pair{&link_, link_done}}) {
+      if (!thread->joinable()) continue;
+      if (finished) {
+        thread->join();
       } else {
-        log_warn("watchdog of '" + state_->name + "' did not stop within 10 s (store not answering?); detached");
-        thread_.detach();
+        thread->detach();
       }
     }
   }
@@ -459,10 +525,58 @@ class Watchdog {
           deferred = !handled;
         }
       }
-      if (!handled) s.publish_progress(false, false);
     }
     std::lock_guard lock(s.control_mutex);
     s.thread_done = true;
+    s.control_cv.notify_all();
+  }
+
+  /// The store link: publishes progress while healthy and turns a peer's announced failure
+  /// into this communicator's while its work waits (see the top of this file). Ends at stop
+  /// or once this communicator has failed (the watchdog thread then does the store work).
+  static void run_store_link(detail::WatchdogState& s) {
+    while (true) {
+      {
+        std::unique_lock lock(s.control_mutex);
+        s.control_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.stop || s.failure_requested; });
+        if (s.stop || s.failure_requested) break;
+      }
+      s.publish_progress(false, false);
+      // What has waited longest: the oldest collective in flight, or a blocking NCCL call.
+      const auto now = detail::Clock::now();
+      std::optional<detail::WorkRecord> oldest;
+      {
+        std::lock_guard lock(s.queue_mutex);
+        if (!s.in_flight.empty()) oldest = s.in_flight.front();
+      }
+      const std::int64_t since = s.handle.issuing_since.load(std::memory_order_acquire);
+      if (since != 0) {
+        const auto entered = detail::Clock::time_point(std::chrono::nanoseconds(since));
+        if (!oldest || entered < oldest->issued) {
+          oldest = detail::WorkRecord{s.handle.issuing_seq, s.handle.issuing_seq, s.handle.issuing_operation, 1,
+                                      s.handle.issuing_bytes, entered, nullptr};
+        }
+      }
+      if (!oldest) continue;
+      if (auto announced = s.peer_failure(now, oldest->issued)) {
+        std::string reason = *announced;
+        const auto space = reason.find(' ');
+        const std::string who = space == std::string::npos ? reason : reason.substr(0, space);
+        const std::string why = space == std::string::npos ? std::string("no reason given") : reason.substr(space + 1);
+        {
+          std::lock_guard lock(s.control_mutex);
+          if (!s.failure_requested) s.failure_from_peer = true;
+        }
+        request(s,
+                "rank " + who + " announced through the store that its communicator failed (" + why +
+                    "), so this collective cannot complete; stopped waiting after " +
+                    FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count()),
+                oldest);
+        break;
+      }
+    }
+    std::lock_guard lock(s.control_mutex);
+    s.link_done = true;
     s.control_cv.notify_all();
   }
 
@@ -605,6 +719,12 @@ class Watchdog {
     }
     report.issued = s.issued.load();
     report.completed = s.completed.load();
+    bool from_peer = false;
+    {
+      std::lock_guard lock(s.control_mutex);
+      from_peer = s.failure_from_peer;
+    }
+    if (!from_peer) s.announce_failure(report.reason);
     s.publish_progress(true, true);
     s.gather_peers(report);
 
@@ -618,6 +738,7 @@ class Watchdog {
 
   std::shared_ptr<detail::WatchdogState> state_;
   std::thread thread_;
+  std::thread link_;  ///< the store link
 };
 
 }  // namespace ncclkit::nccl

@@ -17,6 +17,7 @@
 
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/options.hpp"
 #include "ncclkit/nccl/stream.hpp"
 #include "ncclkit/nccl/watchdog.hpp"
@@ -48,6 +49,7 @@ struct CommCore {
   Event sync_event;  ///< recorded by synchronize()
   bool capturing = false;  ///< whether the stream of the call being issued is capturing a graph
   void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
+  CheckedPointers checked_pointers;  ///< buffers already found to be device memory of this GPU
 
   CommHandle& handle() { return watchdog.handle(); }
 
