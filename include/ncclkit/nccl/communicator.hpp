@@ -1025,8 +1025,9 @@ class Communicator {
       misuse(operation, std::string("sizes do not match (") + rule + "): " + std::to_string(first.count) + " and " +
                             std::to_string(second.count) + " elements");
     }
-    // In place (one address, one element type): one buffer to check.
-    if (first.data != second.data || first.count > second.count) check_buffer(operation, "input/output", first, true);
+    // In place (one address, element type and memory kind): one buffer to check.
+    const bool same = first.data == second.data && first.where == second.where && first.count <= second.count;
+    if (!same) check_buffer(operation, "input/output", first, true);
     check_buffer(operation, "input/output", second, true);
   }
   void check_buffer(const char* operation, const char* which, const TensorView& buffer, bool needed) const {

@@ -563,15 +563,11 @@ class Watchdog {
         const auto space = reason.find(' ');
         const std::string who = space == std::string::npos ? reason : reason.substr(0, space);
         const std::string why = space == std::string::npos ? std::string("no reason given") : reason.substr(space + 1);
-        {
-          std::lock_guard lock(s.control_mutex);
-          if (!s.failure_requested) s.failure_from_peer = true;
-        }
         request(s,
                 "rank " + who + " announced through the store that its communicator failed (" + why +
                     "), so this collective cannot complete; stopped waiting after " +
                     FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count()),
-                oldest);
+                oldest, /*from_peer=*/true);
         break;
       }
     }
@@ -580,10 +576,14 @@ class Watchdog {
     s.control_cv.notify_all();
   }
 
-  static void request(detail::WatchdogState& s, std::string reason, std::optional<detail::WorkRecord> culprit) {
+  /// Marks the failure (the first request wins). `from_peer`: another rank announced it, so
+  /// this one does not announce it again.
+  static void request(detail::WatchdogState& s, std::string reason, std::optional<detail::WorkRecord> culprit,
+                      bool from_peer = false) {
     std::lock_guard lock(s.control_mutex);
     if (s.failure_requested) return;
     s.failure_requested = true;
+    s.failure_from_peer = from_peer;
     s.requested_reason = std::move(reason);
     s.culprit = culprit;
     s.detected_at = detail::Clock::now();
