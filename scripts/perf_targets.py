@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Checks perf_nccl CSVs (--csv, with --raw) against the NCCL backend's targets.
+
+    scripts/perf_targets.py FILE.csv [FILE.csv ...]
+
+For every (collective, placement, size) that has both an ncclkit and a raw row:
+  - sizes >= 1 MiB: busbw within 2% of raw (ncclkit busbw >= 0.98 x raw);
+  - sizes 8 B .. 64 KiB: time within 1 us of raw (ncclkit time <= raw time + 1 us).
+Prints a summary per file and the rows that miss, worst first. Exit status 0 always: the
+numbers are for docs/perf-nccl.md, not a pass/fail gate (timings vary run to run).
+"""
+import csv
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    rows = defaultdict(dict)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            key = (row["collective"], row["placement"], int(row["bytes"]), int(row["nranks"]))
+            rows[key][row["implementation"]] = row
+    return rows
+
+
+def main(paths):
+    for path in paths:
+        rows = load(path)
+        big, small = [], []
+        for key, impl in sorted(rows.items()):
+            if "ncclkit" not in impl or "raw" not in impl:
+                continue
+            mine, raw = impl["ncclkit"], impl["raw"]
+            collective, placement, size, nranks = key
+            t_mine, t_raw = float(mine["time_us"]), float(raw["time_us"])
+            b_mine, b_raw = float(mine["busbw_gbs"]), float(raw["busbw_gbs"])
+            if size >= 1 << 20 and b_raw > 0:
+                big.append((b_mine / b_raw, collective, placement, size, b_mine, b_raw))
+            if 8 <= size <= 64 << 10:
+                small.append((t_mine - t_raw, collective, placement, size, t_mine, t_raw))
+        print(f"== {path}")
+        if big:
+            ok = sum(1 for r in big if r[0] >= 0.98)
+            worst = min(big)
+            print(f"  >= 1 MiB: {ok} of {len(big)} rows with busbw within 2% of raw; "
+                  f"lowest ratio {worst[0]:.3f} ({worst[1]} {worst[2]} {worst[3]} B)")
+            for r in sorted(big)[:10]:
+                if r[0] < 0.98:
+                    print(f"    miss: {r[1]} {r[2]} {r[3]} B: {r[4]:.2f} vs {r[5]:.2f} GB/s ({r[0]:.3f}x)")
+        if small:
+            diffs = sorted(r[0] for r in small)
+            ok = sum(1 for d in diffs if d <= 1.0)
+            median = diffs[len(diffs) // 2]
+            print(f"  8 B - 64 KiB: {ok} of {len(small)} rows within 1 us of raw; "
+                  f"median difference {median:+.2f} us, worst {diffs[-1]:+.2f} us")
+            for r in sorted(small, reverse=True)[:10]:
+                if r[0] > 1.0:
+                    print(f"    miss: {r[1]} {r[2]} {r[3]} B: {r[4]:.2f} vs {r[5]:.2f} us ({r[0]:+.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1:]))
