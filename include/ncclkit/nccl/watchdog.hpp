@@ -20,13 +20,22 @@
 ///     `progress/<rank>` in the communicator's store scope whenever they change (at most
 ///     every 50 ms), so that a report can say which rank fell behind even when that rank is
 ///     stopped or dead;
-///   - peer failures: a failing rank sets `failed` ("<rank> <reason>") in the scope. While
-///     this rank has a collective in flight for longer than the peer check interval (the
-///     timeout / 10, between 100 ms and 1 s), the store link checks that key once per
-///     interval; when it is set, the collective cannot complete (a member of it has aborted),
-///     and this communicator fails too, without waiting out its own timeout. It also catches
-///     a collective that NCCL let complete, with undefined data, because its peers aborted:
-///     the next one fails within an interval rather than a timeout.
+///   - peer failures: a failing rank sets `failed` ("<rank> <reason>") in the scope before it
+///     aborts (waiting at most 500 ms for the store). While this rank has a collective in
+///     flight for longer than the peer check interval (the timeout / 10, between 100 ms and
+///     1 s), the store link checks that key once per interval; when it is set, the collective
+///     cannot complete (a member of it has aborted), and this communicator fails too, without
+///     waiting out its own timeout.
+///
+/// Released collectives. NCCL's aborted kernels still signal their peers, so a collective
+/// waiting on a rank that aborts can complete on the others, with undefined data. Such a
+/// collective has waited at least as long as the failing rank's timeout. So whenever
+/// synchronize() sees work complete that had been in flight for a peer check interval or
+/// longer, it reads `failed` from the store before returning (one store round trip, at most
+/// once per such collective); since the failing rank announced before aborting, a released
+/// collective makes synchronize() throw CommError instead of returning undefined data. A
+/// collective issued after its peers had already aborted can be released at once; it is not
+/// caught by synchronize(), but the next collective fails within a peer check interval.
 ///
 /// Why a thread and not checks inside each call: a hang happens exactly when the program is
 /// blocked somewhere else (in synchronize, in a data loader, in another library), and it is
@@ -50,7 +59,7 @@
 #include <optional>            // std::optional
 #include <string>              // std::string
 #include <thread>              // std::thread
-#include <utility>             // std::move
+#include <utility>             // std::move, std::exchange
 #include <vector>              // std::vector
 
 #include "ncclkit/core/error.hpp"
@@ -112,6 +121,7 @@ struct WorkRecord {
   std::size_t bytes = 0;
   Clock::time_point issued{};
   cudaEvent_t event = nullptr;
+  bool verified = false;  ///< synchronize() already asked the store about it
 };
 
 /// Everything the watchdog thread shares with the communicator. Held by shared_ptr so that
@@ -156,6 +166,10 @@ struct WatchdogState {
   // publish_mutex keeps a late "healthy" write from landing after the failure's.
   std::mutex publish_mutex;
   bool failure_from_peer = false;  ///< this failure was announced by another rank (control_mutex)
+  bool announced = false;          ///< the store link has announced this rank's failure (control_mutex)
+  /// Work that had been in flight for a peer check interval or longer, retired by the
+  /// watchdog thread before synchronize() verified it (the oldest such; queue_mutex).
+  std::optional<WorkRecord> unverified;
   Clock::time_point last_peer_check{};
   std::uint64_t published_issued = ~std::uint64_t{0};
   std::uint64_t published_completed = ~std::uint64_t{0};
@@ -205,17 +219,31 @@ struct WatchdogState {
     }
   }
 
-  /// When a peer has announced a failure: "<rank> <reason>". Checked at most once per
-  /// peer_check interval, and only while a collective has been in flight (or an NCCL call
-  /// blocked) that long: no store traffic while work completes normally.
+  /// The failure a peer announced ("<rank> <reason>"), if any. Throws on store errors.
+  std::optional<std::string> read_announcement() const {
+    if (!store->check({std::string(kFailedKey)})) return std::nullopt;
+    return store->get_string(kFailedKey, std::chrono::milliseconds(500));
+  }
+
+  /// The reason of this rank's failure, from a peer's announcement and what it did here.
+  static std::string peer_reason(const std::string& announcement, const std::string& consequence) {
+    const auto space = announcement.find(' ');
+    const std::string who = space == std::string::npos ? announcement : announcement.substr(0, space);
+    const std::string why = space == std::string::npos ? std::string("no reason given") : announcement.substr(space + 1);
+    return "rank " + who + " announced through the store that its communicator failed (" + why + "), so " +
+           consequence;
+  }
+
+  /// For the store link: a peer's announced failure, checked at most once per peer_check
+  /// interval, and only while a collective has been in flight (or an NCCL call blocked) that
+  /// long: no store traffic while work completes normally.
   std::optional<std::string> peer_failure(Clock::time_point now, Clock::time_point oldest) {
     if (!store || now - oldest < peer_check || now - last_peer_check < peer_check) return std::nullopt;
     last_peer_check = now;
     std::lock_guard lock(publish_mutex);
     if (store_broken) return std::nullopt;
     try {
-      if (!store->check({std::string(kFailedKey)})) return std::nullopt;
-      return store->get_string(kFailedKey, std::chrono::milliseconds(500));
+      return read_announcement();
     } catch (const std::exception& e) {
       store_broken = true;
       log_warn("watchdog of '" + name + "': cannot read peers' failures from the store any more: " + e.what());
@@ -461,6 +489,46 @@ class Watchdog {
     request(*state_, std::move(reason), detail::WorkRecord{seq, seq, operation, 1, bytes, detail::Clock::now(), nullptr});
   }
 
+  /// After a wait: when work that had been in flight for a peer check interval or longer has
+  /// completed since the last verification, asks the store whether a peer announced a
+  /// failure (such work may have been released by that peer's abort, with undefined data;
+  /// see the top of this file) and throws CommError if so. One store round trip per such
+  /// collective; nothing otherwise. Store errors are left to the store link to report.
+  void verify_completions() const {
+    auto& s = *state_;
+    if (!s.store) return;
+    std::optional<detail::WorkRecord> suspect;
+    const auto now = detail::Clock::now();
+    {
+      std::lock_guard lock(s.queue_mutex);
+      suspect = std::exchange(s.unverified, std::nullopt);
+      for (auto& record : s.in_flight) {
+        if (now - record.issued < s.peer_check) break;  // issue order: the rest are younger
+        if (record.verified) continue;
+        const cudaError_t status = cudaEventQuery(record.event);
+        if (status != cudaSuccess) {
+          if (status != cudaErrorNotReady) (void)cudaGetLastError();  // the watchdog reports it
+          continue;
+        }
+        record.verified = true;
+        if (!suspect) suspect = record;
+      }
+    }
+    if (!suspect) return;
+    std::optional<std::string> announced;
+    try {
+      announced = s.read_announcement();
+    } catch (const std::exception&) {
+      return;
+    }
+    if (!announced) return;
+    request(s,
+            detail::WatchdogState::peer_reason(*announced, "work that completed here while it waited may have been "
+                                                           "released by that rank's abort and hold undefined data"),
+            suspect, /*from_peer=*/true);
+    throw_failure();
+  }
+
   /// Blocks until `event` has completed, the communicator failed (CommError) or `deadline`
   /// passed (TimeoutError naming `what`). Spins (yielding) for the first 20 ms, as
   /// cudaStreamSynchronize does, so that timing loops see completion within a microsecond;
@@ -472,6 +540,7 @@ class Watchdog {
       if (status == cudaSuccess) {
         // An abort releases the streams it stopped: completion alone does not mean success.
         throw_if_failed();
+        verify_completions();
         return;
       }
       if (status != cudaErrorNotReady) {
@@ -539,7 +608,19 @@ class Watchdog {
       {
         std::unique_lock lock(s.control_mutex);
         s.control_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.stop || s.failure_requested; });
-        if (s.stop || s.failure_requested) break;
+        if (s.stop) break;
+        if (s.failure_requested) {
+          // Announce this rank's own failure while the watchdog thread waits to abort (see
+          // handle_failure), so that peers released by the abort find it in the store.
+          const bool own = !s.failure_from_peer;
+          const std::string reason = s.requested_reason;
+          lock.unlock();
+          if (own) s.announce_failure(reason);
+          lock.lock();
+          s.announced = true;
+          s.control_cv.notify_all();
+          break;
+        }
       }
       s.publish_progress(false, false);
       // What has waited longest: the oldest collective in flight, or a blocking NCCL call.
@@ -559,16 +640,12 @@ class Watchdog {
       }
       if (!oldest) continue;
       if (auto announced = s.peer_failure(now, oldest->issued)) {
-        std::string reason = *announced;
-        const auto space = reason.find(' ');
-        const std::string who = space == std::string::npos ? reason : reason.substr(0, space);
-        const std::string why = space == std::string::npos ? std::string("no reason given") : reason.substr(space + 1);
         request(s,
-                "rank " + who + " announced through the store that its communicator failed (" + why +
-                    "), so this collective cannot complete; stopped waiting after " +
-                    FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count()),
+                detail::WatchdogState::peer_reason(
+                    *announced, "this collective cannot complete; stopped waiting after " +
+                                    FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count())),
                 oldest, /*from_peer=*/true);
-        break;
+        // Loop once more: the failure is requested, so it ends there.
       }
     }
     std::lock_guard lock(s.control_mutex);
@@ -598,6 +675,7 @@ class Watchdog {
       detail::WorkRecord& front = s.in_flight.front();
       cudaError_t status = cudaEventQuery(front.event);
       if (status == cudaSuccess) {
+        if (s.store && !front.verified && !s.unverified && now - front.issued >= s.peer_check) s.unverified = front;
         s.completed.store(front.last_seq, std::memory_order_release);
         s.free_events.push_back(front.event);
         s.in_flight.pop_front();
@@ -682,6 +760,13 @@ class Watchdog {
       report.waited_s = std::chrono::duration<double>(s.detected_at - culprit->issued).count();
     }
 
+    // Peers released by the abort must find the announcement in the store when they look
+    // (synchronize() does): wait for the store link to make it, but never long.
+    if (s.store) {
+      std::unique_lock lock(s.control_mutex);
+      s.control_cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return s.announced || s.link_done; });
+    }
+
     // Abort. The lock keeps the abort away from a thread inside NCCL; a thread that holds it
     // for long is itself stuck (e.g. a kernel launch blocked behind a hung queue), and only
     // the abort can release it: then abort without the lock.
@@ -719,12 +804,11 @@ class Watchdog {
     }
     report.issued = s.issued.load();
     report.completed = s.completed.load();
-    bool from_peer = false;
-    {
-      std::lock_guard lock(s.control_mutex);
-      from_peer = s.failure_from_peer;
+    // A collective the failure is about did not complete, even if its event fired (released).
+    if (culprit && culprit->first_seq > 0 && report.completed >= culprit->first_seq) {
+      report.completed = culprit->first_seq - 1;
+      s.completed.store(report.completed);
     }
-    if (!from_peer) s.announce_failure(report.reason);
     s.publish_progress(true, true);
     s.gather_peers(report);
 
