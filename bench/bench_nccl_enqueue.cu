@@ -8,7 +8,8 @@
 // same calls, so the collectives always match.
 //
 // Variants: raw (ncclAllReduce on a plain blocking communicator); raw followed by a
-// cudaEventRecord (what completion tracking adds); ncclkit with pointer checks (the default)
+// cudaEventRecord (what completion tracking adds); ncclAllReduce called directly on the NCCL
+// communicator ncclkit made (its config and split origin); ncclkit with pointer checks (the default)
 // in place, out of place, on a stream of the caller's, and cycling through 16 buffers (more
 // than the 8 the checks remember, so every call queries CUDA); ncclkit without checks
 // (Options::check_pointers = false); and raw/ncclkit with 8 all_reduces fused in one group
@@ -105,6 +106,14 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
                         NCCLKIT_CUDA_CHECK(cudaEventRecord(marker, stream));
                       },
                       [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
+  // ncclkit's own NCCL communicator (split from a non-blocking one, with a config) called
+  // directly: whether NCCL's per-call cost differs from the plain communicator's.
+  variants.push_back({"raw ncclAllReduce on ncclkit's NCCL comm", 1,
+                      [&] {
+                        NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, unchecked.native(),
+                                                         unchecked.default_stream()));
+                      },
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(unchecked.default_stream())); }, {}});
   variants.push_back({"ncclkit all_reduce (pointer checks on)", 1,
                       [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
   variants.push_back({"ncclkit checks on, out of place", 1,

@@ -126,11 +126,11 @@ run_all() {
   CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
   # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
   #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
-  #    messages get 1000 timed calls (5 rounds of 200): a call takes ~10 us there, and rounds
-  #    of a dozen calls left the 1 us comparison to noise.
+  #    messages get 1000 timed calls (5 rounds of 200) and the middle sizes 200 (5 rounds of
+  #    40): rounds of a dozen calls left the comparison to noise (runs 4-7, docs/gpu-runs.md).
   CUDA_VISIBLE_DEVICES=$all phase perf-p4-small 120 "$bin/perf_nccl" -p 4 --raw -b 8 -e 64K -f 2 -n 1000 -w 50 -R 5 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_small.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-p4 150 "$bin/perf_nccl" -p 4 --raw -b 128K -e 64M -f 2 -n 60 -w 10 -R 5 \
+  CUDA_VISIBLE_DEVICES=$all phase perf-p4 150 "$bin/perf_nccl" -p 4 --raw -b 128K -e 64M -f 2 -n 200 -w 20 -R 5 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p4-large 90 "$bin/perf_nccl" -p 4 --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_large.csv"
@@ -146,7 +146,7 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
   CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
   # 6. One process driving 4 GPUs (-g), ncclkit and raw.
-  CUDA_VISIBLE_DEVICES=$all phase perf-g4 90 "$bin/perf_nccl" -g 4 --raw -b 8 -e 256M -f 4 -n 40 -w 5 -R 5 \
+  CUDA_VISIBLE_DEVICES=$all phase perf-g4 90 "$bin/perf_nccl" -g 4 --raw -b 8 -e 256M -f 4 -n 200 -w 20 -R 5 \
     -O all_reduce -d float --csv "$out/perf_g4.csv"
 
   # A plot of busbw against size from the perf CSVs (matplotlib is there on the GPU machines).

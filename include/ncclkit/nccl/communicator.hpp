@@ -930,13 +930,14 @@ class Communicator {
     const bool watched = !c.capturing;
     const std::uint64_t seq = watched ? c.watchdog.next_seq() : 0;
     ncclResult_t status;
+    detail::Clock::time_point issued;
     {
       std::unique_lock lock(c.handle().mutex);
       if (c.handle().aborted) {
         lock.unlock();
         c.watchdog.throw_failure(!grouped);
       }
-      c.handle().enter(seq, operation, bytes);
+      issued = c.handle().enter(seq, operation, bytes);
       status = call(c.handle().comm);
       c.handle().leave();
     }
@@ -956,7 +957,7 @@ class Communicator {
       if (c.pending.empty()) detail::join_group(c);
       c.pending.push_back({seq, operation, bytes, stream});
     } else {
-      c.watchdog.track(seq, seq, operation, 1, bytes, stream);
+      c.watchdog.track(seq, seq, operation, 1, bytes, stream, issued);
     }
   }
 

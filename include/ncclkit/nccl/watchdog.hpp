@@ -101,13 +101,15 @@ struct CommHandle {
   std::size_t issuing_bytes = 0;
 
   /// Marks entry into an NCCL call that may block (written by the issuing thread only).
-  void enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
+  /// Returns the time of entry (the issue time the watchdog measures the call from).
+  std::chrono::steady_clock::time_point enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
     issuing_seq = seq;
     issuing_operation = operation;
     issuing_bytes = bytes;
-    issuing_since.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch()).count(),
+    const auto now = std::chrono::steady_clock::now();
+    issuing_since.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                         std::memory_order_release);
+    return now;
   }
   void leave() { issuing_since.store(0, std::memory_order_release); }
 };
@@ -406,10 +408,12 @@ class Watchdog {
 
   /// Records a completion event on `stream` after collectives `first_seq..last_seq` and hands
   /// it to the thread. `stream` must belong to the communicator's device.
+  /// `issued`: when the work was issued (default: now).
   void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
-             std::size_t bytes, cudaStream_t stream) {
+             std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt) {
     auto& s = *state_;
-    detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, detail::Clock::now(), nullptr};
+    detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, issued ? *issued : detail::Clock::now(),
+                              nullptr};
     std::lock_guard lock(s.queue_mutex);
     if (s.free_events.empty()) {
       DeviceGuard guard(s.device);
