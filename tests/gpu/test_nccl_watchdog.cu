@@ -322,6 +322,54 @@ TEST_CASE("drill: a rank skips a collective; the report names it") { run_drill(D
 TEST_CASE("drill: a rank issues after its peers gave up; it fails by its next collective") { run_drill(Drill::kLate); }
 TEST_CASE("drill: destroying a communicator with a hung collective returns") { run_drill(Drill::kDestroy); }
 
+TEST_CASE("synchronize refuses work that waited while a peer announced a failure") {
+  // What a collective released by a peer's abort looks like from this rank: it waited longer
+  // than the peer check interval (1 s with a 10 s timeout), then completed, and a peer's
+  // announcement is in the store by the time synchronize() looks. Made deterministic here:
+  // rank 1 issues seq 2 1.5 s late (so rank 0's completes after waiting), then writes a
+  // pretend announcement; only then does rank 0 call synchronize().
+  if (!have_gpus(2, "synchronize's check of long waits")) return;
+  run_workers(2, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Checker checker(world.rank);
+    const int r = world.rank;
+    Communicator comm(store, world, Options{.timeout = std::chrono::seconds(10), .name = "verify"});
+    DeviceBuffer<float> buffer(kCount, comm.device());
+    upload(buffer, make_input<float>(1, r, kCount), comm.default_stream());
+    comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 1
+    comm.synchronize();
+    if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 2, late
+      comm.synchronize();  // did not wait long itself: no store check, no error
+      checker.expect(!comm.failed(), "rank 1's own synchronize is not affected");
+      comm.store_scope()->set("failed", std::string("1 pretend failure of the test"));
+      store->wait({"verify/rank0-done"}, std::chrono::seconds(60));
+      comm.abort("test over");
+      return checker.finish("synchronize check (rank 1)");
+    }
+    comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 2, waits ~1.5 s for rank 1
+    bool announced = false;
+    for (const auto deadline = Clock::now() + std::chrono::seconds(30); !announced && Clock::now() < deadline;) {
+      announced = comm.store_scope()->check({std::string("failed")});
+      if (!announced) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling the store
+    }
+    checker.expect(announced, "rank 1 wrote the pretend announcement");
+    try {
+      comm.synchronize();
+      checker.expect(false, "synchronize returned work that waited while a peer announced a failure");
+    } catch (const CommError& e) {
+      const std::string message = e.what();
+      std::printf("rank 0 caught:\n%s\n", message.c_str());
+      checker.expect(message.find("rank 1 announced through the store") != std::string::npos &&
+                         message.find("may have been released") != std::string::npos,
+                     "the error says why: " + message);
+      checker.expect(message.find("all_reduce seq 2") != std::string::npos, "the error names seq 2");
+    }
+    store->set("verify/rank0-done", "1");
+    return checker.finish("synchronize check");
+  });
+}
+
 TEST_CASE("a failure announced through the store ends peers' waits long before their own timeout") {
   // Rank 0 has a 2 s timeout, the last rank never issues seq 2, the ranks between have 120 s:
   // they must fail within seconds of rank 0 (through the store), not after 120 s.
