@@ -1,0 +1,139 @@
+// bench_completion_marks: why the NCCL communicator tracks each collective with a
+// cudaEventRecord issued by the calling thread (docs/perf-nccl.md, "Where the overhead goes").
+//
+// 1. Host cost of the ways to mark a point on a stream that a watchdog thread could poll:
+//    cudaEventRecord, cuStreamWriteValue32 into mapped host memory, cudaLaunchHostFunc; and of
+//    the capture queries (cudaStreamIsCapturing, cudaStreamGetCaptureInfo). Median over 15
+//    batches of 256 calls, the stream synchronised between batches (not timed).
+// 2. Whether a second thread could mark completion instead (taking the event off the issuing
+//    thread's path): it records an event into a stream that the first thread is capturing into
+//    a CUDA graph, in relaxed mode, and we see what happens to the capture.
+//
+// One GPU, no NCCL. Run: build/bench/bench_completion_marks
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#define CK(x)                                                                             \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) std::printf("%s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); \
+  } while (0)
+
+__global__ void tiny(int* p) { if (p) *p += 1; }
+
+using Clock = std::chrono::steady_clock;
+
+cudaStream_t g_stream;
+template <class F>
+double per_call_ns(F&& f, int n = 4096) {
+  std::vector<double> samples;
+  for (int r = 0; r < 15; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < n / 16; ++i) f();
+    auto t1 = Clock::now();
+    cudaStreamSynchronize(g_stream);
+    samples.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count() / (n / 16));
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIPPED: no GPU visible\n");
+    return 77;
+  }
+  CK(cudaSetDevice(0));
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  std::vector<cudaEvent_t> pool(4096);
+  for (auto& e : pool) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  unsigned* host_flag = nullptr;
+  CK(cudaHostAlloc(&host_flag, 4096, cudaHostAllocMapped));
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  CK(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q));
+  auto write_value = reinterpret_cast<CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned)>(fn);
+  unsigned* device_view = nullptr;
+  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_view), host_flag, 0));
+
+  g_stream = s;
+  int k = 0;
+  std::printf("host ns per call (median of 15 batches of 256):\n");
+  std::printf("  tiny kernel launch           %8.1f\n", per_call_ns([&] { tiny<<<1, 1, 0, s>>>(nullptr); }));
+  std::printf("  kernel + cudaEventRecord     %8.1f\n", per_call_ns([&] { tiny<<<1, 1, 0, s>>>(nullptr); CK(cudaEventRecord(pool[k++ % 4096], s)); }));
+  std::printf("  kernel + cuStreamWriteValue32%8.1f\n", per_call_ns([&] {
+                tiny<<<1, 1, 0, s>>>(nullptr);
+                if (write_value(s, reinterpret_cast<CUdeviceptr>(device_view), 7, 0) != CUDA_SUCCESS) std::printf("wv fail\n");
+              }));
+  std::printf("  cudaEventRecord, one event   %8.1f\n", per_call_ns([&] { CK(cudaEventRecord(ev, s)); }));
+  std::printf("  cudaEventRecord, event pool  %8.1f\n", per_call_ns([&] { CK(cudaEventRecord(pool[k++ % 4096], s)); }));
+  unsigned value = 0;
+  std::printf("  cuStreamWriteValue32 (host)  %8.1f\n", per_call_ns([&] {
+                if (write_value(s, reinterpret_cast<CUdeviceptr>(device_view), ++value, 0) != CUDA_SUCCESS) std::printf("wv fail\n");
+              }));
+  cudaStreamCaptureStatus status;
+  std::printf("  cudaStreamIsCapturing        %8.1f\n", per_call_ns([&] { CK(cudaStreamIsCapturing(s, &status)); }));
+  unsigned long long id = 0;
+  std::printf("  cudaStreamGetCaptureInfo     %8.1f\n", per_call_ns([&] { CK(cudaStreamGetCaptureInfo(s, &status, &id)); }));
+  std::printf("  cudaEventQuery (pending)     %8.1f\n", per_call_ns([&] { (void)cudaEventQuery(ev); }));
+  std::printf("  cudaLaunchHostFunc           %8.1f\n", per_call_ns([&] { CK(cudaLaunchHostFunc(s, [](void*) {}, nullptr)); }, 512));
+  CK(cudaStreamSynchronize(s));
+  (void)cudaGetLastError();
+
+  // Capture semantics: thread A captures s2 in global mode; thread B (relaxed) records an event
+  // into s2 and queries it.
+  cudaStream_t s2;
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  int* counter = nullptr;
+  CK(cudaMalloc(&counter, sizeof(int)));
+  CK(cudaMemset(counter, 0, sizeof(int)));
+  CK(cudaStreamBeginCapture(s2, cudaStreamCaptureModeGlobal));
+  tiny<<<1, 1, 0, s2>>>(counter);
+  std::thread other([&] {
+    CK(cudaSetDevice(0));
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CK(cudaThreadExchangeStreamCaptureMode(&mode));
+    cudaError_t r = cudaEventRecord(ev, s2);
+    std::printf("other thread: cudaEventRecord into a capturing stream -> %s\n", cudaGetErrorName(r));
+    (void)cudaGetLastError();
+    cudaError_t qr = cudaEventQuery(ev);
+    std::printf("other thread: cudaEventQuery of that event -> %s\n", cudaGetErrorName(qr));
+    (void)cudaGetLastError();
+  });
+  other.join();
+  tiny<<<1, 1, 0, s2>>>(counter);
+  cudaGraph_t graph = nullptr;
+  cudaError_t end = cudaStreamEndCapture(s2, &graph);
+  std::printf("end capture -> %s\n", cudaGetErrorName(end));
+  (void)cudaGetLastError();
+  if (graph) {
+    size_t nodes = 0;
+    CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    std::printf("graph nodes: %zu (2 kernels expected)\n", nodes);
+    cudaGraphExec_t exec;
+    cudaError_t ir = cudaGraphInstantiate(&exec, graph, 0);
+    std::printf("instantiate -> %s\n", cudaGetErrorName(ir));
+    if (ir == cudaSuccess) {
+      CK(cudaGraphLaunch(exec, s2));
+      CK(cudaStreamSynchronize(s2));
+      int h = 0;
+      CK(cudaMemcpy(&h, counter, sizeof(int), cudaMemcpyDeviceToHost));
+      std::printf("graph ran: counter %d (2 expected)\n", h);
+    }
+  }
+  cudaError_t qr = cudaEventQuery(ev);
+  std::printf("main: cudaEventQuery of the event after capture -> %s\n", cudaGetErrorName(qr));
+  std::printf("done\n");
+  return 0;
+}
