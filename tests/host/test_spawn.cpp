@@ -110,6 +110,24 @@ TEST_CASE("workers start with default signal handlers, whatever the parent insta
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
+TEST_CASE("exit statuses are collected even when the caller ignores SIGCHLD, which is restored") {
+  // With SIGCHLD ignored the kernel reaps children itself: spawn used to report "exit code -1".
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  auto previous = ::signal(SIGCHLD, SIG_IGN);
+  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo& world) { return world.rank == 1 ? 3 : 0; });
+  struct sigaction after {};
+  ::sigaction(SIGCHLD, nullptr, &after);
+  ::signal(SIGCHLD, previous);
+  const bool restored = after.sa_handler == SIG_IGN;
+  CHECK_MESSAGE(restored, "the caller's SIGCHLD disposition is restored");
+  CHECK_FALSE(result.ok());
+  CHECK(result.workers[0].exited);
+  CHECK(result.workers[0].exit_code == 0);
+  CHECK(result.workers[1].exited);
+  CHECK(result.workers[1].exit_code == 3);
+  CHECK(result.describe().find("exited with code 3") != std::string::npos);
+}
+
 TEST_CASE("a huge timeout (milliseconds::max()) does not stop the workers at once") {
   // now + milliseconds::max() used to overflow into a deadline already passed: every worker
   // was killed at once and the run reported as timed out.

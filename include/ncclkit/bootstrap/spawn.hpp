@@ -134,6 +134,31 @@ template <class Fn>
   ::_exit(code);
 }
 
+/// While alive, SIGCHLD has its default disposition: with SIG_IGN or SA_NOCLDWAIT (set by some
+/// daemons and frameworks) the kernel reaps children itself, and spawn could not learn how its
+/// workers ended. Restores the caller's disposition afterwards. Changes process-wide state for
+/// the length of a spawn, like the fork itself.
+class DefaultChildSignal {
+ public:
+  DefaultChildSignal() {
+    if (::sigaction(SIGCHLD, nullptr, &saved_) != 0) return;
+    if (saved_.sa_handler != SIG_IGN && (saved_.sa_flags & SA_NOCLDWAIT) == 0) return;
+    struct sigaction plain {};
+    plain.sa_handler = SIG_DFL;
+    sigemptyset(&plain.sa_mask);
+    changed_ = ::sigaction(SIGCHLD, &plain, nullptr) == 0;
+  }
+  ~DefaultChildSignal() {
+    if (changed_) ::sigaction(SIGCHLD, &saved_, nullptr);
+  }
+  DefaultChildSignal(const DefaultChildSignal&) = delete;
+  DefaultChildSignal& operator=(const DefaultChildSignal&) = delete;
+
+ private:
+  struct sigaction saved_ {};
+  bool changed_ = false;
+};
+
 inline void record_wait_status(WorkerStatus& worker, int status) {
   if (WIFEXITED(status)) {
     worker.exited = true;
@@ -155,13 +180,16 @@ inline void record_wait_status(WorkerStatus& worker, int status) {
 /// Returns when all workers have ended. When one fails (non-zero exit or a signal), the others
 /// get SIGTERM, then SIGKILL after `options.grace`; when `options.timeout` passes, all get
 /// SIGKILL. Workers die with the calling process (PR_SET_PDEATHSIG). Not thread-safe with
-/// respect to other fork()s in the same process.
+/// respect to other fork()s in the same process. A caller's SIGCHLD set to SIG_IGN (or
+/// SA_NOCLDWAIT) is switched to the default while spawn runs, so that workers' exit statuses
+/// can be collected, and restored when it returns.
 template <class Fn>
 SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
   if (nprocs < 1) {
     throw ConfigError("spawn: nprocs=" + std::to_string(nprocs) + " must be at least 1");
   }
   const bool tcp = options.store == SpawnStore::kTcp;
+  detail::DefaultChildSignal child_signal;  // before the first fork: no worker may be auto-reaped
   // Bound and listening before the fork: workers' connections queue in its backlog until the
   // server thread (started after the last fork) accepts them.
   detail::Socket listener;
