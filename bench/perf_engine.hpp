@@ -265,6 +265,44 @@ inline PerfOptions parse_perf_options(int argc, char** argv) {
   return o;
 }
 
+/// The flags every perf tool takes beyond the engine's.
+struct ToolFlags {
+  int processes = 0;           ///< -p, --nprocs
+  bool raw = false;            ///< --raw: also time the library called directly
+  double timeout_seconds = 0;  ///< --timeout; 0: the communicator's default
+};
+
+/// Parses what the engine left (PerfOptions::unparsed): -h/--help, the ToolFlags, and the
+/// tool's own flags through `own(flag, value)`, where `value()` takes the flag's argument and
+/// `own` returns false for a flag it does not know. Returns the exit code when the tool should
+/// stop (0 after --help; 1 after an unknown flag, with `usage` printed), else nullopt.
+template <class Own>
+std::optional<int> parse_tool_flags(const PerfOptions& perf, const char* tool, void (*usage)(), ToolFlags& flags,
+                                    Own&& own) {
+  for (std::size_t i = 0; i < perf.unparsed.size(); ++i) {
+    const std::string& flag = perf.unparsed[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= perf.unparsed.size()) throw ConfigError("flag " + flag + " needs a value");
+      return perf.unparsed[++i];
+    };
+    if (flag == "-h" || flag == "--help") {
+      usage();
+      return 0;
+    } else if (flag == "-p" || flag == "--nprocs") {
+      flags.processes = std::stoi(value());
+    } else if (flag == "--raw") {
+      flags.raw = true;
+    } else if (flag == "--timeout") {
+      flags.timeout_seconds = std::stod(value());
+    } else if (!own(flag, value)) {
+      std::fprintf(stderr, "%s: unknown flag '%s'\n", tool, flag.c_str());
+      usage();
+      return 1;
+    }
+  }
+  return std::nullopt;
+}
+
 // ---- how bytes reach the backend's memory -----------------------------------------------------
 
 /// Moves bytes between host staging memory and memory from `backend.allocate`. The default

@@ -42,10 +42,8 @@ using ncclkit::TensorView;
 using ncclkit::perf::Collective;
 using ncclkit::perf::Placement;
 
-struct ToolOptions {
-  int processes = 2;
-  bool raw = false;
-  double timeout_seconds = 0;  // 0: the communicator's default
+struct ToolOptions : ncclkit::perf::ToolFlags {
+  ToolOptions() { processes = 2; }
   std::string interface;
   std::size_t chunk_elements = ncclkit::gloo::kDefaultChunkElements;
 };
@@ -204,31 +202,17 @@ int main(int argc, char** argv) {
   try {
     ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
     ToolOptions tool;
-    for (std::size_t i = 0; i < perf.unparsed.size(); ++i) {
-      const std::string& flag = perf.unparsed[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= perf.unparsed.size()) throw ncclkit::ConfigError("flag " + flag + " needs a value");
-        return perf.unparsed[++i];
-      };
-      if (flag == "-h" || flag == "--help") {
-        usage();
-        return 0;
-      } else if (flag == "-p" || flag == "--nprocs") {
-        tool.processes = std::stoi(value());
-      } else if (flag == "--raw") {
-        tool.raw = true;
-      } else if (flag == "--timeout") {
-        tool.timeout_seconds = std::stod(value());
-      } else if (flag == "--iface") {
+    const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_gloo", usage, tool, [&](const std::string& flag, auto&& value) {
+      if (flag == "--iface") {
         tool.interface = value();
       } else if (flag == "--chunk") {
         tool.chunk_elements = std::stoull(value());
       } else {
-        std::fprintf(stderr, "perf_gloo: unknown flag '%s'\n", flag.c_str());
-        usage();
-        return 1;
+        return false;
       }
-    }
+      return true;
+    });
+    if (stop) return *stop;
     if (perf.devices_per_process != 1) throw ncclkit::ConfigError("-g: the Gloo backend has no devices");
 
     const ncclkit::WorldInfo detected = ncclkit::detect_world();

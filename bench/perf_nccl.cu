@@ -65,10 +65,7 @@ using ncclkit::nccl::Communicator;
 using ncclkit::perf::Collective;
 using ncclkit::perf::Placement;
 
-struct ToolOptions {
-  int processes = 0;  // 0: one per visible GPU
-  bool raw = false;
-  double timeout_seconds = 0;  // 0: the communicator's default
+struct ToolOptions : ncclkit::perf::ToolFlags {  // processes 0: one per visible GPU
   bool check_pointers = true;
 };
 
@@ -234,29 +231,12 @@ int main(int argc, char** argv) {
   try {
     ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
     ToolOptions tool;
-    for (std::size_t i = 0; i < perf.unparsed.size(); ++i) {
-      const std::string& flag = perf.unparsed[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= perf.unparsed.size()) throw ncclkit::ConfigError("flag " + flag + " needs a value");
-        return perf.unparsed[++i];
-      };
-      if (flag == "-h" || flag == "--help") {
-        usage();
-        return 0;
-      } else if (flag == "-p" || flag == "--nprocs") {
-        tool.processes = std::stoi(value());
-      } else if (flag == "--raw") {
-        tool.raw = true;
-      } else if (flag == "--timeout") {
-        tool.timeout_seconds = std::stod(value());
-      } else if (flag == "--no-check-pointers") {
-        tool.check_pointers = false;
-      } else {
-        std::fprintf(stderr, "perf_nccl: unknown flag '%s'\n", flag.c_str());
-        usage();
-        return 1;
-      }
-    }
+    const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_nccl", usage, tool, [&](const std::string& flag, auto&&) {
+      if (flag != "--no-check-pointers") return false;
+      tool.check_pointers = false;
+      return true;
+    });
+    if (stop) return *stop;
     const int gpus = perf.devices_per_process;
     if (gpus < 1) throw ncclkit::ConfigError("-g must be at least 1");
 
