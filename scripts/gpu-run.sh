@@ -67,6 +67,7 @@ run_all() {
     echo "# GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     cat "$CARRY/BUILD_INFO" 2>/dev/null
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
+    echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"  # host speed differs between machines
     echo "NCCL: $(ls /lib/x86_64-linux-gnu/libnccl.so.* /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | tr '\n' ' ')"
   } >>"$summary" 2>&1
   nvidia-smi topo -m >"$logs/topology.txt" 2>&1
