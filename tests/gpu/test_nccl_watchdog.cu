@@ -12,9 +12,9 @@
 // only at its next collective (GPU run 4, docs/gpu-runs.md). The drills accept that outcome
 // only when it is explained so (some peer had already timed out) and the next collective
 // fails; they print the data and timing that show it. A failing rank announces its failure
-// through the store, and a rank whose collective waits learns of it from there (watchdog.hpp):
-// the late rank must fail that way, well before its own timeout, and so must ranks whose
-// timeout is much longer than the failing rank's.
+// through the store, and the other ranks' store links learn of it from there (watchdog.hpp):
+// the late rank, idle when its peers failed, must have its all_reduce refused instead of
+// released, and ranks whose timeout is much longer than the failing rank's must fail with it.
 // ncclkit-test: labels=nccl timeout=300 serial
 #include <doctest/doctest.h>
 
@@ -232,6 +232,25 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     const double took = std::chrono::duration<double>(Clock::now() - start).count();
     checker.expect(took < std::chrono::duration<double>(kTimeout).count() + 5.0,
                    "destruction with a hung collective took " + std::to_string(took) + " s");
+  } else if (drill == Drill::kLate && r == kLateRank) {
+    // Its peers announced their failure more than a peer-check interval (0.5 s) before it
+    // issued (their progress says "failed" only after their ~1 s abort): its store link has
+    // seen the announcement while idle, so the all_reduce must be refused at once rather than
+    // released by the aborted peers with undefined data (what runs 5-8 showed without it).
+    Attempt attempt = all_reduce_and_wait(*comm, buffer);
+    const double waited = std::chrono::duration<double>(attempt.ended - attempt.issued).count();
+    std::printf("rank %d (late) %s after %.3f s:\n%s\n", r, attempt.threw ? "caught" : "RETURNED", waited,
+                attempt.message.c_str());
+    if (!attempt.threw) explain_early_completion(checker, *comm, *store, buffer, before, attempt, victim);
+    checker.expect(attempt.threw, "the late rank's all_reduce was refused, not released with undefined data");
+    checker.expect(attempt.message.find("announced through the store") != std::string::npos &&
+                       attempt.message.find("cannot be used any more") != std::string::npos,
+                   "the late rank learnt of its peers' failure through the store while idle");
+    checker.expect(waited < 1.0, "refused at once (took " + std::to_string(waited) + " s)");
+    checker.expect(comm->issued_seq() == 1, "the refused all_reduce took no sequence number");
+    expect_comm_error(checker, "a later all_reduce", [&] { comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum); });
+    expect_comm_error(checker, "a later synchronize", [&] { comm->synchronize(); });
+    comm.reset();
   } else {
     Attempt attempt = all_reduce_and_wait(*comm, buffer);
     std::uint64_t failing = 2;  // the collective this rank's CommError is about
@@ -251,14 +270,6 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
                                              "rank " + std::to_string(r) + " of"};
       for (const std::string& needle : needles) {
         checker.expect(message.find(needle) != std::string::npos, "message names '" + needle + "'");
-      }
-      if (drill == Drill::kLate && r == kLateRank) {
-        // Its peers had failed and announced it before it issued: the store link, not its own
-        // timeout, must end its wait.
-        checker.expect(message.find("announced through the store") != std::string::npos,
-                       "the late rank learnt of its peers' failure through the store");
-        checker.expect(waited < std::chrono::duration<double>(kTimeout).count(),
-                       "the late rank failed before its own timeout (took " + std::to_string(waited) + " s)");
       }
       const auto report = comm->failure_report();
       checker.expect(report.has_value(), "a failure report exists");
@@ -319,14 +330,14 @@ void run_drill(Drill drill) {
 TEST_CASE("drill: a rank exits; the others get CommError and exit cleanly") { run_drill(Drill::kExit); }
 TEST_CASE("drill: a rank is stopped; the others get CommError and exit cleanly") { run_drill(Drill::kStop); }
 TEST_CASE("drill: a rank skips a collective; the report names it") { run_drill(Drill::kSkip); }
-TEST_CASE("drill: a rank issues after its peers gave up; it fails by its next collective") { run_drill(Drill::kLate); }
+TEST_CASE("drill: a rank issues after its peers gave up; its all_reduce is refused") { run_drill(Drill::kLate); }
 TEST_CASE("drill: destroying a communicator with a hung collective returns") { run_drill(Drill::kDestroy); }
 
 TEST_CASE("synchronize refuses work that waited while a peer announced a failure") {
   // What a collective released by a peer's abort looks like from this rank: it waited longer
   // than the peer check interval (1 s with a 10 s timeout), then completed, and a peer's
   // announcement is in the store by the time synchronize() looks. Made deterministic here:
-  // rank 1 issues seq 2 1.5 s late (so rank 0's completes after waiting), then writes a
+  // rank 1 issues seq 2 1.3 s late (so rank 0's completes after waiting), then writes a
   // pretend announcement; only then does rank 0 call synchronize().
   if (!have_gpus(2, "synchronize's check of long waits")) return;
   run_workers(2, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
@@ -338,7 +349,9 @@ TEST_CASE("synchronize refuses work that waited while a peer announced a failure
     comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 1
     comm.synchronize();
     if (r == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      // Rank 0's seq 2 then waits 1.3 s: over the 1 s interval, and completed well before its
+      // store link's next look (about 2 s in), so that synchronize() is what finds the key.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1300));
       comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 2, late
       comm.synchronize();  // did not wait long itself: no store check, no error
       checker.expect(!comm.failed(), "rank 1's own synchronize is not affected");
@@ -347,7 +360,7 @@ TEST_CASE("synchronize refuses work that waited while a peer announced a failure
       comm.abort("test over");
       return checker.finish("synchronize check (rank 1)");
     }
-    comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 2, waits ~1.5 s for rank 1
+    comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 2, waits ~1.3 s for rank 1
     bool announced = false;
     for (const auto deadline = Clock::now() + std::chrono::seconds(30); !announced && Clock::now() < deadline;) {
       announced = comm.store_scope()->check({std::string("failed")});

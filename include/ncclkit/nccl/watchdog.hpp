@@ -25,7 +25,9 @@
 ///     flight for longer than the peer check interval (the timeout / 10, between 100 ms and
 ///     1 s), the store link checks that key once per interval; when it is set, the collective
 ///     cannot complete (a member of it has aborted), and this communicator fails too, without
-///     waiting out its own timeout.
+///     waiting out its own timeout. With nothing in flight it checks once per interval as well
+///     (one store read per interval and communicator), so that a rank learns of a peer's
+///     failure before it issues its next collective.
 ///
 /// Released collectives. NCCL's aborted kernels still signal their peers, so a collective
 /// waiting on a rank that aborts can complete on the others, with undefined data. Such a
@@ -34,8 +36,9 @@
 /// longer, it reads `failed` from the store before returning (one store round trip, at most
 /// once per such collective); since the failing rank announced before aborting, a released
 /// collective makes synchronize() throw CommError instead of returning undefined data. A
-/// collective issued after its peers had already aborted can be released at once; it is not
-/// caught by synchronize(), but the next collective fails within a peer check interval.
+/// collective issued after its peers had already aborted can be released at once, too fast to
+/// look suspicious: the idle checks make the communicator fail before that, unless the rank
+/// issues within one interval of the announcement (then its next collective fails).
 ///
 /// Why a thread and not checks inside each call: a hang happens exactly when the program is
 /// blocked somewhere else (in synchronize, in a data loader, in another library), and it is
@@ -642,13 +645,16 @@ class Watchdog {
                                       s.handle.issuing_bytes, entered, nullptr};
         }
       }
-      if (!oldest) continue;
-      if (auto announced = s.peer_failure(now, oldest->issued)) {
-        request(s,
-                detail::WatchdogState::peer_reason(
-                    *announced, "this collective cannot complete; stopped waiting after " +
-                                    FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count())),
-                oldest, /*from_peer=*/true);
+      // Idle, it looks once per interval too: a collective issued after the peers aborted would
+      // be released at once, with undefined data, so this rank must know before it issues one.
+      const auto waiting_since = oldest ? oldest->issued : now - s.peer_check;
+      if (auto announced = s.peer_failure(now, waiting_since)) {
+        const std::string consequence =
+            oldest ? "this collective cannot complete; stopped waiting after " +
+                         FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count())
+                   : std::string("this communicator cannot be used any more (seen while nothing of this rank was in "
+                                 "flight)");
+        request(s, detail::WatchdogState::peer_reason(*announced, consequence), oldest, /*from_peer=*/true);
         // Loop once more: the failure is requested, so it ends there.
       }
     }
