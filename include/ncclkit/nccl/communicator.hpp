@@ -29,11 +29,13 @@
 /// stays usable then. Destruction never hangs: pending work gets the timeout to finish, then
 /// the communicator is aborted.
 ///
-/// Limit (NCCL's, not detectable here): an aborted rank's kernels stop waiting but still
-/// signal their peers, so a rank whose direct peers in NCCL's ring all aborted may see the
-/// collective it waits on complete, with undefined data, and fail only when its next
-/// collective times out (read from NCCL's device code; the likely cause of GPU run 4's
-/// drill failure, docs/gpu-runs.md).
+/// Released collectives (NCCL's behaviour): an aborted rank's kernels stop waiting but still
+/// signal their peers, so a collective waiting for a rank that aborts may complete on the
+/// others with undefined data. A failing rank announces its failure through the store before
+/// it aborts; synchronize() checks for it before returning work that waited long, and the
+/// watchdog's store link fails the communicator of a rank that learns of it while idle
+/// (watchdog.hpp, docs/collectives.md). Not covered: work issued within one peer-check
+/// interval of the announcement and consumed on the GPU without synchronize().
 ///
 /// Threads. One thread at a time may issue work on a communicator (as with NCCL itself).
 /// Collectives captured into a CUDA graph are issued (and must be replayed) in the same order
