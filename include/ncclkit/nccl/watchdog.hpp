@@ -179,7 +179,7 @@ struct WatchdogState {
   std::uint64_t published_issued = ~std::uint64_t{0};
   std::uint64_t published_completed = ~std::uint64_t{0};
   Clock::time_point published_at{};
-  bool store_broken = false;
+  std::atomic<bool> store_broken{false};  ///< a store call failed: stop using the store
 
   ~WatchdogState() {
     // The events belong to `device`; destroying them needs no particular current device.
@@ -521,12 +521,13 @@ class Watchdog {
         if (!suspect) suspect = record;
       }
     }
-    if (!suspect) return;
+    // One store round trip, bounded by the store's own timeout; none once the store failed.
+    if (!suspect || s.store_broken) return;
     std::optional<std::string> announced;
     try {
       announced = s.read_announcement();
     } catch (const std::exception&) {
-      return;
+      return;  // the store link reports store trouble
     }
     if (!announced) return;
     request(s,
