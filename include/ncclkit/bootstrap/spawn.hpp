@@ -27,6 +27,7 @@
 #include <vector>       // std::vector
 
 #include "ncclkit/bootstrap/world_info.hpp"
+#include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"

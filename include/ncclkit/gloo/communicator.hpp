@@ -72,6 +72,7 @@
 
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
@@ -871,10 +872,9 @@ class Communicator {
     if (options.timeout <= std::chrono::milliseconds::zero()) {
       throw ConfigError("ncclkit::gloo::Communicator '" + options.name + "': timeout must be positive");
     }
-    // "Wait forever" (milliseconds::max()) would overflow every now() + timeout: a century is
-    // forever enough, and keeps deadlines, Gloo's own included, in range.
-    constexpr std::chrono::milliseconds kLongest = std::chrono::hours(24 * 365 * 100);
-    if (options.timeout > kLongest) options.timeout = kLongest;
+    // "Wait forever" (milliseconds::max()) would overflow every now() + timeout, Gloo's own
+    // deadlines included: bounded once here.
+    options.timeout = ncclkit::detail::bounded_timeout(options.timeout);
     if (options.chunk_elements < 1 || options.chunk_elements > kMaxChunkElements) {
       throw ConfigError("ncclkit::gloo::Communicator '" + options.name + "': chunk_elements=" +
                         std::to_string(options.chunk_elements) + " must be in [1, 2^31-1]");

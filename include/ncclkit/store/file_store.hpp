@@ -55,6 +55,7 @@
 #include <utility>      // std::exchange
 #include <vector>       // std::vector
 
+#include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
@@ -99,12 +100,6 @@ inline constexpr std::size_t kMaxPlainName = 200;
 /// offsets, but staying below 2^31 keeps 32-bit lock managers happy too).
 inline constexpr off_t kKeyLockSpan = (off_t{1} << 30);
 inline constexpr const char* kRecordMagic = "ncclkit-filestore 1";
-
-/// `start + timeout`, saturated so that a huge timeout (milliseconds::max()) cannot overflow.
-inline Clock::time_point deadline_after(Clock::time_point start, std::chrono::milliseconds timeout) {
-  constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365 * 100);
-  return start + std::min(timeout, kForever);
-}
 
 /// "No such file or directory (errno 2)".
 inline std::string describe_errno(int err) {
@@ -765,7 +760,7 @@ inline std::vector<std::string> FileStore::list_runs(std::string_view prefix) {
 /// sees the keys of a run that was killed, has ended or belongs to others.
 inline void FileStore::join() {
   namespace fs = detail::file_store;
-  const auto deadline = fs::deadline_after(Clock::now(), options_.timeout);
+  const auto deadline = detail::deadline_after(options_.timeout);
   std::string mismatch;
   {
     auto shared = lock_folder(F_RDLCK, deadline, "join a run");
@@ -980,7 +975,7 @@ inline void FileStore::leave() noexcept {
   try {
     // Leaving should not hold up a process that is exiting: at most 30 s for the lock.
     const auto limit = std::min<Duration>(options_.timeout, std::chrono::seconds(30));
-    auto shared = lock_folder(F_RDLCK, fs::deadline_after(Clock::now(), limit), "leave the run");
+    auto shared = lock_folder(F_RDLCK, detail::deadline_after(limit), "leave the run");
     const std::string left = "l-" + std::to_string(member_);
     fs::Fd marker(fs::open_at(run_fd_.get(), left.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600));
     if (!marker && errno != EEXIST) {
@@ -1038,7 +1033,7 @@ inline detail::file_store::ByteLock FileStore::lock_key(std::string_view key, co
   namespace fs = detail::file_store;
   const off_t offset = 1 + static_cast<off_t>(fs::hash64(key, key_lock_seed_) % static_cast<std::uint64_t>(fs::kKeyLockSpan));
   const auto start = Clock::now();
-  const auto deadline = fs::deadline_after(start, default_timeout());
+  const auto deadline = detail::deadline_after(default_timeout(), start);
   int err = fs::lock_byte_until(lock_fd_.get(), offset, deadline);
   if (err == ETIMEDOUT) {
     throw TimeoutError(where() + ": " + op + " of key " + fs::quote_key(key) + " could not take the key's lock within " +
@@ -1127,7 +1122,7 @@ inline Bytes FileStore::get(std::string_view key, Duration timeout) {
   namespace fs = detail::file_store;
   const std::string name = fs::key_file_name(key);
   const auto start = Clock::now();
-  const auto deadline = fs::deadline_after(start, timeout);
+  const auto deadline = detail::deadline_after(timeout, start);
   fs::Backoff backoff(fs::kPollFirst, fs::kPollCap, false);
   for (;;) {
     refresh_run_folder();
@@ -1143,7 +1138,7 @@ inline Bytes FileStore::get(std::string_view key, Duration timeout) {
 inline void FileStore::wait(std::span<const std::string> keys, Duration timeout) {
   namespace fs = detail::file_store;
   const auto start = Clock::now();
-  const auto deadline = fs::deadline_after(start, timeout);
+  const auto deadline = detail::deadline_after(timeout, start);
   std::vector<std::string> missing;  // file names of the keys not seen yet, in the caller's order
   missing.reserve(keys.size());
   for (const auto& key : keys) missing.push_back(fs::key_file_name(key));

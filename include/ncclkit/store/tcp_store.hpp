@@ -28,7 +28,7 @@
 #include <fcntl.h>        // open (the spare descriptor)
 #include <unistd.h>       // close, read, write
 
-#include <algorithm>      // std::remove, std::min, std::max, std::clamp
+#include <algorithm>      // std::remove, std::min, std::max
 #include <atomic>         // std::atomic
 #include <cerrno>         // errno
 #include <chrono>         // std::chrono
@@ -47,6 +47,7 @@
 #include <utility>        // std::pair, std::move
 #include <vector>         // std::vector
 
+#include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
@@ -1098,7 +1099,7 @@ class TcpStore final : public Store {
     bool timed_out = false;
     std::string server_error;
     // Bounded first: timeout + grace must not overflow for a huge timeout (milliseconds::max()).
-    const auto bounded = std::clamp<Duration>(timeout, Duration(0), std::chrono::hours(24 * 365 * 100));
+    const auto bounded = detail::bounded_timeout(timeout);
     const auto hard_deadline = detail::deadline_after(bounded + reply_grace(bounded));
     const auto status = read_reply(what, hard_deadline, [&](const detail::tcp::Frame& frame) {
       if (frame.type == expected) {

@@ -26,6 +26,7 @@
 #include <utility>      // std::exchange
 #include <vector>       // std::vector
 
+#include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 
 namespace ncclkit::detail {
@@ -61,14 +62,6 @@ class Socket {
 };
 
 using SteadyClock = std::chrono::steady_clock;
-
-/// now + timeout, saturating (a timeout of milliseconds::max() must not wrap around).
-inline SteadyClock::time_point deadline_after(std::chrono::milliseconds timeout) {
-  constexpr auto kLongest = std::chrono::hours(24 * 365 * 100);
-  if (timeout < std::chrono::milliseconds(0)) timeout = std::chrono::milliseconds(0);
-  if (timeout > kLongest) timeout = kLongest;
-  return SteadyClock::now() + timeout;
-}
 
 /// Milliseconds until `deadline` for poll(), rounded up so that a poll never returns before
 /// the deadline; 0 when it has passed.
