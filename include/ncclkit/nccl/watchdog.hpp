@@ -129,6 +129,15 @@ struct WorkRecord {
   bool verified = false;  ///< synchronize() already asked the store about it
 };
 
+/// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
+/// it is not in one.
+inline std::optional<WorkRecord> blocked_call(const CommHandle& handle) {
+  const std::int64_t since = handle.issuing_since.load(std::memory_order_acquire);
+  if (since == 0) return std::nullopt;
+  return WorkRecord{handle.issuing_seq, handle.issuing_seq, handle.issuing_operation, 1, handle.issuing_bytes,
+                    Clock::time_point(std::chrono::nanoseconds(since)), nullptr};
+}
+
 /// Everything the watchdog thread shares with the communicator. Held by shared_ptr so that
 /// the thread can outlive a communicator whose store stopped answering (then it is detached
 /// rather than joined, and destruction does not hang).
@@ -192,6 +201,12 @@ struct WatchdogState {
 
   static constexpr const char* kFailedKey = "failed";
 
+  /// After a store call failed: no more store traffic from this communicator, said once.
+  void store_failed(const char* what, const std::exception& error) {
+    store_broken = true;
+    log_warn("watchdog of '" + name + "': " + what + ": " + error.what());
+  }
+
   void publish_progress(bool force, bool failed_now) {
     std::lock_guard lock(publish_mutex);
     if (!store || store_broken) return;
@@ -207,8 +222,7 @@ struct WatchdogState {
       published_completed = c;
       published_at = now;
     } catch (const std::exception& e) {
-      store_broken = true;
-      log_warn("watchdog of '" + name + "': cannot publish progress to the store any more: " + e.what());
+      store_failed("cannot publish progress to the store any more", e);
     }
   }
 
@@ -219,8 +233,7 @@ struct WatchdogState {
     try {
       store->set(kFailedKey, std::to_string(rank) + " " + reason);
     } catch (const std::exception& e) {
-      store_broken = true;
-      log_warn("watchdog of '" + name + "': cannot announce the failure through the store: " + e.what());
+      store_failed("cannot announce the failure through the store", e);
     }
   }
 
@@ -240,18 +253,18 @@ struct WatchdogState {
   }
 
   /// For the store link: a peer's announced failure, checked at most once per peer_check
-  /// interval, and only while a collective has been in flight (or an NCCL call blocked) that
-  /// long: no store traffic while work completes normally.
-  std::optional<std::string> peer_failure(Clock::time_point now, Clock::time_point oldest) {
-    if (!store || now - oldest < peer_check || now - last_peer_check < peer_check) return std::nullopt;
+  /// interval, while idle (`waiting_since` empty) or while the oldest work has waited that
+  /// long: no store traffic for work that completes within the interval.
+  std::optional<std::string> peer_failure(Clock::time_point now, std::optional<Clock::time_point> waiting_since) {
+    if (!store || now - last_peer_check < peer_check) return std::nullopt;
+    if (waiting_since && now - *waiting_since < peer_check) return std::nullopt;
     last_peer_check = now;
     std::lock_guard lock(publish_mutex);
     if (store_broken) return std::nullopt;
     try {
       return read_announcement();
     } catch (const std::exception& e) {
-      store_broken = true;
-      log_warn("watchdog of '" + name + "': cannot read peers' failures from the store any more: " + e.what());
+      store_failed("cannot read peers' failures from the store any more", e);
       return std::nullopt;
     }
   }
@@ -638,17 +651,11 @@ class Watchdog {
         std::lock_guard lock(s.queue_mutex);
         if (!s.in_flight.empty()) oldest = s.in_flight.front();
       }
-      const std::int64_t since = s.handle.issuing_since.load(std::memory_order_acquire);
-      if (since != 0) {
-        const auto entered = detail::Clock::time_point(std::chrono::nanoseconds(since));
-        if (!oldest || entered < oldest->issued) {
-          oldest = detail::WorkRecord{s.handle.issuing_seq, s.handle.issuing_seq, s.handle.issuing_operation, 1,
-                                      s.handle.issuing_bytes, entered, nullptr};
-        }
-      }
+      if (auto call = detail::blocked_call(s.handle); call && (!oldest || call->issued < oldest->issued)) oldest = call;
       // Idle, it looks once per interval too: a collective issued after the peers aborted would
       // be released at once, with undefined data, so this rank must know before it issues one.
-      const auto waiting_since = oldest ? oldest->issued : now - s.peer_check;
+      std::optional<detail::Clock::time_point> waiting_since;
+      if (oldest) waiting_since = oldest->issued;
       if (auto announced = s.peer_failure(now, waiting_since)) {
         const std::string consequence =
             oldest ? "this collective cannot complete; stopped waiting after " +
@@ -709,16 +716,13 @@ class Watchdog {
   /// A blocking NCCL call that has not returned within the timeout (e.g. connection setup
   /// waiting for a peer that is gone) fails the communicator; the abort releases the call.
   static void poll_issuing(detail::WatchdogState& s) {
-    const std::int64_t since = s.handle.issuing_since.load(std::memory_order_acquire);
-    if (since == 0) return;
-    const auto entered = detail::Clock::time_point(std::chrono::nanoseconds(since));
-    if (detail::Clock::now() - entered <= s.timeout) return;
+    const auto call = detail::blocked_call(s.handle);
+    if (!call || detail::Clock::now() - call->issued <= s.timeout) return;
     request(s,
             "an NCCL call did not return within the timeout of " +
                 FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()) +
                 " (it was waiting for other ranks, e.g. to set up connections)",
-            detail::WorkRecord{s.handle.issuing_seq, s.handle.issuing_seq, s.handle.issuing_operation, 1,
-                               s.handle.issuing_bytes, entered, nullptr});
+            call);
   }
 
   static void poll_async_error(detail::WatchdogState& s) {
