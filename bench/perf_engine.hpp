@@ -420,7 +420,6 @@ inline double input_value(int rank, std::size_t index, DataType type, ReduceOp o
   return is_unsigned ? v : v - 4.0;
 }
 
-
 template <class T>
 T from_double(double v) {
   if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {

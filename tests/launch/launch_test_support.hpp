@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/temp_dir.hpp"
+
 #ifndef NCCLKIT_RUN_EXE
 #error "NCCLKIT_RUN_EXE (the launcher's path) is set by tests/launch/CMakeLists.txt"
 #endif
@@ -37,25 +39,15 @@ using Clock = std::chrono::steady_clock;
 inline const std::string kLauncher = NCCLKIT_RUN_EXE;
 inline const std::string kWorker = NCCLKIT_LAUNCH_WORKER_EXE;
 
-/// A fresh temporary folder, removed with everything in it at the end.
+/// The tests' TempDir (support/temp_dir.hpp) with the accessors the launch tests use.
 class TempDir {
  public:
-  TempDir() {
-    char pattern[] = "/tmp/ncclkit-launch-test-XXXXXX";
-    REQUIRE(::mkdtemp(pattern) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  TempDir() : dir_("launch-test") {}
+  const std::string& path() const { return dir_.path; }
+  std::string operator/(const std::string& name) const { return dir_.path + "/" + name; }
 
  private:
-  std::string path_;
+  ncclkit_test::TempDir dir_;
 };
 
 inline std::string read_file(const std::string& path) {

@@ -164,7 +164,6 @@ inline bool cpu_has_avx2_f16c() {
 #endif
 }
 
-
 }  // namespace detail
 
 /// Whether this CPU can run `isa`'s copy of the loops.
