@@ -16,7 +16,8 @@
 // (per call).
 //
 // Then the cost of each CUDA runtime call on ncclkit's issue path, alone, on the same thread
-// (median of R batches of K calls): where the overhead goes.
+// (median of R batches of K calls), and of its host-only steps (clock reads, the handle's
+// lock): where the overhead goes. The header names the kernel's clock source.
 //
 // A self-made timing loop rather than Google Benchmark: its adaptive iteration count would
 // differ between ranks and leave collectives unmatched, and the binary must run on GPU
@@ -30,12 +31,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/core/coarse_clock.hpp"
 #include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
@@ -61,6 +65,18 @@ struct Variant {
   std::function<void()> synchronize;  // untimed, between batches
   std::vector<double> samples_ns;     // per call
 };
+
+/// The kernel's clock source (tsc, kvm-clock, ...): what steady_clock::now() costs depends on it.
+std::string clock_source() {
+  std::FILE* file = std::fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+  if (file == nullptr) return "unknown";
+  char text[64] = {};
+  if (std::fgets(text, sizeof text, file) == nullptr) text[0] = 0;
+  std::fclose(file);
+  std::string source(text);
+  while (!source.empty() && (source.back() == '\n' || source.back() == ' ')) source.pop_back();
+  return source.empty() ? "unknown" : source;
+}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -180,6 +196,13 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
                      {}, {}});
 #endif
     parts.push_back({"NVTX range (no profiler attached)", 1, [&] { ncclkit::nccl::detail::NvtxRange range("bench"); }, {}, {}});
+    // Host-only steps of the issue path, for hosts where they are not cheap.
+    volatile std::int64_t sink = 0;
+    parts.push_back({"steady_clock::now", 1, [&] { sink = Clock::now().time_since_epoch().count(); }, {}, {}});
+    parts.push_back({"coarse_now (issue stamps)", 1,
+                     [&] { sink = ncclkit::detail::coarse_now().time_since_epoch().count(); }, {}, {}});
+    std::timed_mutex mutex;
+    parts.push_back({"timed_mutex lock + unlock", 1, [&] { std::lock_guard lock(mutex); }, {}, {}});
     for (int repeat = 0; repeat < settings.repeats; ++repeat) {
       for (auto& part : parts) {
         const auto start = Clock::now();
@@ -196,6 +219,8 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
     NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, checked.device()));
     std::printf("# bench_nccl_enqueue: %d ranks, %s, %s, batch %d calls, %d repeats (median; host time per call)\n",
                 world.world_size, prop.name, ncclkit::nccl::version_text().c_str(), settings.batch, settings.repeats);
+    std::printf("# clock source: %s, coarse clock tick %.3f ms\n", clock_source().c_str(),
+                std::chrono::duration<double, std::milli>(ncclkit::detail::coarse_resolution()).count());
     const double raw_single = median(variants[0].samples_ns);
     double raw_group = 0;
     for (const auto& v : variants)

@@ -322,23 +322,31 @@ struct HostTransfer {
 // ---- implementations under test -----------------------------------------------------------------
 
 /// One implementation of the collectives: ncclkit's backend, or a raw library driven in the
-/// same harness. `issue` starts one collective (views of the backend's memory kind); `complete`
-/// waits for everything issued. `supports` says whether a case can run (else the table shows
-/// N/A).
+/// same harness. `issue` starts one collective on one of the engine's local ranks (`local`
+/// indexes run_perf's backends; views of the backend's memory kind); `complete` waits for
+/// everything issued on every local rank. With several local ranks (one thread driving several
+/// devices, the perf tool's -g), the engine issues one call per local rank between
+/// `begin_group` and `end_group` (NCCL's group calls), which must then be set. `supports` says
+/// whether a case can run (else the table shows N/A).
 struct Implementation {
   std::string name;
-  std::function<void(Collective, TensorView in, TensorView out, ReduceOp op, int root)> issue;
+  std::function<void(int local, Collective, TensorView in, TensorView out, ReduceOp op, int root)> issue;
   std::function<void()> complete;
+  std::function<void()> begin_group, end_group;
   std::function<bool(Collective, Placement, DataType, ReduceOp)> supports = [](Collective, Placement, DataType,
                                                                               ReduceOp) { return true; };
 };
 
-/// ncclkit's own collectives on `stream` of `backend`.
+/// ncclkit's own collectives on each backend's default stream. `group`: what brackets one call
+/// per backend when there are several (see Implementation).
 template <Backend B>
-Implementation backend_implementation(B& backend, typename B::Stream stream, std::string name = "ncclkit") {
+Implementation backend_implementation(std::vector<B*> backends, std::string name = "ncclkit",
+                                      std::function<void()> begin_group = {}, std::function<void()> end_group = {}) {
   Implementation impl;
   impl.name = std::move(name);
-  impl.issue = [&backend, stream](Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+  impl.issue = [backends](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+    B& backend = *backends[static_cast<std::size_t>(local)];
+    const auto stream = backend.default_stream();
     switch (c) {
       case Collective::kAllReduce: return backend.all_reduce(in, out, op, stream);
       case Collective::kBroadcast: return backend.broadcast(in, out, root, stream);
@@ -353,7 +361,11 @@ Implementation backend_implementation(B& backend, typename B::Stream stream, std
     }
     throw ConfigError(std::string("this backend has no ") + std::string(name_of(c)));
   };
-  impl.complete = [&backend, stream] { backend.synchronize(stream); };
+  impl.complete = [backends] {
+    for (B* backend : backends) backend->synchronize(backend->default_stream());
+  };
+  impl.begin_group = std::move(begin_group);
+  impl.end_group = std::move(end_group);
   impl.supports = [](Collective c, Placement p, DataType, ReduceOp) {
     if (c == Collective::kReduce) return requires(B & b, TensorView v, ReduceOp o, typename B::Stream s) { b.reduce(v, v, o, 0, s); };
     if (c == Collective::kAllToAll) {
@@ -511,59 +523,116 @@ inline std::string date_string() {
 // ---- the engine -----------------------------------------------------------------------------------
 
 /// Runs the sweep that `options` describes over `implementations` (the first is the one the
-/// footer's average refers to) on `backend`, prints the table on rank 0 (to `out`), writes
-/// CSV/JSON if asked, and returns every row. Collective: every rank calls it with the same
-/// options. Throws what the backend throws (CommError on failure).
+/// footer's average refers to) on this thread's `backends`: its local ranks of one job (one,
+/// or one per device when one thread drives several; `begin_group` and `end_group` then
+/// bracket the engine's own calls on them, as in Implementation). Prints the table on rank 0
+/// (to `out`), writes CSV/JSON if asked, and returns every row. Collective: every rank calls it
+/// with the same options. Throws what the backend throws (CommError on failure).
 template <Backend B>
-PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, const PerfOptions& options,
+PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> implementations, const PerfOptions& options,
+                     std::function<void()> begin_group = {}, std::function<void()> end_group = {},
                      std::FILE* out = stdout) {
   using Clock = std::chrono::steady_clock;
-  const int nranks = backend.size();
-  const int rank = backend.rank();
-  const bool printer = rank == 0;
-  const auto stream = backend.default_stream();
+  if (backends.empty()) throw ConfigError("run_perf: no backend");
+  const std::size_t locals = backends.size();
+  const bool grouped = locals > 1;
+  if (grouped && !(begin_group && end_group)) {
+    throw ConfigError("run_perf: several local ranks need group calls (begin_group, end_group)");
+  }
+  for (const auto& impl : implementations) {
+    if (grouped && !(impl.begin_group && impl.end_group)) {
+      throw ConfigError("run_perf: implementation '" + impl.name + "' has no group calls for several local ranks");
+    }
+  }
+  const int nranks = backends.front()->size();
+  const bool printer = backends.front()->rank() == 0;
+  auto rank_of = [&](std::size_t local) { return backends[local]->rank(); };
   if (options.root < 0 || options.root >= nranks) {
     throw ConfigError("-r " + std::to_string(options.root) + " is outside [0, " + std::to_string(nranks) + ")");
   }
   if (implementations.empty()) throw ConfigError("run_perf: no implementation to time");
   const bool several = implementations.size() > 1;
 
-  // Buffers sized for the largest case, plus a guard zone behind the output.
+  // Buffers sized for the largest case, plus a guard zone behind the output, per local rank.
   constexpr std::size_t kGuardBytes = 64;
   constexpr unsigned char kPoison = 0xA5;
   const std::size_t max_bytes = options.max_bytes;
   const std::size_t buffer_bytes = max_bytes + kGuardBytes + 64;
-  void* send = backend.allocate(buffer_bytes);
-  void* recv = backend.allocate(buffer_bytes);
+  struct Buffers {
+    B* backend = nullptr;
+    void* send = nullptr;
+    void* recv = nullptr;
+    void* scratch = nullptr;  // lining ranks up and combining times (through the backend itself)
+  };
+  struct FreeAll {
+    std::vector<Buffers> list;
+    ~FreeAll() {
+      for (auto& b : list) {
+        void* const owned[] = {b.send, b.recv, b.scratch};
+        for (void* q : owned)
+          if (q != nullptr) b.backend->deallocate(q);
+      }
+    }
+  } buffers;
+  for (B* backend : backends) {
+    Buffers& b = buffers.list.emplace_back();
+    b.backend = backend;
+    b.send = backend->allocate(buffer_bytes);
+    b.recv = backend->allocate(buffer_bytes);
+    b.scratch = backend->allocate(64 * sizeof(double));
+  }
+  auto buffer = [&](std::size_t local) -> Buffers& { return buffers.list[local]; };
   std::vector<unsigned char> staging(buffer_bytes);
   std::vector<unsigned char> poison(buffer_bytes, kPoison);
-  // A small buffer for lining ranks up and combining times (through the backend itself).
-  void* scratch = backend.allocate(64 * sizeof(double));
-  struct Free {
-    B& b;
-    void* p[3];
-    ~Free() {
-      for (void* q : p) b.deallocate(q);
+
+  // One backend call per local rank, grouped when there are several.
+  auto on_every_rank = [&](auto&& call) {
+    if (grouped) begin_group();
+    for (std::size_t j = 0; j < locals; ++j) call(j);
+    if (grouped) end_group();
+  };
+  auto synchronize_all = [&] {
+    for (B* backend : backends) backend->synchronize(backend->default_stream());
+  };
+  auto issue_all = [&](Implementation& impl, Collective c, const std::vector<TensorView>& in,
+                       const std::vector<TensorView>& out, ReduceOp op, int root) {
+    if (grouped) impl.begin_group();
+    for (std::size_t j = 0; j < locals; ++j) impl.issue(static_cast<int>(j), c, in[j], out[j], op, root);
+    if (grouped) impl.end_group();
+  };
+  // `per_rank(j)` is local rank j's part of a double vector of `n` values; every rank's parts
+  // are reduced with `how` and the result returned.
+  auto reduce_doubles = [&](std::size_t n, ReduceOp how, auto&& per_rank) {
+    std::vector<double> host(n);
+    for (std::size_t j = 0; j < locals; ++j) {
+      host = per_rank(j);
+      HostTransfer<B>::upload(*backends[j], buffer(j).scratch, host.data(), n * sizeof(double));
     }
-  } free_all{backend, {send, recv, scratch}};
+    on_every_rank([&](std::size_t j) {
+      TensorView view{buffer(j).scratch, n, DataType::kFloat64, B::memory_kind};
+      backends[j]->all_reduce(view, view, how, backends[j]->default_stream());
+    });
+    synchronize_all();
+    HostTransfer<B>::download(*backends.front(), host.data(), buffer(0).scratch, n * sizeof(double));
+    return host;
+  };
 
   auto line_up = [&] {
-    backend.all_reduce(TensorView{scratch, 1, DataType::kFloat64, B::memory_kind},
-                       TensorView{scratch, 1, DataType::kFloat64, B::memory_kind}, ReduceOp::kSum, stream);
-    backend.synchronize(stream);
+    on_every_rank([&](std::size_t j) {
+      TensorView view{buffer(j).scratch, 1, DataType::kFloat64, B::memory_kind};
+      backends[j]->all_reduce(view, view, ReduceOp::kSum, backends[j]->default_stream());
+    });
+    synchronize_all();
   };
-  // Combines per-rank values (one per slot) as -a says.
+  // Combines per-rank values (one per slot; this thread measured them for all its local
+  // ranks) as -a says.
   auto combine = [&](std::vector<double>& values) {
-    const std::size_t n = values.size();
     const ReduceOp how = options.average == 2 ? ReduceOp::kMin : options.average == 3 ? ReduceOp::kMax : ReduceOp::kSum;
-    std::vector<double> host(values);
-    if (options.average == 0 && rank != 0) std::fill(host.begin(), host.end(), 0.0);
-    HostTransfer<B>::upload(backend, scratch, host.data(), n * sizeof(double));
-    TensorView view{scratch, n, DataType::kFloat64, B::memory_kind};
-    backend.all_reduce(view, view, how, stream);
-    backend.synchronize(stream);
-    HostTransfer<B>::download(backend, host.data(), scratch, n * sizeof(double));
-    for (std::size_t i = 0; i < n; ++i) values[i] = options.average == 1 ? host[i] / nranks : host[i];
+    const std::vector<double> zeros(values.size(), 0.0);
+    const auto result = reduce_doubles(values.size(), how, [&](std::size_t j) {
+      return options.average == 0 && rank_of(j) != 0 ? zeros : values;
+    });
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = options.average == 1 ? result[i] / nranks : result[i];
   };
 
   PerfSummary summary;
@@ -603,86 +672,108 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
     std::fflush(out);
   };
 
-  // Fills the input (and poisons the output) for a correctness run; returns #wrong after it.
+  // Where a case's input and output live in local rank j's buffers, for `placement`.
+  struct Placed {
+    void* in = nullptr;
+    void* out = nullptr;
+  };
+  auto place = [&](std::size_t j, Collective c, const detail::Shape& shape, DataType type, Placement placement) {
+    const std::size_t element = size_of(type);
+    Placed p{buffer(j).send, buffer(j).recv};
+    if (placement == Placement::kInPlace) {
+      unsigned char* own_part =
+          static_cast<unsigned char*>(buffer(j).recv) + static_cast<std::size_t>(rank_of(j)) * shape.count * element;
+      p.in = buffer(j).recv;  // all_reduce, broadcast, reduce, reduce_scatter: the input lives in recv
+      if (c == Collective::kAllGather) p.in = own_part;
+      if (c == Collective::kReduceScatter) p.out = own_part;
+    }
+    return p;
+  };
+
+  // Fills the inputs (and poisons the outputs) of every local rank for a correctness run;
+  // returns their #wrong after it.
   auto check_once = [&](Implementation& impl, Collective c, DataType type, ReduceOp op, const detail::Shape& shape,
                         Placement placement) -> long long {
     const std::size_t element = size_of(type);
     const int root = is_rooted(c) ? options.root : -1;
-    // Host inputs.
-    std::vector<unsigned char> input(shape.in_elems * element);
-    visit_data_type(type, [&]<class T>() {
-      T* values = reinterpret_cast<T*>(input.data());
-      for (std::size_t i = 0; i < shape.in_elems; ++i) values[i] = detail::from_double<T>(detail::input_value(rank, i, type, op));
-    });
-    void* in_ptr = send;
-    void* out_ptr = recv;
-    HostTransfer<B>::upload(backend, recv, poison.data(), shape.out_elems * element + kGuardBytes);
-    if (placement == Placement::kOutOfPlace) {
-      HostTransfer<B>::upload(backend, send, input.data(), input.size());
-    } else {
-      out_ptr = recv;
-      if (c == Collective::kAllGather) {
-        in_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
-      } else {
-        in_ptr = recv;  // all_reduce, broadcast, reduce, reduce_scatter: the input lives in recv
-        if (c == Collective::kReduceScatter) {
-          out_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
-        }
-      }
-      if (c == Collective::kReduceScatter) {
-        // The input is the whole buffer; the guard goes behind it.
-        HostTransfer<B>::upload(backend, recv, poison.data(), shape.in_elems * element + kGuardBytes);
-      }
-      if (!(c == Collective::kBroadcast && rank != options.root)) HostTransfer<B>::upload(backend, in_ptr, input.data(), input.size());
-    }
-    TensorView in{in_ptr, shape.in_elems, type, B::memory_kind};
-    TensorView outv{out_ptr, shape.out_elems, type, B::memory_kind};
-    if (c == Collective::kBroadcast && rank != options.root && placement == Placement::kOutOfPlace) {
-      in = TensorView{send, shape.in_elems, type, B::memory_kind};
-    }
-    impl.issue(c, in, outv, op, root);
-    impl.complete();
-    // Download the output and the guard behind the buffer the result lives in.
-    const std::size_t checked_elems = shape.out_elems;
-    const bool whole_recv_checked = placement == Placement::kInPlace && c == Collective::kReduceScatter;
-    const std::size_t download_bytes = (whole_recv_checked ? shape.in_elems : shape.out_elems) * element + kGuardBytes;
-    HostTransfer<B>::download(backend, staging.data(), recv, download_bytes);
-    const unsigned char* result = staging.data() + (static_cast<unsigned char*>(out_ptr) - static_cast<unsigned char*>(recv));
-    long long wrong = 0;
-    if (c == Collective::kReduce && rank != options.root) {
-      // The output of non-roots is scratch: only the guard is checked.
-    } else {
-      const double tol = detail::tolerance(type, op, nranks);
+    std::vector<TensorView> ins, outs;
+    std::vector<Placed> placed;
+    for (std::size_t j = 0; j < locals; ++j) {
+      const int rank = rank_of(j);
+      B& backend = *backends[j];
+      std::vector<unsigned char> input(shape.in_elems * element);
       visit_data_type(type, [&]<class T>() {
-        for (std::size_t i = 0; i < checked_elems; ++i) {
-          double expected = 0;
-          switch (c) {
-            case Collective::kAllReduce:
-            case Collective::kReduce: expected = detail::reference_reduction(type, op, nranks, i); break;
-            case Collective::kBroadcast: expected = detail::input_value(options.root, i, type, op); break;
-            case Collective::kAllGather:
-              expected = detail::input_value(static_cast<int>(i / shape.count), i % shape.count, type, op);
-              break;
-            case Collective::kReduceScatter:
-              expected = detail::reference_reduction(type, op, nranks, static_cast<std::size_t>(rank) * shape.count + i);
-              break;
-            case Collective::kAllToAll:
-              expected = detail::input_value(static_cast<int>(i / shape.count),
-                                             static_cast<std::size_t>(rank) * shape.count + i % shape.count, type, op);
-              break;
-          }
-          T got_value;
-          std::memcpy(&got_value, result + i * element, element);
-          const double got = detail::to_double(got_value);
-          const double want = detail::to_double(detail::from_double<T>(expected));
-          const bool same_inf = std::isinf(got) && std::isinf(want) && (got > 0) == (want > 0);
-          if (!same_inf && !(std::fabs(got - want) <= tol)) ++wrong;
-        }
+        T* values = reinterpret_cast<T*>(input.data());
+        for (std::size_t i = 0; i < shape.in_elems; ++i) values[i] = detail::from_double<T>(detail::input_value(rank, i, type, op));
       });
+      const Placed p = place(j, c, shape, type, placement);
+      void* recv = buffer(j).recv;
+      HostTransfer<B>::upload(backend, recv, poison.data(), shape.out_elems * element + kGuardBytes);
+      if (placement == Placement::kOutOfPlace) {
+        HostTransfer<B>::upload(backend, p.in, input.data(), input.size());
+      } else {
+        if (c == Collective::kReduceScatter) {
+          // The input is the whole buffer; the guard goes behind it.
+          HostTransfer<B>::upload(backend, recv, poison.data(), shape.in_elems * element + kGuardBytes);
+        }
+        if (!(c == Collective::kBroadcast && rank != options.root)) HostTransfer<B>::upload(backend, p.in, input.data(), input.size());
+      }
+      TensorView in{p.in, shape.in_elems, type, B::memory_kind};
+      if (c == Collective::kBroadcast && rank != options.root && placement == Placement::kOutOfPlace) {
+        in = TensorView{buffer(j).send, shape.in_elems, type, B::memory_kind};
+      }
+      ins.push_back(in);
+      outs.push_back(TensorView{p.out, shape.out_elems, type, B::memory_kind});
+      placed.push_back(p);
     }
-    const std::size_t guard_at = download_bytes - kGuardBytes;
-    for (std::size_t i = 0; i < kGuardBytes; ++i) {
-      if (staging[guard_at + i] != kPoison) ++wrong;
+    issue_all(impl, c, ins, outs, op, root);
+    impl.complete();
+    long long wrong = 0;
+    for (std::size_t j = 0; j < locals; ++j) {
+      const int rank = rank_of(j);
+      void* recv = buffer(j).recv;
+      // Download the output and the guard behind the buffer the result lives in.
+      const std::size_t checked_elems = shape.out_elems;
+      const bool whole_recv_checked = placement == Placement::kInPlace && c == Collective::kReduceScatter;
+      const std::size_t download_bytes = (whole_recv_checked ? shape.in_elems : shape.out_elems) * element + kGuardBytes;
+      HostTransfer<B>::download(*backends[j], staging.data(), recv, download_bytes);
+      const unsigned char* result =
+          staging.data() + (static_cast<unsigned char*>(placed[j].out) - static_cast<unsigned char*>(recv));
+      if (c == Collective::kReduce && rank != options.root) {
+        // The output of non-roots is scratch: only the guard is checked.
+      } else {
+        const double tol = detail::tolerance(type, op, nranks);
+        visit_data_type(type, [&]<class T>() {
+          for (std::size_t i = 0; i < checked_elems; ++i) {
+            double expected = 0;
+            switch (c) {
+              case Collective::kAllReduce:
+              case Collective::kReduce: expected = detail::reference_reduction(type, op, nranks, i); break;
+              case Collective::kBroadcast: expected = detail::input_value(options.root, i, type, op); break;
+              case Collective::kAllGather:
+                expected = detail::input_value(static_cast<int>(i / shape.count), i % shape.count, type, op);
+                break;
+              case Collective::kReduceScatter:
+                expected = detail::reference_reduction(type, op, nranks, static_cast<std::size_t>(rank) * shape.count + i);
+                break;
+              case Collective::kAllToAll:
+                expected = detail::input_value(static_cast<int>(i / shape.count),
+                                               static_cast<std::size_t>(rank) * shape.count + i % shape.count, type, op);
+                break;
+            }
+            T got_value;
+            std::memcpy(&got_value, result + i * element, element);
+            const double got = detail::to_double(got_value);
+            const double want = detail::to_double(detail::from_double<T>(expected));
+            const bool same_inf = std::isinf(got) && std::isinf(want) && (got > 0) == (want > 0);
+            if (!same_inf && !(std::fabs(got - want) <= tol)) ++wrong;
+          }
+        });
+      }
+      const std::size_t guard_at = download_bytes - kGuardBytes;
+      for (std::size_t i = 0; i < kGuardBytes; ++i) {
+        if (staging[guard_at + i] != kPoison) ++wrong;
+      }
     }
     return wrong;
   };
@@ -716,30 +807,22 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
               if (runs[k] && options.check) wrong[k] = static_cast<double>(check_once(implementations[k], c, type, op, shape, placement));
             }
             if (options.check) {
-              // Sum the wrong counts over ranks (combine() would average them).
-              std::vector<double> host(wrong);
-              HostTransfer<B>::upload(backend, scratch, host.data(), host.size() * sizeof(double));
-              TensorView view{scratch, host.size(), DataType::kFloat64, B::memory_kind};
-              backend.all_reduce(view, view, ReduceOp::kSum, stream);
-              backend.synchronize(stream);
-              HostTransfer<B>::download(backend, host.data(), scratch, host.size() * sizeof(double));
-              wrong = host;
+              // Sum the wrong counts over ranks (combine() would average them); this thread's
+              // count goes in through its first local rank.
+              const std::vector<double> zeros(wrong.size(), 0.0);
+              wrong = reduce_doubles(wrong.size(), ReduceOp::kSum, [&](std::size_t j) { return j == 0 ? wrong : zeros; });
             }
             // Timed runs on whatever the buffers hold now.
-            const std::size_t element = size_of(type);
-            void* in_ptr = send;
-            void* out_ptr = recv;
-            if (placement == Placement::kInPlace) {
-              in_ptr = recv;
-              if (c == Collective::kAllGather) in_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
-              if (c == Collective::kReduceScatter) out_ptr = static_cast<unsigned char*>(recv) + static_cast<std::size_t>(rank) * shape.count * element;
+            std::vector<TensorView> ins, outs;
+            for (std::size_t j = 0; j < locals; ++j) {
+              const Placed p = place(j, c, shape, type, placement);
+              ins.push_back(TensorView{p.in, shape.in_elems, type, B::memory_kind});
+              outs.push_back(TensorView{p.out, shape.out_elems, type, B::memory_kind});
             }
-            const TensorView in{in_ptr, shape.in_elems, type, B::memory_kind};
-            const TensorView outv{out_ptr, shape.out_elems, type, B::memory_kind};
             const int root = is_rooted(c) ? options.root : -1;
             for (std::size_t k = 0; k < implementations.size(); ++k) {
               if (!runs[k]) continue;
-              for (int i = 0; i < options.warmup; ++i) implementations[k].issue(c, in, outv, op, root);
+              for (int i = 0; i < options.warmup; ++i) issue_all(implementations[k], c, ins, outs, op, root);
               implementations[k].complete();
             }
             const int batch = (options.iters + options.rounds - 1) / options.rounds;
@@ -752,7 +835,7 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
                 if (!runs[k]) continue;
                 line_up();
                 const auto start = Clock::now();
-                for (int i = 0; i < batch; ++i) implementations[k].issue(c, in, outv, op, root);
+                for (int i = 0; i < batch; ++i) issue_all(implementations[k], c, ins, outs, op, root);
                 implementations[k].complete();
                 times[k] = std::chrono::duration<double, std::micro>(Clock::now() - start).count() / batch;
               }
@@ -860,6 +943,13 @@ PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, co
     }
   }
   return summary;
+}
+
+/// One local rank.
+template <Backend B>
+PerfSummary run_perf(B& backend, std::vector<Implementation> implementations, const PerfOptions& options,
+                     std::FILE* out = stdout) {
+  return run_perf(std::vector<B*>{&backend}, std::move(implementations), options, {}, {}, out);
 }
 
 }  // namespace ncclkit::perf

@@ -106,7 +106,7 @@ ncclkit::perf::Implementation raw_gloo(ncclkit::gloo::Communicator& comm) {
   auto context = comm.native_context();
   const auto timeout = comm.options().timeout;
   const int rank = comm.rank();
-  impl.issue = [context, timeout, rank](Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+  impl.issue = [context, timeout, rank](int /*local: always 0*/, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
     // Gloo cannot take empty buffers (its allgather divides by the size): nothing to do.
     if (in.count == 0 || out.count == 0) return;
     const bool in_place = in.data == out.data;
@@ -190,7 +190,7 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
                 std::chrono::duration<double>(comm.options().timeout).count());
   }
   std::vector<ncclkit::perf::Implementation> impls;
-  impls.push_back(ncclkit::perf::backend_implementation(comm, comm.default_stream(), "ncclkit"));
+  impls.push_back(ncclkit::perf::backend_implementation(std::vector{&comm}));
   if (tool.raw) impls.push_back(raw_gloo(comm));
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
   return summary.ok() ? 0 : 2;

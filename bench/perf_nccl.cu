@@ -7,8 +7,9 @@
 // Processes: under a launcher (ncclkit-run, torchrun, mpirun, srun) it is one rank of that job,
 // on GPU local_rank % visible; otherwise it forks -p N local ranks (default: one per visible GPU,
 // counted without initialising CUDA here) that rendezvous through a private folder. With -g G
-// one process drives G GPUs (a LocalGroup), one thread per GPU, each thread one rank of the
-// engine; NCCL allows one thread per communicator of a process. Rank 0 prints.
+// one thread drives G GPUs (a LocalGroup), as nccl-tests' -g does: each timed step issues one
+// call per GPU inside one group (GroupGuard for ncclkit, ncclGroupStart/End for raw NCCL) and
+// is timed as one collective. Rank 0 prints.
 //
 // --raw adds the implementation "raw": ncclAllReduce, ncclBroadcast, ncclReduce,
 // ncclAllGather, ncclReduceScatter and ncclAlltoAll on a second, plain communicator (blocking,
@@ -22,10 +23,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -37,20 +38,24 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/local_group.hpp"
 #include "ncclkit/nccl/types.hpp"
 
 /// Host staging for the engine: stream-ordered copies on the communicator's default stream,
-/// completed through synchronize (bounded, and a failed communicator throws).
+/// completed through synchronize (bounded, and a failed communicator throws), with the
+/// communicator's GPU current (one thread may drive several).
 template <>
 struct ncclkit::perf::HostTransfer<ncclkit::nccl::Communicator> {
   static void upload(ncclkit::nccl::Communicator& comm, void* device, const void* host, std::size_t bytes) {
     if (bytes == 0) return;
+    ncclkit::nccl::DeviceGuard guard(comm.device());
     NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, comm.default_stream()));
     comm.synchronize(comm.default_stream());
   }
   static void download(ncclkit::nccl::Communicator& comm, void* host, const void* device, std::size_t bytes) {
     if (bytes == 0) return;
+    ncclkit::nccl::DeviceGuard guard(comm.device());
     NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, comm.default_stream()));
     comm.synchronize(comm.default_stream());
   }
@@ -96,33 +101,36 @@ struct RawComm {
   }
 };
 
-/// NCCL called directly on `raw`, on `stream`.
-ncclkit::perf::Implementation raw_nccl(ncclComm_t raw, cudaStream_t stream) {
+/// NCCL called directly on `raw[local]`, on `streams[local]`; several are grouped with
+/// ncclGroupStart/End.
+ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<cudaStream_t> streams) {
   ncclkit::perf::Implementation impl;
   impl.name = "raw";
-  impl.issue = [raw, stream](Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+  impl.issue = [raw, streams](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+    const ncclComm_t comm = raw[static_cast<std::size_t>(local)];
+    const cudaStream_t stream = streams[static_cast<std::size_t>(local)];
     const ncclDataType_t type = ncclkit::nccl::to_nccl(in.dtype);
     switch (c) {
       case Collective::kAllReduce:
-        NCCLKIT_NCCL_CHECK(ncclAllReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), raw, stream));
+        NCCLKIT_NCCL_CHECK(ncclAllReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
         return;
       case Collective::kBroadcast:
-        NCCLKIT_NCCL_CHECK(ncclBroadcast(in.data, out.data, out.count, type, root, raw, stream));
+        NCCLKIT_NCCL_CHECK(ncclBroadcast(in.data, out.data, out.count, type, root, comm, stream));
         return;
       case Collective::kReduce:
-        NCCLKIT_NCCL_CHECK(ncclReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), root, raw, stream));
+        NCCLKIT_NCCL_CHECK(ncclReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), root, comm, stream));
         return;
       case Collective::kAllGather:
-        NCCLKIT_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, type, raw, stream));
+        NCCLKIT_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, type, comm, stream));
         return;
       case Collective::kReduceScatter:
-        NCCLKIT_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), raw, stream));
+        NCCLKIT_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
         return;
       case Collective::kAllToAll: {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
         int n = 1;
-        NCCLKIT_NCCL_CHECK(ncclCommCount(raw, &n));
-        NCCLKIT_NCCL_CHECK(ncclAlltoAll(in.data, out.data, in.count / static_cast<std::size_t>(n), type, raw, stream));
+        NCCLKIT_NCCL_CHECK(ncclCommCount(comm, &n));
+        NCCLKIT_NCCL_CHECK(ncclAlltoAll(in.data, out.data, in.count / static_cast<std::size_t>(n), type, comm, stream));
         return;
 #else
         throw ncclkit::ConfigError("raw all_to_all needs NCCL >= 2.28");
@@ -130,7 +138,11 @@ ncclkit::perf::Implementation raw_nccl(ncclComm_t raw, cudaStream_t stream) {
       }
     }
   };
-  impl.complete = [stream] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); };
+  impl.complete = [streams] {
+    for (cudaStream_t stream : streams) NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+  impl.begin_group = [] { NCCLKIT_NCCL_CHECK(ncclGroupStart()); };
+  impl.end_group = [] { NCCLKIT_NCCL_CHECK(ncclGroupEnd()); };
   impl.supports = [](Collective c, Placement p, DataType, ReduceOp) {
     return !(c == Collective::kAllToAll && p == Placement::kInPlace);
   };
@@ -164,7 +176,7 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
   Communicator comm(store, world, comm_options(tool));
   if (world.rank == 0) print_banner(comm, tool, "one process per GPU");
   std::vector<ncclkit::perf::Implementation> impls;
-  impls.push_back(ncclkit::perf::backend_implementation(comm, comm.default_stream(), "ncclkit"));
+  impls.push_back(ncclkit::perf::backend_implementation(std::vector{&comm}));
   RawComm raw;
   if (tool.raw) {
     // The raw communicator's id travels through the same store, under a key of its own.
@@ -180,49 +192,55 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
     ncclComm_t handle = nullptr;
     NCCLKIT_NCCL_CHECK(ncclCommInitRank(&handle, world.world_size, id, world.rank));
     raw = RawComm(handle);
-    impls.push_back(raw_nccl(raw.comm, comm.default_stream()));
+    impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
   }
   ncclkit::nccl::DeviceGuard guard(comm.device());
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
   return summary.ok() ? 0 : 2;
 }
 
-/// -g G: one process, G GPUs, one thread per GPU.
+/// ncclkit's group calls for one thread driving several communicators: a GroupGuard held
+/// between begin and end; end() throws what the group's end throws.
+struct GroupCalls {
+  std::shared_ptr<std::optional<ncclkit::nccl::GroupGuard>> guard = std::make_shared<std::optional<ncclkit::nccl::GroupGuard>>();
+  std::function<void()> begin() const {
+    return [guard = guard] { guard->emplace(); };
+  }
+  std::function<void()> end() const {
+    return [guard = guard] {
+      struct Reset {
+        std::optional<ncclkit::nccl::GroupGuard>& g;
+        ~Reset() { g.reset(); }
+      } reset{*guard};
+      (*guard)->end();
+    };
+  }
+};
+
+/// -g G: one process, one thread, G GPUs.
 int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOptions& tool) {
   std::vector<int> devices;
   for (int d = 0; d < gpus; ++d) devices.push_back(d);
   ncclkit::nccl::LocalGroup local(devices, comm_options(tool));
+  std::vector<Communicator*> members;
+  std::vector<cudaStream_t> streams;
+  for (auto& member : local) {
+    members.push_back(&member);
+    streams.push_back(member.default_stream());
+  }
+  const GroupCalls group;
+  std::vector<ncclkit::perf::Implementation> impls;
+  impls.push_back(ncclkit::perf::backend_implementation(members, "ncclkit", group.begin(), group.end()));
   std::vector<RawComm> raw(static_cast<std::size_t>(gpus));
   if (tool.raw) {
     std::vector<ncclComm_t> handles(static_cast<std::size_t>(gpus), nullptr);
     NCCLKIT_NCCL_CHECK(ncclCommInitAll(handles.data(), gpus, devices.data()));
     for (int i = 0; i < gpus; ++i) raw[static_cast<std::size_t>(i)] = RawComm(handles[static_cast<std::size_t>(i)]);
+    impls.push_back(raw_nccl(handles, streams));
   }
-  print_banner(local[0], tool, "one process, one thread per GPU");
-  std::vector<int> codes(static_cast<std::size_t>(gpus), 0);
-  std::mutex error_mutex;
-  std::vector<std::thread> threads;
-  for (int i = 0; i < gpus; ++i) {
-    threads.emplace_back([&, i] {
-      try {
-        auto& comm = local[i];
-        NCCLKIT_CUDA_CHECK(cudaSetDevice(comm.device()));
-        std::vector<ncclkit::perf::Implementation> impls;
-        impls.push_back(ncclkit::perf::backend_implementation(comm, comm.default_stream(), "ncclkit"));
-        if (tool.raw) impls.push_back(raw_nccl(raw[static_cast<std::size_t>(i)].comm, comm.default_stream()));
-        auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
-        codes[static_cast<std::size_t>(i)] = summary.ok() ? 0 : 2;
-      } catch (const std::exception& e) {
-        std::lock_guard lock(error_mutex);
-        std::fprintf(stderr, "perf_nccl: GPU %d: %s\n", i, e.what());
-        codes[static_cast<std::size_t>(i)] = 1;
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (int code : codes)
-    if (code != 0) return code;
-  return 0;
+  print_banner(local[0], tool, "one process, one thread, grouped calls");
+  auto summary = ncclkit::perf::run_perf(members, std::move(impls), perf, group.begin(), group.end());
+  return summary.ok() ? 0 : 2;
 }
 
 }  // namespace

@@ -147,7 +147,10 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0 phase communicator-1gpu 90 "$bin/gpu_test_nccl_communicator"
   CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
   CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
-  # 6. One process driving 4 GPUs (-g), ncclkit and raw.
+  # 6. One thread driving 4 GPUs (-g: one grouped call per step), ncclkit and raw: every
+  #    collective checked, then all_reduce timed.
+  CUDA_VISIBLE_DEVICES=$all phase perf-g4-check 60 "$bin/perf_nccl" -g 4 --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
   CUDA_VISIBLE_DEVICES=$all phase perf-g4 90 "$bin/perf_nccl" -g 4 --raw -b 8 -e 256M -f 4 -n 200 -w 20 -R 5 \
     -O all_reduce -d float --csv "$out/perf_g4.csv"
 

@@ -103,7 +103,9 @@ class GroupGuard {
 
     std::string failure;
     detail::CommCore* failed_member = nullptr;
-    if (status == ncclInProgress || status == ncclSuccess) {
+    if (status == ncclInProgress) {
+      // Collectives run on blocking communicators, whose group end returns when everything is
+      // enqueued; only a non-blocking one says ncclInProgress and is polled until it is done.
       for (auto* member : members) {
         ncclResult_t state = ncclSuccess;
         try {
@@ -118,6 +120,8 @@ class GroupGuard {
           if (failure.empty()) failure = "ncclGroupEnd left " + member->who() + " in error " + describe_nccl_error(state);
         }
       }
+    } else if (status == ncclSuccess) {
+      // Launched; asynchronous errors reach the watchdogs.
     } else if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
       for (auto* member : members) {
         member->handle().open_groups.fetch_sub(1);

@@ -65,6 +65,7 @@
 #include <utility>             // std::move, std::exchange
 #include <vector>              // std::vector
 
+#include "ncclkit/core/coarse_clock.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
@@ -104,12 +105,13 @@ struct CommHandle {
   std::size_t issuing_bytes = 0;
 
   /// Marks entry into an NCCL call that may block (written by the issuing thread only).
-  /// Returns the time of entry (the issue time the watchdog measures the call from).
+  /// Returns the time of entry (the issue time the watchdog measures the call from; a coarse
+  /// stamp, core/coarse_clock.hpp: cheap on every host, and at most a tick early).
   std::chrono::steady_clock::time_point enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
     issuing_seq = seq;
     issuing_operation = operation;
     issuing_bytes = bytes;
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = ncclkit::detail::coarse_now();
     issuing_since.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                         std::memory_order_release);
     return now;
@@ -424,11 +426,11 @@ class Watchdog {
 
   /// Records a completion event on `stream` after collectives `first_seq..last_seq` and hands
   /// it to the thread. `stream` must belong to the communicator's device.
-  /// `issued`: when the work was issued (default: now).
+  /// `issued`: when the work was issued (default: now, as a coarse stamp).
   void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
              std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt) {
     auto& s = *state_;
-    detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, issued ? *issued : detail::Clock::now(),
+    detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, issued ? *issued : ncclkit::detail::coarse_now(),
                               nullptr};
     std::lock_guard lock(s.queue_mutex);
     if (s.free_events.empty()) {

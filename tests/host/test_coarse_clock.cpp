@@ -1,0 +1,37 @@
+// coarse_now() is steady_clock's time, at most one tick behind, and never goes back.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "ncclkit/core/coarse_clock.hpp"
+
+using namespace std::chrono_literals;
+
+TEST_CASE("coarse_now lags steady_clock by at most one tick") {
+  const auto tick = ncclkit::detail::coarse_resolution();
+  CHECK(tick >= 0ns);
+  CHECK(tick <= 100ms);  // Linux ticks are 1-10 ms
+  for (int i = 0; i < 1000; ++i) {
+    const auto fine_before = std::chrono::steady_clock::now();
+    const auto coarse = ncclkit::detail::coarse_now();
+    const auto fine_after = std::chrono::steady_clock::now();
+    REQUIRE(coarse <= fine_after);
+    // One tick of lag, plus slack for a descheduled thread between the two reads.
+    REQUIRE(fine_before - coarse <= tick + 50ms);
+  }
+}
+
+TEST_CASE("coarse_now never goes back and advances with time") {
+  auto last = ncclkit::detail::coarse_now();
+  const auto start = last;
+  const auto tick = ncclkit::detail::coarse_resolution();
+  const auto until = std::chrono::steady_clock::now() + 3 * tick + 20ms;
+  while (std::chrono::steady_clock::now() < until) {
+    const auto now = ncclkit::detail::coarse_now();
+    REQUIRE(now >= last);
+    last = now;
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(last > start);
+}
