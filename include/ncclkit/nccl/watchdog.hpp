@@ -129,6 +129,7 @@ struct WorkRecord {
   Clock::time_point issued{};
   cudaEvent_t event = nullptr;
   bool verified = false;  ///< synchronize() already asked the store about it
+  cudaStream_t stream = nullptr;  ///< where `event` was recorded
 };
 
 /// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
@@ -163,6 +164,8 @@ struct WatchdogState {
   // In-flight work and the event pool.
   std::mutex queue_mutex;
   std::deque<WorkRecord> in_flight;
+  /// Every record in in_flight was recorded on one stream (then they complete in order).
+  bool one_stream = true;
   std::vector<cudaEvent_t> free_events;
 
   // Thread control and failure.
@@ -446,6 +449,9 @@ class Watchdog {
       check_cuda(status, "cudaEventRecord of the completion event of " + std::string(operation) + " seq " +
                              std::to_string(first_seq));
     }
+    record.stream = stream;
+    if (s.in_flight.empty()) s.one_stream = true;
+    else if (s.in_flight.back().stream != stream) s.one_stream = false;
     s.in_flight.push_back(record);
   }
 
@@ -688,17 +694,47 @@ class Watchdog {
     s.control_cv.notify_all();
   }
 
+  /// Retires completed work from the front of in_flight. Events are queried without holding
+  /// queue_mutex, so that the issuing thread (track) never waits for a query; while every
+  /// record is on one stream, one query of the newest retires all of them (a stream runs in
+  /// order), so a poll costs one query however much the issuing thread queued since the last.
   static void poll_completions(detail::WatchdogState& s) {
     const auto now = detail::Clock::now();
-    std::lock_guard lock(s.queue_mutex);
-    while (!s.in_flight.empty()) {
-      detail::WorkRecord& front = s.in_flight.front();
-      cudaError_t status = cudaEventQuery(front.event);
+    cudaEvent_t newest = nullptr;
+    std::uint64_t newest_seq = 0;
+    {
+      std::lock_guard lock(s.queue_mutex);
+      if (s.in_flight.empty()) return;
+      if (s.one_stream && s.in_flight.size() > 1) {
+        newest = s.in_flight.back().event;
+        newest_seq = s.in_flight.back().last_seq;
+      }
+    }
+    if (newest != nullptr) {
+      const cudaError_t status = cudaEventQuery(newest);
       if (status == cudaSuccess) {
-        if (s.store && !front.verified && !s.unverified && now - front.issued >= s.peer_check) s.unverified = front;
-        s.completed.store(front.last_seq, std::memory_order_release);
-        s.free_events.push_back(front.event);
-        s.in_flight.pop_front();
+        std::lock_guard lock(s.queue_mutex);
+        while (!s.in_flight.empty() && s.in_flight.front().last_seq <= newest_seq) retire_front(s, now);
+      } else if (status != cudaErrorNotReady) {
+        (void)cudaGetLastError();  // the oldest record's query below reports it
+      }
+    }
+    while (true) {
+      detail::WorkRecord front;
+      {
+        std::lock_guard lock(s.queue_mutex);
+        if (s.in_flight.empty()) return;
+        front = s.in_flight.front();
+      }
+      const cudaError_t status = cudaEventQuery(front.event);
+      if (status == cudaSuccess) {
+        std::lock_guard lock(s.queue_mutex);
+        // Only this thread retires while it runs; the check guards against a drain() after
+        // a stop that had to leave this thread running.
+        if (!s.in_flight.empty() && s.in_flight.front().event == front.event &&
+            s.in_flight.front().first_seq == front.first_seq) {
+          retire_front(s, now);
+        }
         continue;
       }
       if (status == cudaErrorNotReady) {
@@ -711,8 +747,17 @@ class Watchdog {
         (void)cudaGetLastError();
         request(s, "CUDA reported " + describe_cuda_error(status) + " while waiting for it", front);
       }
-      break;
+      return;
     }
+  }
+  /// Retires the front record, whose work has completed (queue_mutex held). Work that had
+  /// waited a peer check interval or longer is kept for synchronize() to verify.
+  static void retire_front(detail::WatchdogState& s, detail::Clock::time_point now) {
+    detail::WorkRecord& front = s.in_flight.front();
+    if (s.store && !front.verified && !s.unverified && now - front.issued >= s.peer_check) s.unverified = front;
+    s.completed.store(front.last_seq, std::memory_order_release);
+    s.free_events.push_back(front.event);
+    s.in_flight.pop_front();
   }
 
   /// A blocking NCCL call that has not returned within the timeout (e.g. connection setup

@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 #include <nccl.h>              // ncclComm_t, ncclCommGetAsyncError
 
-#include <algorithm>  // std::min
+#include <algorithm>  // std::min, std::all_of
 #include <chrono>   // std::chrono
 #include <cstdint>  // std::uint64_t
 #include <memory>   // std::shared_ptr
@@ -62,6 +62,17 @@ struct CommCore {
   /// Hands the ops queued during a group that just ended to the watchdog: one completion
   /// event per stream, recorded after the group's kernels.
   void commit_pending() {
+    if (pending.empty()) return;
+    const bool one_stream = std::all_of(pending.begin(), pending.end(),
+                                        [&](const PendingOp& op) { return op.stream == pending.front().stream; });
+    if (one_stream) {  // the usual case: one event after all of them
+      std::size_t bytes = 0;
+      for (const auto& op : pending) bytes += op.bytes;
+      watchdog.track(pending.front().seq, pending.back().seq, pending.front().operation, static_cast<int>(pending.size()),
+                     bytes, pending.front().stream);
+      pending.clear();
+      return;
+    }
     std::vector<bool> done(pending.size(), false);
     for (std::size_t i = 0; i < pending.size(); ++i) {
       if (done[i]) continue;
