@@ -120,7 +120,14 @@ run_all() {
   }
 
   local bin="$CARRY"
-  local all="0,1,2,3"
+  # Every GPU of the machine (4 on the usual kind; the phases follow a machine with fewer).
+  local gpus
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  ((gpus >= 1 && gpus <= 4)) || gpus=4
+  local all
+  all=$(seq -s, 0 $((gpus - 1)))
+  local n=$gpus
+  echo "GPUs used: $gpus ($all)" >>"$summary"
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 120 "$bin/gpu_test_nccl_communicator"
   CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 180 "$bin/gpu_test_nccl_collectives"
@@ -129,12 +136,12 @@ run_all() {
   #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
   #    messages get 1000 timed calls (5 rounds of 200) and the middle sizes 200 (5 rounds of
   #    40): rounds of a dozen calls left the comparison to noise (runs 4-7, docs/gpu-runs.md).
-  CUDA_VISIBLE_DEVICES=$all phase perf-p4-small 120 "$bin/perf_nccl" -p 4 --raw -b 8 -e 64K -f 2 -n 1000 -w 50 -R 5 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_small.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-p4 150 "$bin/perf_nccl" -p 4 --raw -b 128K -e 64M -f 2 -n 200 -w 20 -R 5 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-p4-large 90 "$bin/perf_nccl" -p 4 --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p4_large.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 1000 -w 50 -R 5 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 200 -w 20 -R 5 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_large.csv"
   CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$out/enqueue.json"
   CUDA_VISIBLE_DEVICES=0 phase completion-marks 30 "$bin/bench_completion_marks"
   # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
@@ -149,10 +156,10 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
   # 6. One thread driving 4 GPUs (-g: one grouped call per step), ncclkit and raw: every
   #    collective checked, then all_reduce timed.
-  CUDA_VISIBLE_DEVICES=$all phase perf-g4-check 60 "$bin/perf_nccl" -g 4 --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
-  CUDA_VISIBLE_DEVICES=$all phase perf-g4 90 "$bin/perf_nccl" -g 4 --raw -b 8 -e 256M -f 4 -n 200 -w 20 -R 5 \
-    -O all_reduce -d float --csv "$out/perf_g4.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n 90 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 256M -f 4 -n 200 -w 20 -R 5 \
+    -O all_reduce -d float --csv "$out/perf_g${n}.csv"
 
   # A plot of busbw against size from the perf CSVs (matplotlib is there on the GPU machines).
   local csvs=()
