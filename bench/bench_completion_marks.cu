@@ -9,7 +9,10 @@
 //    thread's path): it records an event into a stream that the first thread is capturing into
 //    a CUDA graph, in relaxed mode, and we see what happens to the capture.
 //
-// One GPU, no NCCL. Run: build/bench/bench_completion_marks
+// 3. With two GPUs visible: the host cost of those calls on GPU 1's stream while GPU 0 is
+//    current (one thread driving several GPUs), and of switching devices around them.
+//
+// One or two GPUs, no NCCL. Run: build/bench/bench_completion_marks
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -134,6 +137,44 @@ int main() {
   }
   cudaError_t qr = cudaEventQuery(ev);
   std::printf("main: cudaEventQuery of the event after capture -> %s\n", cudaGetErrorName(qr));
+
+  // 3. One thread driving several GPUs (LocalGroup): what the calls on GPU 1's stream cost
+  //    while GPU 0 is current, against GPU 1 current, and what switching there and back costs.
+  if (devices >= 2) {
+    cudaStream_t s1;
+    cudaEvent_t ev1;
+    CK(cudaSetDevice(1));
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&ev1, cudaEventDisableTiming));
+    g_stream = s1;
+    std::printf("GPU 1's stream, host ns per call (median of 15 batches of 256):\n");
+    for (int current : {1, 0}) {
+      CK(cudaSetDevice(current));
+      std::printf("  GPU %d current: cudaEventRecord %8.1f, cudaStreamIsCapturing %8.1f, tiny kernel launch %8.1f\n", current,
+                  per_call_ns([&] { CK(cudaEventRecord(ev1, s1)); }),
+                  per_call_ns([&] { CK(cudaStreamIsCapturing(s1, &status)); }),
+                  current == 1 ? per_call_ns([&] { tiny<<<1, 1, 0, s1>>>(nullptr); }) : 0.0);
+    }
+    CK(cudaSetDevice(0));
+    int was = -1;
+    std::printf("  switch to GPU 1 and back (cudaGetDevice + 2 cudaSetDevice) %8.1f\n", per_call_ns([&] {
+                  CK(cudaGetDevice(&was));
+                  CK(cudaSetDevice(1));
+                  CK(cudaSetDevice(was));
+                }));
+    std::printf("  the same around cudaEventRecord + cudaStreamIsCapturing on GPU 1  %8.1f (without the switch %8.1f)\n",
+                per_call_ns([&] {
+                  CK(cudaGetDevice(&was));
+                  CK(cudaSetDevice(1));
+                  CK(cudaStreamIsCapturing(s1, &status));
+                  CK(cudaEventRecord(ev1, s1));
+                  CK(cudaSetDevice(was));
+                }),
+                per_call_ns([&] {
+                  CK(cudaStreamIsCapturing(s1, &status));
+                  CK(cudaEventRecord(ev1, s1));
+                }));
+  }
   std::printf("done\n");
   return 0;
 }

@@ -160,12 +160,10 @@ ncclkit::nccl::Options comm_options(const ToolOptions& tool) {
 }
 
 void print_banner(const Communicator& comm, const ToolOptions& tool, const char* mode) {
-  int nccl_version = 0;
-  ncclGetVersion(&nccl_version);
   cudaDeviceProp prop{};
   NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device()));
-  std::printf("# perf_nccl: %d ranks (%s), %s, NCCL %d, %s, pointer checks %s, timeout %.0f s\n", comm.size(), mode,
-              prop.name, nccl_version, ncclkit::nccl::version_text().c_str(), tool.check_pointers ? "on" : "off",
+  std::printf("# perf_nccl: %d ranks (%s), %s, %s, pointer checks %s, timeout %.0f s\n", comm.size(), mode, prop.name,
+              ncclkit::nccl::version_text().c_str(), tool.check_pointers ? "on" : "off",
               std::chrono::duration<double>(comm.timeout()).count());
   std::fflush(stdout);
 }
