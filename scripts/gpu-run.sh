@@ -23,7 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
 TESTS=(gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_watchdog gpu_test_nccl_large)
-BENCHES=(perf_nccl bench_nccl_enqueue bench_completion_marks)
+BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks)
 
 build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
@@ -37,6 +37,10 @@ build() {
   mkdir -p "$CARRY"
   for target in "${TESTS[@]}"; do cp "$BUILD/tests/$target" "$CARRY/"; done
   for target in "${BENCHES[@]}"; do cp "$BUILD/bench/$target" "$CARRY/"; done
+  # The GPU machines have no Google Benchmark: its shared library travels too ($ORIGIN RPATH).
+  local lib
+  lib=$(ldd "$CARRY/gbench_nccl_enqueue" | awk '/libbenchmark/ {print $3}')
+  [[ -n "$lib" ]] && cp "$lib" "$CARRY/"
   strip --strip-debug "$CARRY"/*
   {
     echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tests/gpu bench || echo ' (plus uncommitted changes)')"
@@ -143,6 +147,8 @@ run_all() {
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_large.csv"
   CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$out/enqueue.json"
+  CUDA_VISIBLE_DEVICES=$all phase gbench-enqueue 60 "$bin/gbench_nccl_enqueue" --benchmark_repetitions=3 \
+    --benchmark_out="$out/gbench_enqueue.json" --benchmark_out_format=json
   CUDA_VISIBLE_DEVICES=0 phase completion-marks 30 "$bin/bench_completion_marks"
   # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 150 "$bin/gpu_test_nccl_watchdog"

@@ -1,0 +1,214 @@
+// gbench_nccl_enqueue: Google Benchmark microbenchmarks of the host time it takes to enqueue one
+// collective through ncclkit, against NCCL called directly (8-byte all_reduce, so that the GPU
+// is never the bottleneck), on 2 processes with one GPU each (1 when only one is visible).
+//
+// Collectives must match across ranks, so every benchmark runs a fixed number of iterations
+// (no adaptive count, which would differ between processes) and every rank runs the same
+// list; rank 0 reports, the others run silently. One iteration issues one call (one group of 8
+// for the group benchmarks); the stream is synchronised every 256 calls with the timer paused,
+// so that the stream's queue never fills and the time is the host's. Google Benchmark's flags
+// apply (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json,
+// --benchmark_out=FILE; rank 0 writes the file).
+//
+//   gbench_nccl_enqueue [google benchmark flags]
+//
+// bench_nccl_enqueue.cu measures the same with its own loop and more variants (and a breakdown
+// of the CUDA calls); this is the Google Benchmark form, for tools that read its output.
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/spawn.hpp"
+#include "ncclkit/launch/gpus.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/device_buffer.hpp"
+#include "ncclkit/nccl/group.hpp"
+
+namespace {
+
+using ncclkit::ReduceOp;
+using ncclkit::nccl::Communicator;
+
+constexpr int kSyncEvery = 256;           // calls between (untimed) stream synchronisations
+constexpr int kIterations = 256 * 200;    // per benchmark and repetition, equal on every rank
+constexpr int kGroup = 8;                 // calls per group in the group benchmarks
+
+/// What the benchmarks run on, made by each rank before the benchmarks start.
+struct Setup {
+  std::unique_ptr<Communicator> checked, unchecked;
+  ncclComm_t raw = nullptr;
+  std::unique_ptr<ncclkit::nccl::DeviceBuffer<float>> buffer;
+  cudaStream_t stream = nullptr;  // checked's default stream; raw NCCL uses it too
+  cudaEvent_t marker = nullptr;
+};
+Setup* setup = nullptr;
+
+/// One call per iteration; a synchronisation with the timer paused every kSyncEvery calls.
+template <class Issue, class Sync>
+void enqueue_loop(benchmark::State& state, int calls_per_iteration, Issue&& issue, Sync&& sync) {
+  int since_sync = 0;
+  for (auto _ : state) {
+    issue();
+    since_sync += calls_per_iteration;
+    if (since_sync >= kSyncEvery) {
+      state.PauseTiming();
+      sync();
+      state.ResumeTiming();
+      since_sync = 0;
+    }
+  }
+  sync();
+  state.SetItemsProcessed(state.iterations() * calls_per_iteration);  // items/s = collectives/s
+  // An inverted rate is seconds per unit of the value: counting calls in units of 1e-9 makes
+  // it nanoseconds per call.
+  state.counters["ns_per_call"] = benchmark::Counter(1e-9 * static_cast<double>(state.iterations() * calls_per_iteration),
+                                                     benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+void raw_sync() { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(setup->stream)); }
+
+void BM_RawAllReduce(benchmark::State& state) {
+  float* data = setup->buffer->data();
+  enqueue_loop(state, 1, [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream)); },
+               raw_sync);
+}
+void BM_RawAllReducePlusEvent(benchmark::State& state) {
+  float* data = setup->buffer->data();
+  enqueue_loop(state, 1,
+               [&] {
+                 NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
+                 NCCLKIT_CUDA_CHECK(cudaEventRecord(setup->marker, setup->stream));
+               },
+               raw_sync);
+}
+void BM_NcclkitAllReduce(benchmark::State& state) {
+  float* data = setup->buffer->data();
+  enqueue_loop(state, 1, [&] { setup->checked->all_reduce(data, data, 2, ReduceOp::kSum); },
+               [] { setup->checked->synchronize(); });
+}
+void BM_NcclkitAllReduceNoChecks(benchmark::State& state) {
+  float* data = setup->buffer->data();
+  enqueue_loop(state, 1, [&] { setup->unchecked->all_reduce(data, data, 2, ReduceOp::kSum); },
+               [] { setup->unchecked->synchronize(); });
+}
+void BM_RawGroupOf8(benchmark::State& state) {
+  float* data = setup->buffer->data();
+  enqueue_loop(state, kGroup,
+               [&] {
+                 NCCLKIT_NCCL_CHECK(ncclGroupStart());
+                 for (int i = 0; i < kGroup; ++i)
+                   NCCLKIT_NCCL_CHECK(ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
+                 NCCLKIT_NCCL_CHECK(ncclGroupEnd());
+               },
+               raw_sync);
+}
+void BM_NcclkitGroupOf8(benchmark::State& state) {
+  float* data = setup->buffer->data();
+  enqueue_loop(state, kGroup,
+               [&] {
+                 ncclkit::nccl::GroupGuard group;
+                 for (int i = 0; i < kGroup; ++i) setup->checked->all_reduce(data + 2 * i, data + 2 * i, 2, ReduceOp::kSum);
+                 group.end();
+               },
+               [] { setup->checked->synchronize(); });
+}
+
+void apply(benchmark::internal::Benchmark* b, int calls_per_iteration) {
+  b->Iterations(kIterations / calls_per_iteration)->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+/// Rank > 0: runs the benchmarks (its half of every collective) without printing.
+class SilentReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+int run_rank(const ncclkit::WorldInfo& world) {
+  auto store = ncclkit::make_store(world.init_url, world);
+  Setup s;
+  s.checked = std::make_unique<Communicator>(store, world, ncclkit::nccl::Options{.timeout = std::chrono::seconds(120), .name = "gbench-checked"});
+  s.unchecked = std::make_unique<Communicator>(
+      store, world, ncclkit::nccl::Options{.timeout = std::chrono::seconds(120), .name = "gbench-unchecked", .check_pointers = false});
+  ncclkit::nccl::DeviceGuard guard(s.checked->device());
+  ncclUniqueId id;
+  if (world.rank == 0) {
+    NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+    store->set("gbench/raw_id", ncclkit::Bytes(reinterpret_cast<std::uint8_t*>(id.internal),
+                                               reinterpret_cast<std::uint8_t*>(id.internal) + sizeof(id.internal)));
+  }
+  const ncclkit::Bytes id_bytes = store->get("gbench/raw_id");
+  std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
+  NCCLKIT_NCCL_CHECK(ncclCommInitRank(&s.raw, world.world_size, id, world.rank));
+  s.buffer = std::make_unique<ncclkit::nccl::DeviceBuffer<float>>(2 * kGroup, s.checked->device());
+  s.stream = s.checked->default_stream();
+  NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&s.marker, cudaEventDisableTiming));
+  setup = &s;
+
+  // Warm up every path (connections, event pools, caches) with the same calls on every rank.
+  float* data = s.buffer->data();
+  for (int i = 0; i < 1000; ++i) {
+    NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, s.raw, s.stream));
+    s.checked->all_reduce(data, data, 2, ReduceOp::kSum);
+    s.unchecked->all_reduce(data, data, 2, ReduceOp::kSum);
+  }
+  s.checked->synchronize();
+  s.unchecked->synchronize();
+  s.checked->barrier();
+
+  if (world.rank == 0) {
+    std::printf("# gbench_nccl_enqueue: %d ranks, %s; ns_per_call = host time per collective\n", world.world_size,
+                ncclkit::nccl::version_text().c_str());
+    std::fflush(stdout);
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    // Rank 0 alone writes --benchmark_out: the others send theirs to /dev/null.
+    char name[] = "gbench_nccl_enqueue";
+    char discard[] = "--benchmark_out=/dev/null";
+    char* args[] = {name, discard, nullptr};
+    int count = 2;
+    benchmark::Initialize(&count, args);
+    SilentReporter silent;
+    benchmark::RunSpecifiedBenchmarks(&silent);
+  }
+  s.checked->barrier();
+  setup = nullptr;
+  NCCLKIT_CUDA_CHECK(cudaEventDestroy(s.marker));
+  NCCLKIT_NCCL_CHECK(ncclCommDestroy(s.raw));
+  return 0;
+}
+
+}  // namespace
+
+BENCHMARK(BM_RawAllReduce)->Apply([](benchmark::internal::Benchmark* b) { apply(b, 1); });
+BENCHMARK(BM_RawAllReducePlusEvent)->Apply([](benchmark::internal::Benchmark* b) { apply(b, 1); });
+BENCHMARK(BM_NcclkitAllReduce)->Apply([](benchmark::internal::Benchmark* b) { apply(b, 1); });
+BENCHMARK(BM_NcclkitAllReduceNoChecks)->Apply([](benchmark::internal::Benchmark* b) { apply(b, 1); });
+BENCHMARK(BM_RawGroupOf8)->Apply([](benchmark::internal::Benchmark* b) { apply(b, kGroup); });
+BENCHMARK(BM_NcclkitGroupOf8)->Apply([](benchmark::internal::Benchmark* b) { apply(b, kGroup); });
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);  // parses the flags; touches no GPU
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  const auto inventory = ncclkit::launch::find_gpus();  // no CUDA before fork
+  if (inventory.visible.empty()) {
+    std::printf("SKIPPED: no GPU visible\n");
+    return 77;
+  }
+  const int ranks = std::min<int>(2, static_cast<int>(inventory.visible.size()));
+  auto result = ncclkit::spawn(ranks, [](const ncclkit::WorldInfo& world) { return run_rank(world); },
+                               {.timeout = std::chrono::minutes(10)});
+  if (!result.ok()) {
+    std::fprintf(stderr, "gbench_nccl_enqueue: %s\n", result.describe().c_str());
+    return 1;
+  }
+  return 0;
+}
