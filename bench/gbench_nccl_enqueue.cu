@@ -5,8 +5,11 @@
 // Collectives must match across ranks, so every benchmark runs a fixed number of iterations
 // (no adaptive count, which would differ between processes) and every rank runs the same
 // list; rank 0 reports, the others run silently. One iteration issues one call (one group of 8
-// for the group benchmarks); the stream is synchronised every 256 calls with the timer paused,
-// so that the stream's queue never fills and the time is the host's. Google Benchmark's flags
+// for the group benchmarks: there the time is per group, and items_per_second counts
+// collectives); the stream is synchronised every 256 calls with the timer paused, so that the
+// stream's queue never fills and the time is the host's. Unlike bench_nccl_enqueue, whose
+// variants take turns batch by batch, each benchmark here runs alone for 51200 calls: caches
+// stay warm for the one path being timed. Google Benchmark's flags
 // apply (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json,
 // --benchmark_out=FILE; rank 0 writes the file).
 //
@@ -20,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -66,11 +70,7 @@ void enqueue_loop(benchmark::State& state, int calls_per_iteration, Issue&& issu
     }
   }
   sync();
-  state.SetItemsProcessed(state.iterations() * calls_per_iteration);  // items/s = collectives/s
-  // An inverted rate is seconds per unit of the value: counting calls in units of 1e-9 makes
-  // it nanoseconds per call.
-  state.counters["ns_per_call"] = benchmark::Counter(1e-9 * static_cast<double>(state.iterations() * calls_per_iteration),
-                                                     benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.SetItemsProcessed(state.iterations() * calls_per_iteration);  // items_per_second: collectives per second
 }
 
 void raw_sync() { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(setup->stream)); }
@@ -165,7 +165,7 @@ int run_rank(const ncclkit::WorldInfo& world) {
   s.checked->barrier();
 
   if (world.rank == 0) {
-    std::printf("# gbench_nccl_enqueue: %d ranks, %s; ns_per_call = host time per collective\n", world.world_size,
+    std::printf("# gbench_nccl_enqueue: %d ranks, %s; time per iteration = host time per call (per group of 8)\n", world.world_size,
                 ncclkit::nccl::version_text().c_str());
     std::fflush(stdout);
     benchmark::RunSpecifiedBenchmarks();
