@@ -138,9 +138,11 @@ run_all() {
   CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
   # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
   #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
-  #    messages get 1000 timed calls (5 rounds of 200) and the middle sizes 200 (5 rounds of
-  #    40): rounds of a dozen calls left the comparison to noise (runs 4-7, docs/gpu-runs.md).
-  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 1000 -w 50 -R 5 \
+  #    messages get 2000 timed calls (20 rounds of 100) and the middle sizes 200 (5 rounds of
+  #    40): rounds of a dozen calls left the comparison to noise (runs 4-7), and a median of 5
+  #    rounds still let single rows land +3 to +11 us off where 20 rounds stayed within +1.8
+  #    (run 18, docs/gpu-runs.md).
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_small.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 200 -w 20 -R 5 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}.csv"
