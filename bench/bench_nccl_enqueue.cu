@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -44,6 +43,7 @@
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
+#include "raw_nccl_comm.hpp"
 
 namespace {
 
@@ -90,16 +90,7 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   Communicator unchecked(store, world,
                          {.timeout = std::chrono::seconds(120), .name = "enqueue-unchecked", .check_pointers = false});
   ncclkit::nccl::DeviceGuard guard(checked.device());
-  ncclUniqueId id;
-  if (world.rank == 0) {
-    NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-    store->set("enqueue/raw_id", ncclkit::Bytes(reinterpret_cast<std::uint8_t*>(id.internal),
-                                                reinterpret_cast<std::uint8_t*>(id.internal) + sizeof(id.internal)));
-  }
-  const ncclkit::Bytes bytes = store->get("enqueue/raw_id");
-  std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
-  ncclComm_t raw = nullptr;
-  NCCLKIT_NCCL_CHECK(ncclCommInitRank(&raw, world.world_size, id, world.rank));
+  ncclComm_t raw = ncclkit::bench::init_raw_comm(*store, world, "enqueue/raw_id");
 
   DeviceBuffer<float> buffer(2 * 8, checked.device());
   float* data = buffer.data();

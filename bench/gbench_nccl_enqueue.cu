@@ -23,9 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -35,6 +33,7 @@
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
+#include "raw_nccl_comm.hpp"
 
 namespace {
 
@@ -139,15 +138,7 @@ int run_rank(const ncclkit::WorldInfo& world) {
   s.unchecked = std::make_unique<Communicator>(
       store, world, ncclkit::nccl::Options{.timeout = std::chrono::seconds(120), .name = "gbench-unchecked", .check_pointers = false});
   ncclkit::nccl::DeviceGuard guard(s.checked->device());
-  ncclUniqueId id;
-  if (world.rank == 0) {
-    NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-    store->set("gbench/raw_id", ncclkit::Bytes(reinterpret_cast<std::uint8_t*>(id.internal),
-                                               reinterpret_cast<std::uint8_t*>(id.internal) + sizeof(id.internal)));
-  }
-  const ncclkit::Bytes id_bytes = store->get("gbench/raw_id");
-  std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
-  NCCLKIT_NCCL_CHECK(ncclCommInitRank(&s.raw, world.world_size, id, world.rank));
+  s.raw = ncclkit::bench::init_raw_comm(*store, world, "gbench/raw_id");
   s.buffer = std::make_unique<ncclkit::nccl::DeviceBuffer<float>>(2 * kGroup, s.checked->device());
   s.stream = s.checked->default_stream();
   NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&s.marker, cudaEventDisableTiming));

@@ -21,7 +21,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -31,6 +30,7 @@
 #include <vector>
 
 #include "perf_engine.hpp"
+#include "raw_nccl_comm.hpp"
 
 #include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
@@ -178,18 +178,8 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
   RawComm raw;
   if (tool.raw) {
     // The raw communicator's id travels through the same store, under a key of its own.
-    ncclUniqueId id;
-    if (world.rank == 0) {
-      NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-      store->set("perf_nccl/raw_id", ncclkit::Bytes(reinterpret_cast<std::uint8_t*>(id.internal),
-                                                    reinterpret_cast<std::uint8_t*>(id.internal) + sizeof(id.internal)));
-    }
-    const ncclkit::Bytes bytes = store->get("perf_nccl/raw_id");
-    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
     ncclkit::nccl::DeviceGuard guard(comm.device());
-    ncclComm_t handle = nullptr;
-    NCCLKIT_NCCL_CHECK(ncclCommInitRank(&handle, world.world_size, id, world.rank));
-    raw = RawComm(handle);
+    raw = RawComm(ncclkit::bench::init_raw_comm(*store, world, "perf_nccl/raw_id"));
     impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
   }
   ncclkit::nccl::DeviceGuard guard(comm.device());
