@@ -15,9 +15,10 @@
 /// poisoned first, a guard zone behind it; the result is compared with a host reference in
 /// double), then `-w` warm-up calls, then `-R` rounds in which each implementation in turn runs
 /// a timed batch of ceil(n / R) calls (who goes first rotates from round to round); ranks line
-/// up before each batch. A batch's time is the
-/// host time from its first issue to `synchronize`, divided by the batch size, averaged over
-/// ranks (-a); the table shows the median over rounds. algbw = size / time; busbw = algbw x
+/// up before each batch. A batch's time is the host time from its first issue to
+/// `synchronize`, divided by the batch size, averaged over ranks (-a); the table shows the
+/// median over rounds. A thread that drives several local ranks (one per device, the perf
+/// tool's -g) issues each call on all of them inside one group and times the group as one call. algbw = size / time; busbw = algbw x
 /// the collective's factor (nccl-tests' PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather,
 /// reduce_scatter and all_to_all (n-1)/n, broadcast and reduce 1.
 
