@@ -2,12 +2,12 @@
 /// coarse_now(): std::chrono::steady_clock's time as of the kernel's last timer tick, for time
 /// stamps taken on hot paths (each collective's issue time, which the watchdog measures its
 /// timeout from). On Linux it reads CLOCK_MONOTONIC_COARSE, which shares steady_clock's
-/// origin (CLOCK_MONOTONIC) but is a value the kernel updates once per tick (1-4 ms): reading
+/// origin (CLOCK_MONOTONIC) but is a value the kernel updates once per tick (1-10 ms): reading
 /// it never touches the hardware counter, so it stays a few nanoseconds even where
 /// steady_clock::now() is slow (virtual machines whose clock source is not the TSC fall back
 /// to a system call). A stamp is at most one tick earlier than steady_clock::now() would
-/// give; a timeout measured from it can end up to one tick early. Elsewhere it is
-/// steady_clock::now().
+/// give (coarse_resolution() says how much; the watchdog adds it to its timeouts). Elsewhere
+/// it is steady_clock::now().
 ///
 /// Host code only: C++20 and POSIX.
 

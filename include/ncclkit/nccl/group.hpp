@@ -121,7 +121,15 @@ class GroupGuard {
         }
       }
     } else if (status == ncclSuccess) {
-      // Launched; asynchronous errors reach the watchdogs.
+      // Launched; asynchronous errors reach the watchdogs. A member whose watchdog failed it
+      // meanwhile (it may have aborted it) fails the group, as its end promises.
+      for (auto* member : members) {
+        if (member->watchdog.failed()) {
+          failed_member = member;
+          failure = "ncclGroupEnd: " + member->who() + " had failed while the group was open";
+          break;
+        }
+      }
     } else if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
       for (auto* member : members) {
         member->handle().open_groups.fetch_sub(1);

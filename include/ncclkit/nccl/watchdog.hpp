@@ -151,6 +151,9 @@ struct WatchdogState {
   int world = 1;
   int device = 0;
   std::chrono::milliseconds timeout{};
+  /// How much earlier than the true issue time a coarse stamp may be (core/coarse_clock.hpp):
+  /// work counts as late only past timeout + this, so that it never fails early.
+  std::chrono::nanoseconds stamp_slack{};
   std::chrono::milliseconds poll{};
   std::chrono::milliseconds peer_check{};  ///< how often the store link looks for a peer's failure
   std::shared_ptr<Store> store;  ///< this communicator's scope; may be null
@@ -350,6 +353,7 @@ class Watchdog {
     s.world = config.world;
     s.device = config.device;
     s.timeout = config.timeout;
+    s.stamp_slack = ncclkit::detail::coarse_resolution();
     s.poll = std::clamp<std::chrono::milliseconds>(config.timeout / 20, std::chrono::milliseconds(1),
                                                     std::chrono::milliseconds(50));
     s.peer_check = std::clamp<std::chrono::milliseconds>(config.timeout / 10, std::chrono::milliseconds(100),
@@ -450,8 +454,11 @@ class Watchdog {
                              std::to_string(first_seq));
     }
     record.stream = stream;
-    if (s.in_flight.empty()) s.one_stream = true;
-    else if (s.in_flight.back().stream != stream) s.one_stream = false;
+    // The default-stream handles name a different stream on each thread (per-thread default
+    // streams): they never count as one stream.
+    const bool shared_handle = stream == nullptr || stream == cudaStreamPerThread || stream == cudaStreamLegacy;
+    if (s.in_flight.empty()) s.one_stream = !shared_handle;
+    else if (shared_handle || s.in_flight.back().stream != stream) s.one_stream = false;
     s.in_flight.push_back(record);
   }
 
@@ -701,20 +708,26 @@ class Watchdog {
   static void poll_completions(detail::WatchdogState& s) {
     const auto now = detail::Clock::now();
     cudaEvent_t newest = nullptr;
-    std::uint64_t newest_seq = 0;
+    std::size_t records = 0;  // in in_flight when `newest` was its last
     {
       std::lock_guard lock(s.queue_mutex);
       if (s.in_flight.empty()) return;
       if (s.one_stream && s.in_flight.size() > 1) {
         newest = s.in_flight.back().event;
-        newest_seq = s.in_flight.back().last_seq;
+        records = s.in_flight.size();
       }
     }
     if (newest != nullptr) {
       const cudaError_t status = cudaEventQuery(newest);
       if (status == cudaSuccess) {
+        // Only this thread retires, and track() only appends: the first `records` records are
+        // the ones seen, up to `newest` (checked, in case a drain() after stop() got there first).
         std::lock_guard lock(s.queue_mutex);
-        while (!s.in_flight.empty() && s.in_flight.front().last_seq <= newest_seq) retire_front(s, now);
+        for (std::size_t i = 0; i < records && !s.in_flight.empty(); ++i) {
+          const bool last = s.in_flight.front().event == newest;
+          retire_front(s, now);
+          if (last) break;
+        }
       } else if (status != cudaErrorNotReady) {
         (void)cudaGetLastError();  // the oldest record's query below reports it
       }
@@ -738,7 +751,7 @@ class Watchdog {
         continue;
       }
       if (status == cudaErrorNotReady) {
-        if (now - front.issued > s.timeout) {
+        if (now - front.issued > s.timeout + s.stamp_slack) {
           request(s, "did not complete within the timeout of " +
                          FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()),
                   front);
@@ -764,7 +777,7 @@ class Watchdog {
   /// waiting for a peer that is gone) fails the communicator; the abort releases the call.
   static void poll_issuing(detail::WatchdogState& s) {
     const auto call = detail::blocked_call(s.handle);
-    if (!call || detail::Clock::now() - call->issued <= s.timeout) return;
+    if (!call || detail::Clock::now() - call->issued <= s.timeout + s.stamp_slack) return;
     request(s,
             "an NCCL call did not return within the timeout of " +
                 FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()) +
