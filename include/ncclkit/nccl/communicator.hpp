@@ -848,7 +848,9 @@ class Communicator {
   ///   1. the watchdog stops;
   ///   2. collectives still in flight get the timeout to complete; then the blocking
   ///      communicator is destroyed (with nothing in flight, ncclCommDestroy only flushes and
-  ///      frees local resources) or, if they did not complete, aborted;
+  ///      frees local resources) or, if they did not complete, or completed only after a
+  ///      peer check interval (a peer's abort may have released them; a blocking destroy
+  ///      could then wait for peers that are gone), aborted;
   ///   3. the idle control communicators are finalised together (non-blocking, polled for at
   ///      most min(timeout, 10 s)), then destroyed, or aborted when that fails.
   static void shutdown_all(std::vector<detail::CommCore*> cores) noexcept {
@@ -870,9 +872,15 @@ class Communicator {
     for (auto* core : closing) {
       auto& handle = core->handle();
       if (handle.comm == nullptr) continue;
-      const bool drained = core->watchdog.drain(detail::Clock::now() + core->options.timeout);
-      if (!drained) log_warn(core->who() + ": collectives still in flight at destruction after the timeout; aborting");
-      const ncclResult_t status = drained ? ncclCommDestroy(handle.comm) : ncclCommAbort(handle.comm);
+      const auto drained = core->watchdog.drain(detail::Clock::now() + core->options.timeout);
+      if (!drained.completed) {
+        log_warn(core->who() + ": collectives still in flight at destruction after the timeout; aborting");
+      } else if (drained.waited_long) {
+        log_warn(core->who() + ": collectives in flight at destruction completed only after a long wait (possibly "
+                               "released by a peer's abort); aborting rather than waiting for the peers");
+      }
+      const bool clean = drained.completed && !drained.waited_long;
+      const ncclResult_t status = clean ? ncclCommDestroy(handle.comm) : ncclCommAbort(handle.comm);
       if (status != ncclSuccess) log_warn(core->who() + ": destroying the NCCL communicator returned " + describe_nccl_error(status));
       handle.comm = nullptr;
     }

@@ -462,27 +462,43 @@ class Watchdog {
     s.in_flight.push_back(record);
   }
 
-  /// For shutdown, after stop(): waits until every tracked collective has completed (true) or
-  /// `deadline` passes or the GPU reports an error (false).
-  bool drain(detail::Clock::time_point deadline) {
+  /// What drain() found.
+  struct Drained {
+    bool completed = false;  ///< every tracked collective completed before the deadline
+    /// One of them had been in flight for a peer check interval or longer when it was seen
+    /// complete: it may have been released by a peer's abort rather than run (see the top of
+    /// this file), so the peers may be gone and the communicator should be aborted, not
+    /// destroyed (a blocking ncclCommDestroy may wait for them).
+    bool waited_long = false;
+  };
+
+  /// For shutdown, after stop(): waits until every tracked collective has completed or
+  /// `deadline` passes or the GPU reports an error (then completed is false).
+  Drained drain(detail::Clock::time_point deadline) {
     auto& s = *state_;
+    Drained result;
     while (true) {
       {
         std::lock_guard lock(s.queue_mutex);
+        const auto now = detail::Clock::now();
         while (!s.in_flight.empty()) {
           const cudaError_t status = cudaEventQuery(s.in_flight.front().event);
           if (status == cudaErrorNotReady) break;
           if (status != cudaSuccess) {
             (void)cudaGetLastError();
-            return false;
+            return result;
           }
+          if (now - s.in_flight.front().issued >= s.peer_check) result.waited_long = true;
           s.completed.store(s.in_flight.front().last_seq);
           s.free_events.push_back(s.in_flight.front().event);
           s.in_flight.pop_front();
         }
-        if (s.in_flight.empty()) return true;
+        if (s.in_flight.empty()) {
+          result.completed = true;
+          return result;
+        }
       }
-      if (detail::Clock::now() >= deadline) return false;
+      if (detail::Clock::now() >= deadline) return result;
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
