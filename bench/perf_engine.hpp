@@ -18,9 +18,10 @@
 /// up before each batch. A batch's time is the host time from its first issue to
 /// `synchronize`, divided by the batch size, averaged over ranks (-a); the table shows the
 /// median over rounds. A thread that drives several local ranks (one per device, the perf
-/// tool's -g) issues each call on all of them inside one group and times the group as one call. algbw = size / time; busbw = algbw x
-/// the collective's factor (nccl-tests' PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather,
-/// reduce_scatter and all_to_all (n-1)/n, broadcast and reduce 1.
+/// tool's -g) issues each call on all of them inside one group and times the group as one
+/// call. algbw = size / time; busbw = algbw x the collective's factor (nccl-tests'
+/// PERFORMANCE.md): all_reduce 2(n-1)/n, all_gather, reduce_scatter and all_to_all (n-1)/n,
+/// broadcast and reduce 1.
 
 #include <algorithm>    // std::sort, std::max, std::min, std::fill
 #include <cctype>       // std::toupper
@@ -586,20 +587,21 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
   std::vector<unsigned char> staging(buffer_bytes);
   std::vector<unsigned char> poison(buffer_bytes, kPoison);
 
-  // One backend call per local rank, grouped when there are several.
-  auto on_every_rank = [&](auto&& call) {
-    if (grouped) begin_group();
+  // call(j) for every local rank j, inside begin/end when there are several.
+  auto grouped_calls = [&](const std::function<void()>& begin, const std::function<void()>& end, auto&& call) {
+    if (grouped) begin();
     for (std::size_t j = 0; j < locals; ++j) call(j);
-    if (grouped) end_group();
+    if (grouped) end();
   };
+  // One backend call per local rank (the engine's own: lining up, combining).
+  auto on_every_rank = [&](auto&& call) { grouped_calls(begin_group, end_group, call); };
   auto synchronize_all = [&] {
     for (B* backend : backends) backend->synchronize(backend->default_stream());
   };
   auto issue_all = [&](Implementation& impl, Collective c, const std::vector<TensorView>& in,
                        const std::vector<TensorView>& out, ReduceOp op, int root) {
-    if (grouped) impl.begin_group();
-    for (std::size_t j = 0; j < locals; ++j) impl.issue(static_cast<int>(j), c, in[j], out[j], op, root);
-    if (grouped) impl.end_group();
+    grouped_calls(impl.begin_group, impl.end_group,
+                  [&](std::size_t j) { impl.issue(static_cast<int>(j), c, in[j], out[j], op, root); });
   };
   // `per_rank(j)` is local rank j's part of a double vector of `n` values; every rank's parts
   // are reduced with `how` and the result returned.

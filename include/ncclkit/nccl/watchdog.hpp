@@ -489,9 +489,7 @@ class Watchdog {
             return result;
           }
           if (now - s.in_flight.front().issued >= s.peer_check) result.waited_long = true;
-          s.completed.store(s.in_flight.front().last_seq);
-          s.free_events.push_back(s.in_flight.front().event);
-          s.in_flight.pop_front();
+          retire_front(s, now);
         }
         if (s.in_flight.empty()) {
           result.completed = true;

@@ -6,8 +6,9 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 #include <nccl.h>              // ncclComm_t, ncclCommGetAsyncError
 
-#include <algorithm>  // std::min, std::all_of
+#include <algorithm>  // std::min, std::any_of
 #include <chrono>   // std::chrono
+#include <cstddef>  // std::size_t, std::ptrdiff_t
 #include <cstdint>  // std::uint64_t
 #include <memory>   // std::shared_ptr
 #include <mutex>    // std::unique_lock
@@ -62,32 +63,22 @@ struct CommCore {
   /// Hands the ops queued during a group that just ended to the watchdog: one completion
   /// event per stream, recorded after the group's kernels.
   void commit_pending() {
-    if (pending.empty()) return;
-    const bool one_stream = std::all_of(pending.begin(), pending.end(),
-                                        [&](const PendingOp& op) { return op.stream == pending.front().stream; });
-    if (one_stream) {  // the usual case: one event after all of them
-      std::size_t bytes = 0;
-      for (const auto& op : pending) bytes += op.bytes;
-      watchdog.track(pending.front().seq, pending.back().seq, pending.front().operation, static_cast<int>(pending.size()),
-                     bytes, pending.front().stream);
-      pending.clear();
-      return;
-    }
-    std::vector<bool> done(pending.size(), false);
     for (std::size_t i = 0; i < pending.size(); ++i) {
-      if (done[i]) continue;
       const cudaStream_t stream = pending[i].stream;
-      std::uint64_t first = pending[i].seq, last = pending[i].seq;
+      const auto same_stream = [&](const PendingOp& op) { return op.stream == stream; };
+      if (std::any_of(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(i), same_stream)) {
+        continue;  // this stream's ops were committed with its first one
+      }
+      std::uint64_t last = pending[i].seq;
       std::size_t bytes = 0;
       int count = 0;
       for (std::size_t j = i; j < pending.size(); ++j) {
-        if (done[j] || pending[j].stream != stream) continue;
-        done[j] = true;
+        if (pending[j].stream != stream) continue;
         last = pending[j].seq;
         bytes += pending[j].bytes;
         ++count;
       }
-      watchdog.track(first, last, pending[i].operation, count, bytes, stream);
+      watchdog.track(pending[i].seq, last, pending[i].operation, count, bytes, stream);
     }
     pending.clear();
   }
