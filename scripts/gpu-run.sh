@@ -109,7 +109,7 @@ run_all() {
     cases_failed=$((cases_failed + failed))
     local verdict=ok
     if ((rc == 77)); then
-      verdict="skipped (no GPU)"
+      verdict="skipped (see its log)"
     elif ((rc == 124 || rc == 137)); then
       verdict="TIMED OUT after ${limit}s"
       failures=$((failures + 1))
@@ -148,6 +148,12 @@ run_all() {
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_large.csv"
+  # The peer: PyTorch's NCCL process group on the same sizes, the same method (exit 77, reported
+  # as skipped, where PyTorch is missing); scripts/perf_targets.py sets its rows beside ncclkit's.
+  CUDA_VISIBLE_DEVICES=$all phase torch-p$n-small 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 8 -e 64K -f 2 \
+    -n 2000 -w 50 -R 20 --csv "$out/perf_torch_p${n}_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase torch-p$n 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 128K -e 64M -f 2 \
+    -n 200 -w 20 -R 5 --csv "$out/perf_torch_p${n}.csv"
   CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$out/enqueue.json"
   CUDA_VISIBLE_DEVICES=$all phase gbench-enqueue 60 "$bin/gbench_nccl_enqueue" --benchmark_repetitions=3 \
     --benchmark_out="$out/gbench_enqueue.json" --benchmark_out_format=json

@@ -8,8 +8,14 @@ For every (collective, placement, size) that has both an ncclkit and a raw row:
   - sizes 8 B .. 64 KiB: time within 1 us of raw (ncclkit time <= raw time + 1 us).
 Prints a summary per file and the rows that miss, worst first. Exit status 0 always: the
 numbers are for docs/perf-nccl.md, not a pass/fail gate (timings vary run to run).
+
+A file of PyTorch rows (bench/pytorch_nccl_bench.py --csv) named perf_torch_REST.csv is set
+beside the ncclkit rows of perf_REST.csv when that file is given too: per row the time of
+ncclkit over PyTorch's (same collective, placement, size and world; < 1: ncclkit faster).
 """
 import csv
+import os
+import statistics
 import sys
 from collections import defaultdict
 
@@ -25,6 +31,8 @@ def load(path):
 
 def main(paths):
     for path in paths:
+        if os.path.basename(path).startswith("perf_torch_"):
+            continue  # PyTorch's rows: compare_with_pytorch
         rows = load(path)
         big, small = [], []
         for key, impl in sorted(rows.items()):
@@ -56,7 +64,41 @@ def main(paths):
             for r in sorted(small, reverse=True)[:10]:
                 if r[0] > 1.0:
                     print(f"    miss: {r[1]} {r[2]} {r[3]} B: {r[4]:.2f} vs {r[5]:.2f} us ({r[0]:+.2f})")
+    compare_with_pytorch(paths)
     return 0
+
+
+def compare_with_pytorch(paths):
+    by_name = {os.path.basename(path): path for path in paths}
+    for name, path in sorted(by_name.items()):
+        if not name.startswith("perf_torch_"):
+            continue
+        mine_path = by_name.get("perf_" + name[len("perf_torch_"):])
+        if mine_path is None:
+            continue
+        peer, mine = load(path), load(mine_path)
+        pairs = []
+        for key, impl in sorted(peer.items()):
+            if "pytorch" in impl and "ncclkit" in mine.get(key, {}):
+                t_mine, t_peer = float(mine[key]["ncclkit"]["time_us"]), float(impl["pytorch"]["time_us"])
+                if t_peer > 0:
+                    pairs.append((key, t_mine, t_peer))
+        print(f"== ncclkit ({mine_path}) against PyTorch ({path})")
+        if not pairs:
+            print("  no rows in common")
+            continue
+        ratios = [t_mine / t_peer for _, t_mine, t_peer in pairs]
+        faster = sum(1 for r in ratios if r < 1.0)
+        print(f"  {len(pairs)} rows; ncclkit faster in {faster}; median time ratio {statistics.median(ratios):.3f} "
+              f"(range {min(ratios):.3f} - {max(ratios):.3f}; < 1: ncclkit faster)")
+        for collective in sorted({key[0] for key, _, _ in pairs}):
+            rows = [(key, a, b) for key, a, b in pairs if key[0] == collective]
+            print(f"    {collective}: median ratio {statistics.median(a / b for _, a, b in rows):.3f}, median "
+                  f"difference {statistics.median(a - b for _, a, b in rows):+.2f} us over {len(rows)} rows")
+        for (collective, placement, size, nranks), t_mine, t_peer in pairs:
+            if t_mine >= t_peer:
+                print(f"    not faster: {collective} {placement} {size} B: ncclkit {t_mine:.2f} us, "
+                      f"PyTorch {t_peer:.2f} us ({t_mine / t_peer:.3f}x)")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@
 #include <thread>     // std::this_thread::sleep_for
 #include <vector>     // std::vector
 
+#include "gpu/hang_dump.hpp"
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
@@ -228,7 +229,13 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
   const auto start = Clock::now();
   if (drill == Drill::kDestroy) {
     comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);
-    comm.reset();  // pending work gets the timeout, then the communicator is aborted
+    {
+      // Run 20 (docs/gpu-runs.md) saw one rank never return from here: if that recurs, the
+      // log shows where each of its threads waits.
+      HangDump dump("rank " + std::to_string(r) + ": destroying a communicator with a hung collective",
+                    kTimeout + std::chrono::seconds(10));
+      comm.reset();  // pending work gets the timeout, then the communicator is aborted
+    }
     const double took = std::chrono::duration<double>(Clock::now() - start).count();
     checker.expect(took < std::chrono::duration<double>(kTimeout).count() + 5.0,
                    "destruction with a hung collective took " + std::to_string(took) + " s");
