@@ -16,6 +16,11 @@
 // NCCL's default config, created by ncclCommInitRank or ncclCommInitAll as users do), on the
 // same stream, completed with cudaStreamSynchronize. Both are timed in interleaved rounds (see
 // perf_engine.hpp); the footer compares their median times.
+//
+// --raw-event adds "raw+event": the same raw calls, each followed by a cudaEventRecord on its
+// stream (as ncclkit records one completion event per collective, or per stream and group).
+// It separates what that event costs (on the host and between kernels on the GPU) from the
+// rest of ncclkit's work.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -72,6 +77,7 @@ using ncclkit::perf::Placement;
 
 struct ToolOptions : ncclkit::perf::ToolFlags {  // processes 0: one per visible GPU
   bool check_pointers = true;
+  bool raw_event = false;  ///< --raw-event
 };
 
 void usage() {
@@ -80,6 +86,7 @@ void usage() {
       "  -p, --nprocs N          local processes to fork when not started by a launcher (default: one per GPU)\n"
       "  -g, --ngpus G           GPUs driven by one process (then -p must be 1)\n"
       "      --raw               also time NCCL called directly on a plain communicator\n"
+      "      --raw-event         also time those raw calls each followed by a cudaEventRecord\n"
       "      --timeout SECONDS   collective timeout of ncclkit's communicator (default NCCLKIT_TIMEOUT or 600)\n"
       "      --no-check-pointers skip ncclkit's cudaPointerGetAttributes checks (NCCLKIT_CHECK_POINTERS=0)\n"
       "%s",
@@ -101,42 +108,45 @@ struct RawComm {
   }
 };
 
+/// One raw NCCL call of collective `c` on `comm`, on `stream`.
+void issue_raw(ncclComm_t comm, cudaStream_t stream, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+  const ncclDataType_t type = ncclkit::nccl::to_nccl(in.dtype);
+  switch (c) {
+    case Collective::kAllReduce:
+      NCCLKIT_NCCL_CHECK(ncclAllReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
+      return;
+    case Collective::kBroadcast:
+      NCCLKIT_NCCL_CHECK(ncclBroadcast(in.data, out.data, out.count, type, root, comm, stream));
+      return;
+    case Collective::kReduce:
+      NCCLKIT_NCCL_CHECK(ncclReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), root, comm, stream));
+      return;
+    case Collective::kAllGather:
+      NCCLKIT_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, type, comm, stream));
+      return;
+    case Collective::kReduceScatter:
+      NCCLKIT_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
+      return;
+    case Collective::kAllToAll: {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+      int n = 1;
+      NCCLKIT_NCCL_CHECK(ncclCommCount(comm, &n));
+      NCCLKIT_NCCL_CHECK(ncclAlltoAll(in.data, out.data, in.count / static_cast<std::size_t>(n), type, comm, stream));
+      return;
+#else
+      throw ncclkit::ConfigError("raw all_to_all needs NCCL >= 2.28");
+#endif
+    }
+  }
+}
+
 /// NCCL called directly on `raw[local]`, on `streams[local]`; several are grouped with
 /// ncclGroupStart/End.
 ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<cudaStream_t> streams) {
   ncclkit::perf::Implementation impl;
   impl.name = "raw";
   impl.issue = [raw, streams](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
-    const ncclComm_t comm = raw[static_cast<std::size_t>(local)];
-    const cudaStream_t stream = streams[static_cast<std::size_t>(local)];
-    const ncclDataType_t type = ncclkit::nccl::to_nccl(in.dtype);
-    switch (c) {
-      case Collective::kAllReduce:
-        NCCLKIT_NCCL_CHECK(ncclAllReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
-        return;
-      case Collective::kBroadcast:
-        NCCLKIT_NCCL_CHECK(ncclBroadcast(in.data, out.data, out.count, type, root, comm, stream));
-        return;
-      case Collective::kReduce:
-        NCCLKIT_NCCL_CHECK(ncclReduce(in.data, out.data, in.count, type, ncclkit::nccl::to_nccl(op), root, comm, stream));
-        return;
-      case Collective::kAllGather:
-        NCCLKIT_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, type, comm, stream));
-        return;
-      case Collective::kReduceScatter:
-        NCCLKIT_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
-        return;
-      case Collective::kAllToAll: {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-        int n = 1;
-        NCCLKIT_NCCL_CHECK(ncclCommCount(comm, &n));
-        NCCLKIT_NCCL_CHECK(ncclAlltoAll(in.data, out.data, in.count / static_cast<std::size_t>(n), type, comm, stream));
-        return;
-#else
-        throw ncclkit::ConfigError("raw all_to_all needs NCCL >= 2.28");
-#endif
-      }
-    }
+    issue_raw(raw[static_cast<std::size_t>(local)], streams[static_cast<std::size_t>(local)], c, in, out, op, root);
   };
   impl.complete = [streams] {
     for (cudaStream_t stream : streams) NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -145,6 +155,56 @@ ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<
   impl.end_group = [] { NCCLKIT_NCCL_CHECK(ncclGroupEnd()); };
   impl.supports = [](Collective c, Placement p, DataType, ReduceOp) {
     return !(c == Collective::kAllToAll && p == Placement::kInPlace);
+  };
+  return impl;
+}
+
+/// Timing-free events, a ring of 64 per GPU, recorded in turn. (The watchdog never re-records
+/// a pending event; here one may be, which costs the same and keeps the ring small.)
+struct EventRing {
+  std::vector<std::vector<cudaEvent_t>> events;  // [local][slot]
+  std::vector<std::size_t> next;
+  explicit EventRing(const std::vector<int>& devices) : events(devices.size()), next(devices.size(), 0) {
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      ncclkit::nccl::DeviceGuard guard(devices[i]);
+      events[i].resize(64);
+      for (auto& e : events[i]) NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+  }
+  EventRing(const EventRing&) = delete;
+  EventRing& operator=(const EventRing&) = delete;
+  ~EventRing() {
+    for (auto& ring : events)
+      for (cudaEvent_t e : ring) (void)cudaEventDestroy(e);
+  }
+  void record(int local, cudaStream_t stream) {
+    const auto i = static_cast<std::size_t>(local);
+    NCCLKIT_CUDA_CHECK(cudaEventRecord(events[i][next[i]], stream));
+    next[i] = (next[i] + 1) % events[i].size();
+  }
+};
+
+/// raw_nccl plus one event recorded after every call on its stream; in a group (-g) after the
+/// group's end, one per GPU, as ncclkit's GroupGuard records them.
+ncclkit::perf::Implementation raw_nccl_with_events(std::vector<ncclComm_t> raw, std::vector<cudaStream_t> streams,
+                                                   std::vector<int> devices) {
+  auto ring = std::make_shared<EventRing>(devices);
+  auto grouped = std::make_shared<bool>(false);
+  ncclkit::perf::Implementation impl = raw_nccl(raw, streams);
+  impl.name = "raw+event";
+  impl.issue = [raw, streams, ring, grouped](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+    const cudaStream_t stream = streams[static_cast<std::size_t>(local)];
+    issue_raw(raw[static_cast<std::size_t>(local)], stream, c, in, out, op, root);
+    if (!*grouped) ring->record(local, stream);
+  };
+  impl.begin_group = [grouped] {
+    NCCLKIT_NCCL_CHECK(ncclGroupStart());
+    *grouped = true;
+  };
+  impl.end_group = [streams, ring, grouped] {
+    *grouped = false;
+    NCCLKIT_NCCL_CHECK(ncclGroupEnd());
+    for (std::size_t i = 0; i < streams.size(); ++i) ring->record(static_cast<int>(i), streams[i]);
   };
   return impl;
 }
@@ -176,11 +236,12 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
   std::vector<ncclkit::perf::Implementation> impls;
   impls.push_back(ncclkit::perf::backend_implementation(std::vector{&comm}));
   RawComm raw;
-  if (tool.raw) {
+  if (tool.raw || tool.raw_event) {
     // The raw communicator's id travels through the same store, under a key of its own.
     ncclkit::nccl::DeviceGuard guard(comm.device());
     raw = RawComm(ncclkit::bench::init_raw_comm(*store, world, "perf_nccl/raw_id"));
-    impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
+    if (tool.raw) impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
+    if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.default_stream()}, {comm.device()}));
   }
   ncclkit::nccl::DeviceGuard guard(comm.device());
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
@@ -220,11 +281,12 @@ int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOption
   std::vector<ncclkit::perf::Implementation> impls;
   impls.push_back(ncclkit::perf::backend_implementation(members, "ncclkit", group.begin(), group.end()));
   std::vector<RawComm> raw(static_cast<std::size_t>(gpus));
-  if (tool.raw) {
+  if (tool.raw || tool.raw_event) {
     std::vector<ncclComm_t> handles(static_cast<std::size_t>(gpus), nullptr);
     NCCLKIT_NCCL_CHECK(ncclCommInitAll(handles.data(), gpus, devices.data()));
     for (int i = 0; i < gpus; ++i) raw[static_cast<std::size_t>(i)] = RawComm(handles[static_cast<std::size_t>(i)]);
-    impls.push_back(raw_nccl(handles, streams));
+    if (tool.raw) impls.push_back(raw_nccl(handles, streams));
+    if (tool.raw_event) impls.push_back(raw_nccl_with_events(handles, streams, devices));
   }
   print_banner(local[0], tool, "one process, one thread, grouped calls");
   auto summary = ncclkit::perf::run_perf(members, std::move(impls), perf, group.begin(), group.end());
@@ -238,8 +300,13 @@ int main(int argc, char** argv) {
     ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
     ToolOptions tool;
     const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_nccl", usage, tool, [&](const std::string& flag, auto&&) {
-      if (flag != "--no-check-pointers") return false;
-      tool.check_pointers = false;
+      if (flag == "--no-check-pointers") {
+        tool.check_pointers = false;
+      } else if (flag == "--raw-event") {
+        tool.raw_event = true;
+      } else {
+        return false;
+      }
       return true;
     });
     if (stop) return *stop;

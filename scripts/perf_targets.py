@@ -12,6 +12,7 @@ numbers are for docs/perf-nccl.md, not a pass/fail gate (timings vary run to run
 A file of PyTorch rows (bench/pytorch_nccl_bench.py --csv) named perf_torch_REST.csv is set
 beside the ncclkit rows of perf_REST.csv when that file is given too: per row the time of
 ncclkit over PyTorch's (same collective, placement, size and world; < 1: ncclkit faster).
+Rows of perf_nccl --raw-event ("raw+event") are set beside raw's and ncclkit's too.
 """
 import csv
 import os
@@ -64,6 +65,13 @@ def main(paths):
             for r in sorted(small, reverse=True)[:10]:
                 if r[0] > 1.0:
                     print(f"    miss: {r[1]} {r[2]} {r[3]} B: {r[4]:.2f} vs {r[5]:.2f} us ({r[0]:+.2f})")
+        # perf_nccl --raw-event: what one event per call costs alone, and what ncclkit adds to it.
+        for a, b in (("raw+event", "raw"), ("ncclkit", "raw+event")):
+            diffs = [float(impl[a]["time_us"]) - float(impl[b]["time_us"]) for key, impl in rows.items()
+                     if a in impl and b in impl and 8 <= key[2] <= 64 << 10]
+            if diffs:
+                print(f"  8 B - 64 KiB, {a} against {b}: median difference {statistics.median(diffs):+.2f} us "
+                      f"over {len(diffs)} rows")
     compare_with_pytorch(paths)
     return 0
 
