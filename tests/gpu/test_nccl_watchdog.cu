@@ -2,7 +2,8 @@
 // issues only after its peers gave up, and the survivors destroy a communicator with a hung
 // collective. The others must get CommError within the timeout + 5 s (naming the operation,
 // its sequence number, its bytes, the time waited and the rank that fell behind), every later
-// call must throw CommError too, and every process must exit cleanly. Over NVLink a lost peer
+// call must throw CommError too, and every process must exit cleanly. Two more drills destroy
+// an idle communicator after a peer exited or was stopped: that too must return in time. Over NVLink a lost peer
 // is only caught by the timeout; with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
 // (scripts/gpu-run.sh runs that too) NCCL reports it.
 //
@@ -49,7 +50,7 @@ using ncclkit::nccl::DeviceBuffer;
 using ncclkit::nccl::Options;
 using Clock = std::chrono::steady_clock;
 
-enum class Drill { kExit, kStop, kSkip, kLate, kDestroy };
+enum class Drill { kExit, kStop, kSkip, kLate, kDestroy, kExitIdle, kStopIdle };
 
 const char* drill_name(Drill drill) {
   switch (drill) {
@@ -58,6 +59,8 @@ const char* drill_name(Drill drill) {
     case Drill::kSkip: return "a rank skips a collective";
     case Drill::kLate: return "a rank issues after its peers gave up";
     case Drill::kDestroy: return "destroy with a collective hung";
+    case Drill::kExitIdle: return "a rank exits after its last collective";
+    case Drill::kStopIdle: return "a rank is stopped after its last collective";
   }
   return "?";
 }
@@ -197,11 +200,15 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     checker.expect(wait_published(*comm, "1 1"), "victim's progress published");
     switch (drill) {
       case Drill::kExit:
+      case Drill::kExitIdle:
         std::printf("rank %d: exiting without a word, as a crashed rank would\n", r);
         std::fflush(stdout);
+        store->set("drill/victim_gone", "1");
         ::_exit(0);
       case Drill::kStop:
+      case Drill::kStopIdle:
         store->set("drill/victim_pid", std::to_string(::getpid()));
+        store->set("drill/victim_gone", "1");
         ::raise(SIGSTOP);  // rank 0 sends SIGCONT once the survivors are done
         break;
       case Drill::kSkip:
@@ -215,7 +222,8 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
   }
 
   // Survivors: seq 2 never completes (the victim never issues it).
-  const std::vector<float> before = drill == Drill::kDestroy ? std::vector<float>{} : download_now(buffer, s);
+  const bool idle = drill == Drill::kExitIdle || drill == Drill::kStopIdle;
+  const std::vector<float> before = drill == Drill::kDestroy || idle ? std::vector<float>{} : download_now(buffer, s);
   if (drill == Drill::kLate && r == kLateRank) {
     // Issue only after every other survivor's communicator has failed and been aborted.
     for (int j = 0; j < n; ++j) {
@@ -227,7 +235,23 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
   }
   store->set("drill/issued_at/" + std::to_string(r), std::to_string(nanoseconds(Clock::now())));
   const auto start = Clock::now();
-  if (drill == Drill::kDestroy) {
+  if (idle) {
+    // All work completed; then a peer died or stopped. NCCL's ncclCommDestroy may synchronise
+    // with the peers to free resources (NVIDIA/nccl issue 863): destruction must still return.
+    store->wait({"drill/victim_gone"}, std::chrono::seconds(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it go or stop for good
+    const auto destroy_start = Clock::now();
+    {
+      HangDump dump("rank " + std::to_string(r) + ": destroying an idle communicator whose peer is gone",
+                    kTimeout + std::chrono::seconds(10));
+      comm.reset();
+    }
+    const double took = std::chrono::duration<double>(Clock::now() - destroy_start).count();
+    std::printf("rank %d: destroying the idle communicator took %.3f s\n", r, took);
+    std::fflush(stdout);
+    checker.expect(took < std::chrono::duration<double>(kTimeout).count() + 5.0,
+                   "destruction of an idle communicator whose peer is gone took " + std::to_string(took) + " s");
+  } else if (drill == Drill::kDestroy) {
     comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);
     {
       // Run 20 (docs/gpu-runs.md) saw one rank never return from here: if that recurs, the
@@ -309,7 +333,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
   store->set("drill/checked/" + std::to_string(r), "1");
   if (r == 0) {
     for (int j = 0; j < n - 1; ++j) store->wait({"drill/checked/" + std::to_string(j)}, std::chrono::seconds(60));
-    if (drill == Drill::kStop) {
+    if (drill == Drill::kStop || drill == Drill::kStopIdle) {
       const pid_t pid = static_cast<pid_t>(std::stol(store->get_string("drill/victim_pid", std::chrono::seconds(10))));
       ::kill(pid, SIGCONT);
     }
@@ -341,6 +365,12 @@ TEST_CASE("drill: a rank is stopped; the others get CommError and exit cleanly")
 TEST_CASE("drill: a rank skips a collective; the report names it") { run_drill(Drill::kSkip); }
 TEST_CASE("drill: a rank issues after its peers gave up; its all_reduce is refused") { run_drill(Drill::kLate); }
 TEST_CASE("drill: destroying a communicator with a hung collective returns") { run_drill(Drill::kDestroy); }
+TEST_CASE("drill: a rank exits after its last collective; destroying the others returns") {
+  run_drill(Drill::kExitIdle);
+}
+TEST_CASE("drill: a rank is stopped after its last collective; destroying the others returns") {
+  run_drill(Drill::kStopIdle);
+}
 
 TEST_CASE("synchronize refuses work that waited while a peer announced a failure") {
   // What a collective released by a peer's abort looks like from this rank: it waited longer

@@ -67,6 +67,7 @@
 
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/bounded_call.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
@@ -847,12 +848,15 @@ class Communicator {
   /// members before waiting for any). Never throws, never waits much past each one's timeout:
   ///   1. the watchdog stops;
   ///   2. collectives still in flight get the timeout to complete; then the blocking
-  ///      communicator is destroyed (with nothing in flight, ncclCommDestroy only flushes and
-  ///      frees local resources) or, if they did not complete, or completed only after a
+  ///      communicator is destroyed or, if they did not complete, or completed only after a
   ///      peer check interval (a peer's abort may have released them; a blocking destroy
-  ///      could then wait for peers that are gone), aborted;
+  ///      could then wait for peers that are gone), aborted. ncclCommDestroy may synchronise
+  ///      with the peers to free resources, so it runs on a helper thread and is waited for at
+  ///      most min(timeout, 10 s); past that it is left running (its resources leak) and the
+  ///      peers are taken as gone;
   ///   3. the idle control communicators are finalised together (non-blocking, polled for at
-  ///      most min(timeout, 10 s)), then destroyed, or aborted when that fails.
+  ///      most min(timeout, 10 s)), then destroyed, or aborted when that fails or when the
+  ///      peers are gone.
   static void shutdown_all(std::vector<detail::CommCore*> cores) noexcept {
     auto& group = detail::group_state();
     std::vector<detail::CommCore*> closing;
@@ -869,7 +873,12 @@ class Communicator {
       if (handle.aborted) continue;
       closing.push_back(core);
     }
-    for (auto* core : closing) {
+    const auto limit_of = [](const detail::CommCore* core) {
+      return std::min<std::chrono::milliseconds>(core->options.timeout, std::chrono::seconds(10));
+    };
+    std::vector<bool> peers_gone(closing.size(), false);
+    for (std::size_t i = 0; i < closing.size(); ++i) {
+      auto* core = closing[i];
       auto& handle = core->handle();
       if (handle.comm == nullptr) continue;
       const auto drained = core->watchdog.drain(detail::Clock::now() + core->options.timeout);
@@ -880,13 +889,31 @@ class Communicator {
                                "released by a peer's abort); aborting rather than waiting for the peers");
       }
       const bool clean = drained.completed && !drained.waited_long;
-      const ncclResult_t status = clean ? ncclCommDestroy(handle.comm) : ncclCommAbort(handle.comm);
+      ncclResult_t status = ncclSuccess;
+      if (clean) {
+        const auto returned = ncclkit::detail::call_bounded(
+            [comm = handle.comm, device = core->device] {
+              (void)cudaSetDevice(device);  // a fresh thread: NCCL frees on the current device
+              return ncclCommDestroy(comm);
+            },
+            limit_of(core));
+        if (returned) {
+          status = *returned;
+        } else {
+          peers_gone[i] = true;
+          log_warn(core->who() + ": ncclCommDestroy did not return within " + std::to_string(limit_of(core).count()) +
+                   " ms (NCCL waits for the peers to free resources; one may have died or been stopped after its "
+                   "last collective); left to finish in the background, its resources leak");
+        }
+      } else {
+        status = ncclCommAbort(handle.comm);
+      }
       if (status != ncclSuccess) log_warn(core->who() + ": destroying the NCCL communicator returned " + describe_nccl_error(status));
       handle.comm = nullptr;
     }
     std::vector<bool> finalizing(closing.size(), false);
     for (std::size_t i = 0; i < closing.size(); ++i) {
-      if (closing[i]->handle().control == nullptr) continue;
+      if (closing[i]->handle().control == nullptr || peers_gone[i]) continue;
       const ncclResult_t status = ncclCommFinalize(closing[i]->handle().control);
       finalizing[i] = status == ncclSuccess || status == ncclInProgress;
     }
@@ -894,8 +921,7 @@ class Communicator {
       auto& handle = closing[i]->handle();
       if (handle.control == nullptr) continue;
       bool clean = finalizing[i];
-      const auto limit = std::min<std::chrono::milliseconds>(closing[i]->options.timeout, std::chrono::seconds(10));
-      const auto deadline = detail::Clock::now() + limit;
+      const auto deadline = detail::Clock::now() + limit_of(closing[i]);
       auto pause = std::chrono::microseconds(10);
       while (clean) {
         ncclResult_t state = ncclSuccess;
