@@ -159,8 +159,8 @@ ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<
   return impl;
 }
 
-/// Timing-free events, a ring of 64 per GPU, recorded in turn. (The watchdog never re-records
-/// a pending event; here one may be, which costs the same and keeps the ring small.)
+/// Timing-free events, a ring of 64 per GPU, recorded in turn. (The watchdog never records a
+/// pending event again; here one may be, which CUDA allows, and the ring stays small.)
 struct EventRing {
   std::vector<std::vector<cudaEvent_t>> events;  // [local][slot]
   std::vector<std::size_t> next;

@@ -6,18 +6,18 @@
 // does that.
 #include <dirent.h>       // opendir, readdir: the threads in /proc/self/task
 #include <execinfo.h>     // backtrace, backtrace_symbols_fd
-#include <signal.h>       // sigaction, SIGUSR2
+#include <signal.h>       // sigaction, sigemptyset, SIGUSR2
 #include <sys/syscall.h>  // SYS_gettid, SYS_tgkill
 #include <unistd.h>       // syscall, write, getpid
 
 #include <chrono>              // std::chrono
 #include <condition_variable>  // std::condition_variable
 #include <cstdio>              // std::snprintf, std::fprintf
-#include <cstdlib>             // std::atoi
-#include <cstring>             // std::strlen
+#include <cstdlib>             // std::atol
 #include <mutex>               // std::mutex
 #include <string>              // std::string
 #include <thread>              // std::thread, std::this_thread
+#include <utility>             // std::move
 
 namespace ncclkit_test {
 

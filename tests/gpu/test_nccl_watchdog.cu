@@ -3,9 +3,9 @@
 // collective. The others must get CommError within the timeout + 5 s (naming the operation,
 // its sequence number, its bytes, the time waited and the rank that fell behind), every later
 // call must throw CommError too, and every process must exit cleanly. Two more drills destroy
-// an idle communicator after a peer exited or was stopped: that too must return in time. Over NVLink a lost peer
-// is only caught by the timeout; with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
-// (scripts/gpu-run.sh runs that too) NCCL reports it.
+// an idle communicator after a peer exited or was stopped: that too must return in time.
+// Over NVLink a lost peer is only caught by the timeout; with NCCL_P2P_DISABLE=1
+// NCCL_SHM_DISABLE=1 (scripts/gpu-run.sh runs that too) NCCL reports it.
 //
 // NCCL's aborted kernels stop waiting but keep signalling their peers (prims: a wait breaks on
 // the abort flag, the step counters are still posted), so a survivor whose direct peers in
@@ -221,7 +221,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     return checker.finish(drill_name(drill));
   }
 
-  // Survivors: seq 2 never completes (the victim never issues it).
+  // Survivors: seq 2 never completes (the victim never issues it); the idle drills issue none.
   const bool idle = drill == Drill::kExitIdle || drill == Drill::kStopIdle;
   const std::vector<float> before = drill == Drill::kDestroy || idle ? std::vector<float>{} : download_now(buffer, s);
   if (drill == Drill::kLate && r == kLateRank) {

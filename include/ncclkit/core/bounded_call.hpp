@@ -7,8 +7,9 @@
 /// forever: ncclCommDestroy of a blocking NCCL communicator may wait for peers that died or
 /// were stopped after their last collective (docs/collectives.md).
 ///
-/// `call` is moved into the thread and must stay valid after call_bounded returns (capture by
-/// value). Host code only: C++20.
+/// `call` is moved into the thread, must stay valid after call_bounded returns (capture by
+/// value) and must not throw (an exception on its thread would end the process). Host code
+/// only: C++20.
 
 #include <chrono>              // std::chrono::milliseconds
 #include <condition_variable>  // std::condition_variable
