@@ -56,8 +56,8 @@ build() {
 run_all() {
   local out="${1:-${OUT:-$ROOT/out}}"
   local budget="${GPU_RUN_BUDGET:-540}"
-  local logs="$out/logs"
-  mkdir -p "$logs"
+  local logs="$out/logs" data="$out/data"
+  mkdir -p "$logs" "$data"
   local summary="$out/summary.txt"
   : >"$summary"
   local start_time=$SECONDS
@@ -143,20 +143,20 @@ run_all() {
   #    rounds still let single rows land +3 to +11 us off where 20 rounds stayed within +1.8
   #    (run 18, docs/gpu-runs.md).
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_small.csv"
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_small.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 200 -w 20 -R 5 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}.csv"
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$out/perf_p${n}_large.csv"
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_large.csv"
   # The peer: PyTorch's NCCL process group on the same sizes, the same method (exit 77, reported
   # as skipped, where PyTorch is missing); scripts/perf_targets.py sets its rows beside ncclkit's.
   CUDA_VISIBLE_DEVICES=$all phase torch-p$n-small 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 8 -e 64K -f 2 \
-    -n 2000 -w 50 -R 20 --csv "$out/perf_torch_p${n}_small.csv"
+    -n 2000 -w 50 -R 20 --csv "$data/perf_torch_p${n}_small.csv"
   CUDA_VISIBLE_DEVICES=$all phase torch-p$n 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 128K -e 64M -f 2 \
-    -n 200 -w 20 -R 5 --csv "$out/perf_torch_p${n}.csv"
-  CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$out/enqueue.json"
+    -n 200 -w 20 -R 5 --csv "$data/perf_torch_p${n}.csv"
+  CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$data/enqueue.json"
   CUDA_VISIBLE_DEVICES=$all phase gbench-enqueue 60 "$bin/gbench_nccl_enqueue" --benchmark_repetitions=3 \
-    --benchmark_out="$out/gbench_enqueue.json" --benchmark_out_format=json
+    --benchmark_out="$data/gbench_enqueue.json" --benchmark_out_format=json
   CUDA_VISIBLE_DEVICES=0 phase completion-marks 30 "$bin/bench_completion_marks"
   # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 150 "$bin/gpu_test_nccl_watchdog"
@@ -173,11 +173,11 @@ run_all() {
   CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
   CUDA_VISIBLE_DEVICES=$all phase perf-g$n 90 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 256M -f 4 -n 200 -w 20 -R 5 \
-    -O all_reduce -d float --csv "$out/perf_g${n}.csv"
+    -O all_reduce -d float --csv "$data/perf_g${n}.csv"
 
   # A plot of busbw against size from the perf CSVs (matplotlib is there on the GPU machines).
   local csvs=()
-  for f in "$out"/perf_*.csv; do [[ -s "$f" ]] && csvs+=("$f"); done
+  for f in "$data"/perf_*.csv; do [[ -s "$f" ]] && csvs+=("$f"); done
   if ((${#csvs[@]})); then
     local card
     card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -187,7 +187,12 @@ run_all() {
   {
     echo "TOTAL: $cases_run test cases run, $cases_passed passed, $cases_failed failed; $failures failed phases; $((SECONDS - start_time)) s"
   } >>"$summary"
-  tar -C "$out" -czf "$out/logs.tar.gz" logs && rm -rf "$logs"
+  # The targets, and PyTorch beside ncclkit, from the perf CSVs.
+  if ((${#csvs[@]})); then
+    python3 "$ROOT/scripts/perf_targets.py" "${csvs[@]}" >>"$summary" 2>&1 || echo "perf_targets failed" >>"$summary"
+  fi
+  # Few files come back from a GPU machine: the logs and the data travel as one archive.
+  tar -C "$out" -czf "$out/results.tar.gz" logs data && rm -rf "$logs" "$data"
   cat "$summary"
   if ((cases_run == 0)); then
     echo "gpu-run: zero test cases ran: this is a failure" | tee -a "$summary"
