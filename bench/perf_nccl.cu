@@ -20,7 +20,8 @@
 // --raw-event adds "raw+event": the same raw calls, each followed by a cudaEventRecord on its
 // stream (as ncclkit records one completion event per collective, or per stream and group).
 // It separates what that event costs (on the host and between kernels on the GPU) from the
-// rest of ncclkit's work.
+// rest of ncclkit's work. --event-ring N sets how many events it takes in turn (default 64;
+// 1 records the same event every time, thousands stand for the watchdog's pool).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -78,6 +79,7 @@ using ncclkit::perf::Placement;
 struct ToolOptions : ncclkit::perf::ToolFlags {  // processes 0: one per visible GPU
   bool check_pointers = true;
   bool raw_event = false;  ///< --raw-event
+  int event_ring = 64;     ///< --event-ring
 };
 
 void usage() {
@@ -87,6 +89,7 @@ void usage() {
       "  -g, --ngpus G           GPUs driven by one process (then -p must be 1)\n"
       "      --raw               also time NCCL called directly on a plain communicator\n"
       "      --raw-event         also time those raw calls each followed by a cudaEventRecord\n"
+      "      --event-ring N      events --raw-event takes in turn (default 64)\n"
       "      --timeout SECONDS   collective timeout of ncclkit's communicator (default NCCLKIT_TIMEOUT or 600)\n"
       "      --no-check-pointers skip ncclkit's cudaPointerGetAttributes checks (NCCLKIT_CHECK_POINTERS=0)\n"
       "%s",
@@ -159,15 +162,15 @@ ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<
   return impl;
 }
 
-/// Timing-free events, a ring of 64 per GPU, recorded in turn. (The watchdog never records a
-/// pending event again; here one may be, which CUDA allows, and the ring stays small.)
+/// Timing-free events, a ring per GPU, recorded in turn. (The watchdog never records a
+/// pending event again; here one may be, which CUDA allows.)
 struct EventRing {
   std::vector<std::vector<cudaEvent_t>> events;  // [local][slot]
   std::vector<std::size_t> next;
-  explicit EventRing(const std::vector<int>& devices) : events(devices.size()), next(devices.size(), 0) {
+  EventRing(const std::vector<int>& devices, int size) : events(devices.size()), next(devices.size(), 0) {
     for (std::size_t i = 0; i < devices.size(); ++i) {
       ncclkit::nccl::DeviceGuard guard(devices[i]);
-      events[i].resize(64);
+      events[i].resize(static_cast<std::size_t>(size));
       for (auto& e : events[i]) NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
   }
@@ -187,8 +190,8 @@ struct EventRing {
 /// raw_nccl plus one event recorded after every call on its stream; in a group (-g) after the
 /// group's end, one per GPU, as ncclkit's GroupGuard records them.
 ncclkit::perf::Implementation raw_nccl_with_events(std::vector<ncclComm_t> raw, std::vector<cudaStream_t> streams,
-                                                   std::vector<int> devices) {
-  auto ring = std::make_shared<EventRing>(devices);
+                                                   std::vector<int> devices, int ring_size) {
+  auto ring = std::make_shared<EventRing>(devices, ring_size);
   auto grouped = std::make_shared<bool>(false);
   ncclkit::perf::Implementation impl = raw_nccl(raw, streams);
   impl.name = "raw+event";
@@ -241,7 +244,7 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
     ncclkit::nccl::DeviceGuard guard(comm.device());
     raw = RawComm(ncclkit::bench::init_raw_comm(*store, world, "perf_nccl/raw_id"));
     if (tool.raw) impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
-    if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.default_stream()}, {comm.device()}));
+    if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.default_stream()}, {comm.device()}, tool.event_ring));
   }
   ncclkit::nccl::DeviceGuard guard(comm.device());
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
@@ -286,7 +289,7 @@ int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOption
     NCCLKIT_NCCL_CHECK(ncclCommInitAll(handles.data(), gpus, devices.data()));
     for (int i = 0; i < gpus; ++i) raw[static_cast<std::size_t>(i)] = RawComm(handles[static_cast<std::size_t>(i)]);
     if (tool.raw) impls.push_back(raw_nccl(handles, streams));
-    if (tool.raw_event) impls.push_back(raw_nccl_with_events(handles, streams, devices));
+    if (tool.raw_event) impls.push_back(raw_nccl_with_events(handles, streams, devices, tool.event_ring));
   }
   print_banner(local[0], tool, "one process, one thread, grouped calls");
   auto summary = ncclkit::perf::run_perf(members, std::move(impls), perf, group.begin(), group.end());
@@ -299,11 +302,19 @@ int main(int argc, char** argv) {
   try {
     ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
     ToolOptions tool;
-    const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_nccl", usage, tool, [&](const std::string& flag, auto&&) {
+    const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_nccl", usage, tool, [&](const std::string& flag, auto&& value) {
       if (flag == "--no-check-pointers") {
         tool.check_pointers = false;
       } else if (flag == "--raw-event") {
         tool.raw_event = true;
+      } else if (flag == "--event-ring") {
+        const std::string text = value();
+        char* end = nullptr;
+        const long events = std::strtol(text.c_str(), &end, 10);
+        if (end == text.c_str() || *end != '\0' || events < 1 || events > (1 << 20)) {
+          throw ncclkit::ConfigError("--event-ring needs a number of events from 1 to 1048576, not '" + text + "'");
+        }
+        tool.event_ring = static_cast<int>(events);
       } else {
         return false;
       }
