@@ -993,7 +993,7 @@ class Communicator {
       if (c.pending.empty()) detail::join_group(c);
       c.pending.push_back({seq, operation, bytes, stream});
     } else {
-      c.watchdog.track(seq, seq, operation, 1, bytes, stream, issued);
+      c.watchdog.track(seq, seq, operation, 1, bytes, stream, issued, /*merge=*/true);
     }
   }
 

@@ -2,8 +2,9 @@
 /// The watchdog: one thread per NCCL communicator that turns hangs into errors.
 ///
 /// Every collective the communicator issues gets a sequence number and (outside CUDA graph
-/// capture) a completion event. The watchdog thread polls, every poll interval (the timeout
-/// / 20, between 1 ms and 50 ms):
+/// capture) a completion event recorded after it; collectives issued back to back on one
+/// stream share one event, recorded again after each (Watchdog::track). The watchdog thread
+/// polls, every poll interval (the timeout / 20, between 1 ms and 50 ms):
 ///   - the oldest incomplete events: when one has not completed within the communicator's
 ///     timeout, the communicator has failed;
 ///   - `ncclCommGetAsyncError`: an error there (a peer lost over the network transport, a
@@ -119,17 +120,19 @@ struct CommHandle {
   void leave() { issuing_since.store(0, std::memory_order_release); }
 };
 
-/// Collectives issued together (one, or one NCCL group) and the event that marks their end.
+/// Collectives issued together (one, one NCCL group, or single collectives issued back to back
+/// on one stream) and the event that marks their end.
 struct WorkRecord {
   std::uint64_t first_seq = 0;
   std::uint64_t last_seq = 0;
-  const char* operation = "";
-  int operations = 1;  ///< >1 for a group
-  std::size_t bytes = 0;
-  Clock::time_point issued{};
+  const char* operation = "";  ///< the first collective's
+  int operations = 1;  ///< >1 for a group or a burst
+  std::size_t bytes = 0;  ///< the first collective's
+  Clock::time_point issued{};  ///< the first collective's
   cudaEvent_t event = nullptr;
   bool verified = false;  ///< synchronize() already asked the store about it
   cudaStream_t stream = nullptr;  ///< where `event` was recorded
+  bool burst = false;  ///< single collectives (Watchdog::track's `merge`), not one NCCL group
 };
 
 /// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
@@ -431,15 +434,44 @@ class Watchdog {
   std::uint64_t issued() const { return state_->issued.load(); }
   std::uint64_t completed() const { return state_->completed.load(); }
 
+  /// Single collectives issued on one stream within this time of the first one in flight
+  /// share its record: its event is recorded again after each of them (see track).
+  static constexpr std::chrono::milliseconds kBurstWindow{1};
+
   /// Records a completion event on `stream` after collectives `first_seq..last_seq` and hands
   /// it to the thread. `stream` must belong to the communicator's device.
   /// `issued`: when the work was issued (default: now, as a coarse stamp).
+  /// `merge` (a single collective): when the newest record in flight is one of single
+  /// collectives on the same stream, issued up to the one before and within kBurstWindow (in
+  /// practice the same clock tick) of its first, its event is recorded again after this one
+  /// and the record grows to cover it, instead of a new event and record. A stream runs in
+  /// order, so the event completing still means that every collective of the record has; what
+  /// a burst gives up is telling its members' completions apart (a report names the first
+  /// and how many came after it). Recording the same event again costs less, on the host and
+  /// in the GPU's time per call, than taking one of the thousands the pool hands out in turn
+  /// (docs/perf-nccl.md, runs 25 and 26).
   void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
-             std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt) {
+             std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt,
+             bool merge = false) {
     auto& s = *state_;
     detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, issued ? *issued : ncclkit::detail::coarse_now(),
                               nullptr};
+    record.burst = merge;
+    // The default-stream handles name a different stream on each thread (per-thread default
+    // streams): they never count as one stream.
+    const bool shared_handle = stream == nullptr || stream == cudaStreamPerThread || stream == cudaStreamLegacy;
     std::lock_guard lock(s.queue_mutex);
+    if (merge && !shared_handle && !s.in_flight.empty()) {
+      detail::WorkRecord& back = s.in_flight.back();
+      if (back.burst && !back.verified && back.stream == stream && back.last_seq + 1 == first_seq &&
+          record.issued <= back.issued + kBurstWindow) {
+        check_cuda(cudaEventRecord(back.event, stream), "cudaEventRecord of the completion event of " +
+                                                            std::string(operation) + " seq " + std::to_string(first_seq));
+        back.last_seq = last_seq;
+        back.operations += operations;
+        return;
+      }
+    }
     if (s.free_events.empty()) {
       DeviceGuard guard(s.device);
       NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&record.event, cudaEventDisableTiming));
@@ -454,9 +486,6 @@ class Watchdog {
                              std::to_string(first_seq));
     }
     record.stream = stream;
-    // The default-stream handles name a different stream on each thread (per-thread default
-    // streams): they never count as one stream.
-    const bool shared_handle = stream == nullptr || stream == cudaStreamPerThread || stream == cudaStreamLegacy;
     if (s.in_flight.empty()) s.one_stream = !shared_handle;
     else if (shared_handle || s.in_flight.back().stream != stream) s.one_stream = false;
     s.in_flight.push_back(record);
@@ -722,23 +751,28 @@ class Watchdog {
   static void poll_completions(detail::WatchdogState& s) {
     const auto now = detail::Clock::now();
     cudaEvent_t newest = nullptr;
-    std::size_t records = 0;  // in in_flight when `newest` was its last
+    std::uint64_t newest_last = 0;  // the newest record's last_seq when it was seen
+    std::size_t records = 0;        // in in_flight when `newest` was its last
     {
       std::lock_guard lock(s.queue_mutex);
       if (s.in_flight.empty()) return;
       if (s.one_stream && s.in_flight.size() > 1) {
         newest = s.in_flight.back().event;
+        newest_last = s.in_flight.back().last_seq;
         records = s.in_flight.size();
       }
     }
     if (newest != nullptr) {
       const cudaError_t status = cudaEventQuery(newest);
       if (status == cudaSuccess) {
-        // Only this thread retires, and track() only appends: the first `records` records are
-        // the ones seen, up to `newest` (checked, in case a drain() after stop() got there first).
+        // Only this thread retires, and track() only appends or grows the newest record: the
+        // first `records` records are the ones seen, up to `newest` (checked, in case a drain()
+        // after stop() got there first). The newest is retired only if it has not grown since:
+        // the query may have seen its event before the recording for the newcomer.
         std::lock_guard lock(s.queue_mutex);
         for (std::size_t i = 0; i < records && !s.in_flight.empty(); ++i) {
           const bool last = s.in_flight.front().event == newest;
+          if (last && s.in_flight.front().last_seq != newest_last) break;
           retire_front(s, now);
           if (last) break;
         }
@@ -758,8 +792,11 @@ class Watchdog {
         std::lock_guard lock(s.queue_mutex);
         // Only this thread retires while it runs; the check guards against a drain() after
         // a stop that had to leave this thread running.
+        // A record that grew since it was copied (track's `merge`) may hold work the query did
+        // not cover: the next poll looks at it again.
         if (!s.in_flight.empty() && s.in_flight.front().event == front.event &&
             s.in_flight.front().first_seq == front.first_seq) {
+          if (s.in_flight.front().last_seq != front.last_seq) return;
           retire_front(s, now);
         }
         continue;
@@ -842,8 +879,13 @@ class Watchdog {
     if (culprit) {
       report.has_operation = true;
       report.operation = culprit->operation;
-      if (culprit->operations > 1)
-        report.operation += " (+" + std::to_string(culprit->operations - 1) + " more in one group)";
+      if (culprit->operations > 1) {
+        report.operation += " (+" + std::to_string(culprit->operations - 1) +
+                            (culprit->burst ? " more issued right after it on the same stream, up to seq " +
+                                                  std::to_string(culprit->last_seq)
+                                            : " more in one group)");
+        if (culprit->burst) report.operation += "; one of these did not complete)";
+      }
       report.seq = culprit->first_seq;
       report.bytes = culprit->bytes;
       report.waited_s = std::chrono::duration<double>(s.detected_at - culprit->issued).count();
