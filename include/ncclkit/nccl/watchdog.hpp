@@ -447,9 +447,10 @@ class Watchdog {
   /// and the record grows to cover it, instead of a new event and record. A stream runs in
   /// order, so the event completing still means that every collective of the record has; what
   /// a burst gives up is telling its members' completions apart (a report names the first
-  /// and how many came after it). Recording the same event again costs less, on the host and
-  /// in the GPU's time per call, than taking one of the thousands the pool hands out in turn
-  /// (docs/perf-nccl.md, runs 25 and 26).
+  /// and how many came after it). It spares the pool and the queue a record per call, and
+  /// keeps the events in use few: with thousands taken in turn, as the pool hands them out,
+  /// small collectives looked slower (docs/perf-nccl.md, runs 25 and 26: suggestive, not
+  /// conclusive).
   void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
              std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt,
              bool merge = false) {
