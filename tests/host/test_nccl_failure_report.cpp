@@ -66,6 +66,21 @@ TEST_CASE("a rank failing at a later collective shows every rank that never issu
   CHECK(contains(text, "\n    rank 3: 1/1  <- behind: has not issued seq 2\n"));
 }
 
+TEST_CASE("a record covering several collectives: every rank short of its last one is behind") {
+  // Rank 0 issued seq 10..14 back to back on one stream (one record, one event); rank 1
+  // stopped after issuing 12, so seq 13 cannot complete. Judged by seq 10 alone, no rank
+  // would be behind.
+  auto report = report_of(0, 10, {known(0, 14, 9, true), known(1, 12, 9), known(2, 14, 9, true), known(3, 14, 9, true)});
+  report.last_seq = 14;
+  report.issued = 14;
+  CHECK(report.needed_seq() == 14);
+  CHECK(report.ranks_behind() == std::vector<int>{1});
+  CHECK(contains(report.describe(), "\n    rank 1: 12/9  <- behind: has not issued seq 13\n"));
+  report.last_seq = 0;  // a record of seq 10 alone
+  CHECK(report.needed_seq() == 10);
+  CHECK(report.ranks_behind().empty());
+}
+
 TEST_CASE("with no collective in flight, behind means behind the most advanced known rank") {
   auto report = report_of(2, 0, {known(0, 5, 5), known(1, 5, 4), known(2, 4, 4, true), PeerProgress{3, false, 0, 0, false}});
   CHECK_FALSE(report.has_operation);

@@ -31,7 +31,11 @@ struct FailureReport {
   std::string reason;     ///< what was detected, in words
   bool has_operation = false;  ///< whether a collective was in flight (the fields below)
   std::string operation;  ///< e.g. "all_reduce", "broadcast (+3 more in one group)"
-  std::uint64_t seq = 0;  ///< its sequence number (the first, for a group)
+  std::uint64_t seq = 0;  ///< its sequence number (the first, for a group or a burst)
+  /// The last collective of the record in flight when it covers several (a group, or single
+  /// collectives issued back to back on one stream, which share a completion event): one of
+  /// seq..last_seq did not complete, which one is not known. 0: seq alone.
+  std::uint64_t last_seq = 0;
   std::size_t bytes = 0;  ///< bytes it moves (this rank's output, or its input when larger)
   double waited_s = 0;    ///< how long it had been in flight when the failure was detected
   std::uint64_t issued = 0;     ///< this rank's last issued sequence number
@@ -45,9 +49,10 @@ struct FailureReport {
   /// collective's own when one was in flight (a rank that never issued it is what the others
   /// waited for; a rank that issued more is no cause: in run 4 of docs/gpu-runs.md one rank
   /// got ahead, and when "behind" meant "behind the most advanced rank" the other ranks'
-  /// reports blamed themselves), else the most any known rank issued.
+  /// reports blamed themselves), the last of them when the record covers several (any of
+  /// them may be the one that did not complete), else the most any known rank issued.
   std::uint64_t needed_seq() const {
-    if (has_operation && seq > 0) return seq;
+    if (has_operation && seq > 0) return std::max(seq, last_seq);
     std::uint64_t most = 0;
     for (const auto& p : peers)
       if (p.known) most = std::max(most, p.issued);

@@ -803,7 +803,9 @@ class Watchdog {
         continue;
       }
       if (status == cudaErrorNotReady) {
-        if (now - front.issued > s.timeout + s.stamp_slack) {
+        // A burst's stamp is its first member's: the later ones may be up to kBurstWindow younger.
+        const auto slack = s.stamp_slack + (front.burst ? std::chrono::nanoseconds(kBurstWindow) : std::chrono::nanoseconds(0));
+        if (now - front.issued > s.timeout + slack) {
           request(s, "did not complete within the timeout of " +
                          FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()),
                   front);
@@ -873,9 +875,20 @@ class Watchdog {
       report.reason = s.requested_reason;
       culprit = s.culprit;
     }
-    if (!culprit) {
+    {
       std::lock_guard lock(s.queue_mutex);
-      if (!s.in_flight.empty()) culprit = s.in_flight.front();
+      if (!culprit) {
+        if (!s.in_flight.empty()) culprit = s.in_flight.front();
+      } else {
+        // A burst may have grown since the copy was taken (track's `merge`): report all of it.
+        for (const auto& record : s.in_flight) {
+          if (record.first_seq == culprit->first_seq && record.event == culprit->event) {
+            culprit->last_seq = record.last_seq;
+            culprit->operations = record.operations;
+            break;
+          }
+        }
+      }
     }
     if (culprit) {
       report.has_operation = true;
@@ -888,6 +901,7 @@ class Watchdog {
         if (culprit->burst) report.operation += "; one of these did not complete)";
       }
       report.seq = culprit->first_seq;
+      report.last_seq = culprit->last_seq;
       report.bytes = culprit->bytes;
       report.waited_s = std::chrono::duration<double>(s.detected_at - culprit->issued).count();
     }
