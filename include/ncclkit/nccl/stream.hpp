@@ -31,7 +31,8 @@ class DeviceGuard {
   explicit DeviceGuard(int device) {
     NCCLKIT_CUDA_CHECK(cudaGetDevice(&previous_));
     if (previous_ != device) {
-      check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+      const cudaError_t status = cudaSetDevice(device);
+      if (status != cudaSuccess) check_cuda(status, "cudaSetDevice(" + std::to_string(device) + ")");
       switched_ = true;
     }
   }

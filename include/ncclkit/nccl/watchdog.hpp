@@ -466,8 +466,9 @@ class Watchdog {
       detail::WorkRecord& back = s.in_flight.back();
       if (back.burst && !back.verified && back.stream == stream && back.last_seq + 1 == first_seq &&
           record.issued <= back.issued + kBurstWindow) {
-        check_cuda(cudaEventRecord(back.event, stream), "cudaEventRecord of the completion event of " +
-                                                            std::string(operation) + " seq " + std::to_string(first_seq));
+        // The message is built only on failure: this is the issue path of every collective.
+        const cudaError_t status = cudaEventRecord(back.event, stream);
+        if (status != cudaSuccess) check_cuda(status, record_failure(operation, first_seq));
         back.last_seq = last_seq;
         back.operations += operations;
         return;
@@ -483,13 +484,17 @@ class Watchdog {
     cudaError_t status = cudaEventRecord(record.event, stream);
     if (status != cudaSuccess) {
       s.free_events.push_back(record.event);
-      check_cuda(status, "cudaEventRecord of the completion event of " + std::string(operation) + " seq " +
-                             std::to_string(first_seq));
+      check_cuda(status, record_failure(operation, first_seq));
     }
     record.stream = stream;
     if (s.in_flight.empty()) s.one_stream = !shared_handle;
     else if (shared_handle || s.in_flight.back().stream != stream) s.one_stream = false;
     s.in_flight.push_back(record);
+  }
+
+  /// What a failed cudaEventRecord in track() is reported as.
+  static std::string record_failure(const char* operation, std::uint64_t seq) {
+    return "cudaEventRecord of the completion event of " + std::string(operation) + " seq " + std::to_string(seq);
   }
 
   /// What drain() found.
@@ -896,9 +901,8 @@ class Watchdog {
       if (culprit->operations > 1) {
         report.operation += " (+" + std::to_string(culprit->operations - 1) +
                             (culprit->burst ? " more issued right after it on the same stream, up to seq " +
-                                                  std::to_string(culprit->last_seq)
+                                                  std::to_string(culprit->last_seq) + "; one of these did not complete)"
                                             : " more in one group)");
-        if (culprit->burst) report.operation += "; one of these did not complete)";
       }
       report.seq = culprit->first_seq;
       report.last_seq = culprit->last_seq;
