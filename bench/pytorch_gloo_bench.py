@@ -22,15 +22,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bench_args import parse_size
+
 DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64,
           "int32": torch.int32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8}
 
-
-def parse_size(text):
-    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.upper()
-    number = text.rstrip("KMGB")
-    return int(float(number) * units[text[len(number):][:1] if text[len(number):] else ""])
 
 
 def worker(rank, world, init_file, args, queue):

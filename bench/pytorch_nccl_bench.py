@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from bench_args import parse_size
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 PLACEMENTS = {"all_reduce": ("in-place",), "broadcast": ("in-place",), "all_to_all": ("out-of-place",),
               "all_gather": ("out-of-place", "in-place"), "reduce_scatter": ("out-of-place", "in-place")}
@@ -37,16 +39,6 @@ FACTORS = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n
            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
 ELEMENT = 4  # float32
 
-
-def parse_size(text):
-    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper()
-    number = text.rstrip("KMGB")
-    suffix = text[len(number):][:1]
-    try:
-        return int(float(number) * units[suffix])
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size (a number with an optional K, M or G)") from None
 
 
 def shape(collective, size, n):
