@@ -173,6 +173,13 @@ void explain_early_completion(Checker& checker, Communicator& comm, Store& store
                             " s from this rank): NCCL's abort does not explain it; suspect ncclkit's completion tracking");
 }
 
+/// Destroys `comm`; if that has not returned after the timeout + 10 s, every thread's stack
+/// goes to the log (tests/gpu/hang_dump.hpp), so that a hang shows where it waits.
+void destroy_watched(std::optional<Communicator>& comm, const std::string& what) {
+  HangDump dump(what, kTimeout + std::chrono::seconds(10));
+  comm.reset();
+}
+
 template <class Call>
 void expect_comm_error(Checker& checker, const std::string& what, Call&& call) {
   try {
@@ -241,11 +248,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     store->wait({"drill/victim_gone"}, std::chrono::seconds(30));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let it go or stop for good
     const auto destroy_start = Clock::now();
-    {
-      HangDump dump("rank " + std::to_string(r) + ": destroying an idle communicator whose peer is gone",
-                    kTimeout + std::chrono::seconds(10));
-      comm.reset();
-    }
+    destroy_watched(comm, "rank " + std::to_string(r) + ": destroying an idle communicator whose peer is gone");
     const double took = std::chrono::duration<double>(Clock::now() - destroy_start).count();
     std::printf("rank %d: destroying the idle communicator took %.3f s\n", r, took);
     std::fflush(stdout);
@@ -253,13 +256,9 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
                    "destruction of an idle communicator whose peer is gone took " + std::to_string(took) + " s");
   } else if (drill == Drill::kDestroy) {
     comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);
-    {
-      // Run 20 (docs/gpu-runs.md) saw one rank never return from here: if that recurs, the
-      // log shows where each of its threads waits.
-      HangDump dump("rank " + std::to_string(r) + ": destroying a communicator with a hung collective",
-                    kTimeout + std::chrono::seconds(10));
-      comm.reset();  // pending work gets the timeout, then the communicator is aborted
-    }
+    // Pending work gets the timeout, then the communicator is aborted. Run 20 (docs/gpu-runs.md)
+    // saw one rank never return from here.
+    destroy_watched(comm, "rank " + std::to_string(r) + ": destroying a communicator with a hung collective");
     const double took = std::chrono::duration<double>(Clock::now() - start).count();
     checker.expect(took < std::chrono::duration<double>(kTimeout).count() + 5.0,
                    "destruction with a hung collective took " + std::to_string(took) + " s");
