@@ -14,6 +14,7 @@
 #include <cstdlib>  // setenv, unsetenv
 #include <limits>   // std::numeric_limits
 #include <string>   // std::string
+#include <thread>   // std::this_thread::sleep_for
 #include <utility>  // std::pair
 #include <vector>   // std::vector
 
@@ -554,6 +555,55 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
           std::vector<float> slice(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * count),
                                    all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j + 1) * count));
           check_equal(checker, slice, sum, "local all_gather member " + std::to_string(i) + " slice " + std::to_string(j));
+        }
+      }
+      // One group per step on one stream (as perf_nccl -g issues them): each member's watchdog
+      // folds consecutive steps into one record (Watchdog::track's merge). Then a group whose
+      // work spans two streams, which is never folded. Every member must end with all of it
+      // known complete, and with the data right.
+      {
+        constexpr int kSteps = 300;
+        std::vector<std::uint64_t> before;
+        for (int i = 0; i < n; ++i) before.push_back(local[i].issued_seq());
+        for (int step = 0; step < kSteps; ++step) {
+          GroupGuard group;
+          for (int i = 0; i < n; ++i)
+            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
+                                ReduceOp::kMax);
+        }
+        // comm_stream() is not ordered after the default stream: let it catch up first.
+        for (int i = 0; i < n; ++i) local[i].wait(local[i].record(local[i].default_stream()), local[i].comm_stream());
+        {
+          GroupGuard group;
+          for (int i = 0; i < n; ++i) {
+            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
+                                ReduceOp::kMax, local[i].default_stream());
+            local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(), 64,
+                                ReduceOp::kMax, local[i].comm_stream());
+          }
+        }
+        for (int i = 0; i < n; ++i) {
+          auto& comm = local[i];
+          comm.synchronize(comm.default_stream());
+          comm.synchronize(comm.comm_stream());
+          checker.expect(comm.issued_seq() == before[static_cast<std::size_t>(i)] + kSteps + 2,
+                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_seq()) + ", expected " +
+                             std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 2));
+          // The watchdog retires what completed on its next poll (every timeout / 20 at most).
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          while (comm.completed_seq() != comm.issued_seq() && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          checker.expect(comm.completed_seq() == comm.issued_seq(),
+                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_seq()) + " of " +
+                             std::to_string(comm.issued_seq()) + " after synchronize");
+        }
+        // Max over ranks of the all_reduce sums above is the sum itself: unchanged.
+        for (int i = 0; i < n; ++i) {
+          ncclkit::nccl::DeviceGuard guard(local[i].device());
+          auto& comm = local[i];
+          const auto after = download(comm, buffers[static_cast<std::size_t>(i)], comm.default_stream());
+          check_reduction<float>(checker, after, 61, n, 0, ReduceOp::kSum,
+                                 "local all_reduce member " + std::to_string(i) + " after the max steps");
         }
       }
       return checker.finish("single-process group of " + std::to_string(n));

@@ -17,6 +17,7 @@
 #include <nccl.h>  // ncclGroupStart, ncclGroupEnd
 
 #include <algorithm>  // std::sort, std::unique
+#include <cstddef>    // std::size_t
 #include <exception>  // std::exception
 #include <mutex>      // std::unique_lock
 #include <string>     // std::string
@@ -35,6 +36,9 @@ namespace detail {
 struct GroupState {
   int depth = 0;
   std::vector<CommCore*> members;
+  /// The members of the group being ended (GroupGuard::end swaps them in, so that neither
+  /// vector gives its storage back: a group per step allocates nothing).
+  std::vector<CommCore*> ending;
 };
 inline GroupState& group_state() {
   static thread_local GroupState state;
@@ -79,17 +83,26 @@ class GroupGuard {
       NCCLKIT_NCCL_CHECK(ncclGroupEnd());
       return;
     }
-    std::vector<detail::CommCore*> members = std::move(group.members);
-    group.members.clear();
+    std::vector<detail::CommCore*>& members = group.ending;
+    members.clear();
+    members.swap(group.members);
     std::sort(members.begin(), members.end());
     members.erase(std::unique(members.begin(), members.end()), members.end());
 
     ncclResult_t status = ncclSuccess;
     {
       // Hold every member's handle, in address order, so that no watchdog aborts one mid-launch.
-      std::vector<std::unique_lock<std::timed_mutex>> locks;
-      locks.reserve(members.size());
-      for (auto* member : members) locks.emplace_back(member->handle().mutex);
+      struct Held {
+        const std::vector<detail::CommCore*>& members;
+        std::size_t count = 0;
+        ~Held() {
+          for (std::size_t i = count; i > 0; --i) members[i - 1]->handle().mutex.unlock();
+        }
+      } held{members};
+      for (auto* member : members) {
+        member->handle().mutex.lock();
+        ++held.count;
+      }
       // The launch may block (connection setup waits for peers): let the watchdogs see it.
       for (auto* member : members) {
         std::size_t bytes = 0;

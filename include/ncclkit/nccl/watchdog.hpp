@@ -132,7 +132,7 @@ struct WorkRecord {
   cudaEvent_t event = nullptr;
   bool verified = false;  ///< synchronize() already asked the store about it
   cudaStream_t stream = nullptr;  ///< where `event` was recorded
-  bool burst = false;  ///< single collectives (Watchdog::track's `merge`), not one NCCL group
+  bool burst = false;  ///< may grow: work issued back to back on one stream (Watchdog::track's `merge`)
 };
 
 /// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
@@ -434,17 +434,18 @@ class Watchdog {
   std::uint64_t issued() const { return state_->issued.load(); }
   std::uint64_t completed() const { return state_->completed.load(); }
 
-  /// Single collectives issued on one stream within this time of the first one in flight
-  /// share its record: its event is recorded again after each of them (see track).
+  /// Single collectives (and one-stream groups) issued on one stream within this time of the
+  /// first one in flight share its record: its event is recorded again after each (see track).
   static constexpr std::chrono::milliseconds kBurstWindow{1};
 
   /// Records a completion event on `stream` after collectives `first_seq..last_seq` and hands
   /// it to the thread. `stream` must belong to the communicator's device.
   /// `issued`: when the work was issued (default: now, as a coarse stamp).
-  /// `merge` (a single collective): when the newest record in flight is one of single
-  /// collectives on the same stream, issued up to the one before and within kBurstWindow (in
-  /// practice the same clock tick) of its first, its event is recorded again after this one
-  /// and the record grows to cover it, instead of a new event and record. A stream runs in
+  /// `merge` (a single collective, or a group whose work is all on `stream`): when the newest
+  /// record in flight is such a one on the same stream, issued up to the one before and
+  /// within kBurstWindow (in practice the same clock tick) of its first, its event is
+  /// recorded again after this work and the record grows to cover it, instead of a new event
+  /// and record. A stream runs in
   /// order, so the event completing still means that every collective of the record has; what
   /// a burst gives up is telling its members' completions apart (a report names the first
   /// and how many came after it). It spares the pool and the queue a record per call, and

@@ -6,12 +6,13 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 #include <nccl.h>              // ncclComm_t, ncclCommGetAsyncError
 
-#include <algorithm>  // std::min, std::any_of
+#include <algorithm>  // std::min, std::any_of, std::all_of
 #include <chrono>   // std::chrono
 #include <cstddef>  // std::size_t, std::ptrdiff_t
 #include <cstdint>  // std::uint64_t
 #include <memory>   // std::shared_ptr
 #include <mutex>    // std::unique_lock
+#include <optional>  // std::nullopt
 #include <string>   // std::string
 #include <thread>   // std::this_thread::sleep_for
 #include <vector>   // std::vector
@@ -61,8 +62,23 @@ struct CommCore {
   }
 
   /// Hands the ops queued during a group that just ended to the watchdog: one completion
-  /// event per stream, recorded after the group's kernels.
+  /// event per stream, recorded after the group's kernels. A group on one stream may join the
+  /// burst before it on that stream (Watchdog::track's `merge`), as a single collective does:
+  /// one thread driving several GPUs (-g) issues a group per step, and without this each
+  /// communicator took a fresh event from its pool every step.
   void commit_pending() {
+    if (pending.empty()) return;
+    const cudaStream_t first_stream = pending.front().stream;
+    const bool one_stream = std::all_of(pending.begin(), pending.end(),
+                                        [&](const PendingOp& op) { return op.stream == first_stream; });
+    if (one_stream) {
+      std::size_t bytes = 0;
+      for (const auto& op : pending) bytes += op.bytes;
+      watchdog.track(pending.front().seq, pending.back().seq, pending.front().operation,
+                     static_cast<int>(pending.size()), bytes, first_stream, std::nullopt, /*merge=*/true);
+      pending.clear();
+      return;
+    }
     for (std::size_t i = 0; i < pending.size(); ++i) {
       const cudaStream_t stream = pending[i].stream;
       const auto same_stream = [&](const PendingOp& op) { return op.stream == stream; };
