@@ -22,6 +22,11 @@
 // It separates what that event costs (on the host and between kernels on the GPU) from the
 // rest of ncclkit's work. --event-ring N sets how many events it takes in turn (default 64;
 // 1 records the same event every time, thousands stand for the watchdog's pool).
+//
+// --raw-native adds "raw@ncclkit": the same raw calls on ncclkit's own NCCL communicator
+// (Communicator::native(), split from its non-blocking control communicator), unwatched. Set
+// beside "raw" it tells whether that communicator runs differently from a plain one; beside
+// "ncclkit", what ncclkit's issue path costs on the same NCCL communicator.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -79,6 +84,7 @@ using ncclkit::perf::Placement;
 struct ToolOptions : ncclkit::perf::ToolFlags {  // processes 0: one per visible GPU
   bool check_pointers = true;
   bool raw_event = false;  ///< --raw-event
+  bool raw_native = false;  ///< --raw-native
   int event_ring = 64;     ///< --event-ring
 };
 
@@ -90,6 +96,7 @@ void usage() {
       "      --raw               also time NCCL called directly on a plain communicator\n"
       "      --raw-event         also time those raw calls each followed by a cudaEventRecord\n"
       "      --event-ring N      events --raw-event takes in turn (default 64)\n"
+      "      --raw-native        also time raw NCCL calls on ncclkit's own NCCL communicator\n"
       "      --timeout SECONDS   collective timeout of ncclkit's communicator (default NCCLKIT_TIMEOUT or 600)\n"
       "      --no-check-pointers skip ncclkit's cudaPointerGetAttributes checks (NCCLKIT_CHECK_POINTERS=0)\n"
       "%s",
@@ -145,9 +152,10 @@ void issue_raw(ncclComm_t comm, cudaStream_t stream, Collective c, TensorView in
 
 /// NCCL called directly on `raw[local]`, on `streams[local]`; several are grouped with
 /// ncclGroupStart/End.
-ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<cudaStream_t> streams) {
+ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<cudaStream_t> streams,
+                                       std::string name = "raw") {
   ncclkit::perf::Implementation impl;
-  impl.name = "raw";
+  impl.name = std::move(name);
   impl.issue = [raw, streams](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
     issue_raw(raw[static_cast<std::size_t>(local)], streams[static_cast<std::size_t>(local)], c, in, out, op, root);
   };
@@ -246,6 +254,7 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
     if (tool.raw) impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
     if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.default_stream()}, {comm.device()}, tool.event_ring));
   }
+  if (tool.raw_native) impls.push_back(raw_nccl({comm.native()}, {comm.default_stream()}, "raw@ncclkit"));
   ncclkit::nccl::DeviceGuard guard(comm.device());
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
   return summary.ok() ? 0 : 2;
@@ -291,6 +300,11 @@ int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOption
     if (tool.raw) impls.push_back(raw_nccl(handles, streams));
     if (tool.raw_event) impls.push_back(raw_nccl_with_events(handles, streams, devices, tool.event_ring));
   }
+  if (tool.raw_native) {
+    std::vector<ncclComm_t> natives;
+    for (auto* member : members) natives.push_back(member->native());
+    impls.push_back(raw_nccl(natives, streams, "raw@ncclkit"));
+  }
   print_banner(local[0], tool, "one process, one thread, grouped calls");
   auto summary = ncclkit::perf::run_perf(members, std::move(impls), perf, group.begin(), group.end());
   return summary.ok() ? 0 : 2;
@@ -307,6 +321,8 @@ int main(int argc, char** argv) {
         tool.check_pointers = false;
       } else if (flag == "--raw-event") {
         tool.raw_event = true;
+      } else if (flag == "--raw-native") {
+        tool.raw_native = true;
       } else if (flag == "--event-ring") {
         const std::string text = value();
         char* end = nullptr;

@@ -12,7 +12,8 @@ numbers are for docs/perf-nccl.md, not a pass/fail gate (timings vary run to run
 A file of PyTorch rows (bench/pytorch_nccl_bench.py --csv) named perf_torch_REST.csv is set
 beside the ncclkit rows of perf_REST.csv when that file is given too: per row the time of
 ncclkit over PyTorch's (same collective, placement, size and world; < 1: ncclkit faster).
-Rows of perf_nccl --raw-event ("raw+event") are set beside raw's and ncclkit's too.
+Rows of perf_nccl --raw-event ("raw+event") and --raw-native ("raw@ncclkit") are set beside
+raw's and ncclkit's too.
 """
 import csv
 import os
@@ -65,8 +66,10 @@ def main(paths):
             for r in sorted(small, reverse=True)[:10]:
                 if r[0] > 1.0:
                     print(f"    miss: {r[1]} {r[2]} {r[3]} B: {r[4]:.2f} vs {r[5]:.2f} us ({r[0]:+.2f})")
-        # perf_nccl --raw-event: what one event per call costs alone, and what ncclkit adds to it.
-        for a, b in (("raw+event", "raw"), ("ncclkit", "raw+event")):
+        # perf_nccl --raw-event: what one event per call costs alone, and what ncclkit adds to it;
+        # --raw-native: whether ncclkit's NCCL communicator runs differently from a plain one, and
+        # what ncclkit's issue path adds on that same communicator.
+        for a, b in (("raw+event", "raw"), ("ncclkit", "raw+event"), ("raw@ncclkit", "raw"), ("ncclkit", "raw@ncclkit")):
             diffs = [float(impl[a]["time_us"]) - float(impl[b]["time_us"]) for key, impl in rows.items()
                      if a in impl and b in impl and 8 <= key[2] <= 64 << 10]
             if diffs:
