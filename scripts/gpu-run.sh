@@ -169,10 +169,14 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
   CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
   # 6. One thread driving 4 GPUs (-g: one grouped call per step), ncclkit and raw: every
-  #    collective checked, then all_reduce timed.
+  #    collective checked, then all_reduce timed, with 100 steps per round as in the process
+  #    phases: with 40 (run 27 and before: -n 200 -R 5 from 8 B) a round's start and end
+  #    weighed on every step, and the raw step itself took 31 us instead of 22.
   CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
-  CUDA_VISIBLE_DEVICES=$all phase perf-g$n 90 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 256M -f 4 -n 200 -w 20 -R 5 \
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n-small 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
+    -O all_reduce -d float --csv "$data/perf_g${n}_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n 90 "$bin/perf_nccl" -g "$n" --raw -b 128K -e 256M -f 4 -n 500 -w 20 -R 5 \
     -O all_reduce -d float --csv "$data/perf_g${n}.csv"
 
   # A plot of busbw against size from the perf CSVs (matplotlib is there on the GPU machines).

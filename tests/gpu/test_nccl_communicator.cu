@@ -212,6 +212,24 @@ TEST_CASE("buffers and streams of another GPU are refused") {
     ncclkit::nccl::Stream stream_of_1(1);
     expect_misuse(checker, "stream of GPU 1", "the stream belongs to GPU 1",
                   [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_1); });
+    // A caller's stream found good is remembered (detail/checked_pointers.hpp); that must not
+    // let another GPU's stream through, nor the legacy default stream, which names the current
+    // device's and is checked every call.
+    {
+      ncclkit::nccl::Stream stream_of_0(0);
+      for (int i = 0; i < 3; ++i) comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_0);
+      comm.synchronize(stream_of_0);
+      expect_misuse(checker, "stream of GPU 1 after a remembered one", "the stream belongs to GPU 1",
+                    [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_1); });
+      {
+        ncclkit::nccl::DeviceGuard on_0(0);
+        comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, cudaStream_t{nullptr});
+        comm.synchronize(cudaStream_t{nullptr});
+      }
+      ncclkit::nccl::DeviceGuard on_1(1);
+      expect_misuse(checker, "legacy stream while GPU 1 is current", "the legacy default stream is the current device's",
+                    [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, cudaStream_t{nullptr}); });
+    }
     return checker.finish("wrong device");
   });
 }

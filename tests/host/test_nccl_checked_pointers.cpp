@@ -12,7 +12,9 @@
 namespace {
 
 using ncclkit::nccl::detail::CheckedPointers;
+using ncclkit::nccl::detail::destroyed_stream_generation;
 using ncclkit::nccl::detail::note_device_memory_freed;
+using ncclkit::nccl::detail::note_stream_destroyed;
 
 /// Distinct fake addresses (never dereferenced).
 const void* address(std::size_t i) {
@@ -61,4 +63,18 @@ TEST_CASE("memory freed through ncclkit empties every memory") {
   CHECK(first.contains(address(3)));
   first.clear();
   CHECK_FALSE(first.contains(address(3)));
+}
+
+TEST_CASE("a memory of streams forgets on a stream destroyed through ncclkit, not on a free") {
+  CheckedPointers streams{destroyed_stream_generation()};
+  CheckedPointers buffers;
+  streams.insert(address(5));
+  buffers.insert(address(6));
+  note_device_memory_freed();  // buffers only
+  CHECK(streams.contains(address(5)));
+  CHECK_FALSE(buffers.contains(address(6)));
+  buffers.insert(address(6));
+  note_stream_destroyed();  // streams only
+  CHECK_FALSE(streams.contains(address(5)));
+  CHECK(buffers.contains(address(6)));
 }

@@ -1124,15 +1124,21 @@ class Communicator {
     return s;
   }
   /// Misuse when `s` belongs to another GPU (queried when Options::check_pointers is on and
-  /// nothing is capturing; CUDA 12.8 or later).
+  /// nothing is capturing; CUDA 12.8 or later). A stream found good is remembered, as buffers
+  /// are (detail/checked_pointers.hpp), except the handles that name the current device's
+  /// stream (null, cudaStreamLegacy, cudaStreamPerThread), which are checked every call.
   void check_stream_device(const char* operation, cudaStream_t s) const {
 #if CUDART_VERSION >= 12080
     if (core().options.check_pointers && !core().capturing) {
+      const bool current_devices = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+      if (!current_devices && core().checked_streams.contains(s)) return;
       detail::RelaxedCaptureMode relaxed;
       int stream_device = -1;
       if (cudaStreamGetDevice(s, &stream_device) != cudaSuccess) {
         (void)cudaGetLastError();
-      } else if (stream_device != device()) {
+      } else if (stream_device == device()) {
+        if (!current_devices) core().checked_streams.insert(s);
+      } else {
         misuse(operation, "the stream belongs to GPU " + std::to_string(stream_device) +
                               ", but this communicator runs on GPU " + std::to_string(device()) +
                               (s == nullptr ? " (the legacy default stream is the current device's: switch "

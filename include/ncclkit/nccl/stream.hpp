@@ -10,6 +10,7 @@
 
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/checked_pointers.hpp"
 
 namespace ncclkit::nccl {
 
@@ -84,6 +85,8 @@ class Stream {
  private:
   void reset() noexcept {
     if (stream_ == nullptr) return;
+    // Communicators forget that they checked this handle (detail/checked_pointers.hpp).
+    detail::note_stream_destroyed();
     // Destroying a stream with work pending is allowed: CUDA releases it once the work ends.
     if (cudaStreamDestroy(std::exchange(stream_, nullptr)) != cudaSuccess) {
       (void)cudaGetLastError();

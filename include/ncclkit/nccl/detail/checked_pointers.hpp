@@ -13,6 +13,14 @@
 /// memory (NCCL then fails with an illegal address, which the watchdog reports) or a new
 /// device allocation, normally of the same GPU.
 ///
+/// The same memory, on a generation of its own, holds the stream handles that
+/// cudaStreamGetDevice found to be of the communicator's GPU (a caller's stream passed every
+/// call cost +0.2 to +0.65 us per call for that query and the capture-mode switch around it:
+/// docs/perf-nccl.md, runs 26-29). Streams destroyed through ncclkit (nccl::Stream) bump it. A
+/// stream the caller destroys with cudaStreamDestroy is not seen: should a new stream of
+/// another GPU get the same handle, the check lets it through and NCCL's launch fails with a
+/// CUDA error, which fails the communicator (a CommError) instead of the misuse message.
+///
 /// Host code only: needs nothing from CUDA.
 
 #include <atomic>   // std::atomic
@@ -28,12 +36,23 @@ inline std::atomic<std::uint64_t>& freed_generation() {
 }
 inline void note_device_memory_freed() { freed_generation().fetch_add(1, std::memory_order_relaxed); }
 
+/// Bumped whenever ncclkit destroys a stream.
+inline std::atomic<std::uint64_t>& destroyed_stream_generation() {
+  static std::atomic<std::uint64_t> generation{0};
+  return generation;
+}
+inline void note_stream_destroyed() { destroyed_stream_generation().fetch_add(1, std::memory_order_relaxed); }
+
 class CheckedPointers {
  public:
   static constexpr std::size_t kSlots = 8;
 
-  /// Whether `pointer` was found to be device memory of this GPU, and nothing was freed
-  /// through ncclkit since.
+  /// Forgets everything when `generation` moves (freed_generation() for buffers,
+  /// destroyed_stream_generation() for streams).
+  explicit CheckedPointers(const std::atomic<std::uint64_t>& generation = freed_generation())
+      : source_(&generation), generation_(generation.load(std::memory_order_relaxed)) {}
+
+  /// Whether `pointer` was found good, and the generation has not moved since.
   bool contains(const void* pointer) {
     if (pointer == nullptr) return false;  // empty slots hold null
     refresh();
@@ -55,16 +74,17 @@ class CheckedPointers {
 
  private:
   void refresh() {
-    const std::uint64_t now = freed_generation().load(std::memory_order_relaxed);
+    const std::uint64_t now = source_->load(std::memory_order_relaxed);
     if (now != generation_) {
       clear();
       generation_ = now;
     }
   }
 
+  const std::atomic<std::uint64_t>* source_;
   const void* slots_[kSlots] = {};
   std::size_t next_ = 0;
-  std::uint64_t generation_ = 0;
+  std::uint64_t generation_;
 };
 
 }  // namespace ncclkit::nccl::detail

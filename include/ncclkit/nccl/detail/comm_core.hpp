@@ -52,6 +52,7 @@ struct CommCore {
   bool capturing = false;  ///< whether the stream of the call being issued is capturing a graph
   void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
   CheckedPointers checked_pointers;  ///< buffers already found to be device memory of this GPU
+  CheckedPointers checked_streams{destroyed_stream_generation()};  ///< streams found to be of this GPU
 
   CommHandle& handle() { return watchdog.handle(); }
 
