@@ -26,7 +26,9 @@
 // --raw-native adds "raw@ncclkit": the same raw calls on ncclkit's own NCCL communicator
 // (Communicator::native(), split from its non-blocking control communicator), unwatched. Set
 // beside "raw" it tells whether that communicator runs differently from a plain one; beside
-// "ncclkit", what ncclkit's issue path costs on the same NCCL communicator.
+// "ncclkit", what ncclkit's issue path costs on the same NCCL communicator. Those calls take
+// none of ncclkit's locks: should ncclkit's watchdog abort the communicator mid-run (a
+// collective past its timeout), they may run on a handle being torn down. A benchmark only.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 

@@ -32,9 +32,10 @@ for dir in "$old" "$new"; do
   fi
 done
 mkdir -p "$out"
+rm -f "$out"/ab_*  # sweeps of an earlier call would be counted in
 # Rules of the GPU machines: no NVLink multicast.
 export NCCL_NVLS_ENABLE=0 NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-export LD_LIBRARY_PATH="$new:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+base_path="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 status=0
 for ((i = 1; i <= sweeps; ++i)); do
@@ -44,8 +45,9 @@ for ((i = 1; i <= sweeps; ++i)); do
     dir="$old"
     [[ "$side" == new ]] && dir="$new"
     csv="$out/ab_${side}_$i.csv"
-    if ! "$dir/perf_nccl" "$@" --csv "$csv" >"$out/ab_${side}_$i.log" 2>&1; then
-      echo "gpu-ab: sweep $i of $side failed (see ab_${side}_$i.log)"
+    if ! LD_LIBRARY_PATH="$dir:$base_path" "$dir/perf_nccl" "$@" --csv "$csv" >"$out/ab_${side}_$i.log" 2>&1; then
+      echo "gpu-ab: sweep $i of $side failed (see ab_${side}_$i.log); its rows are not counted"
+      rm -f "$csv"
       status=1
     fi
   done
@@ -63,9 +65,9 @@ for path in sorted(glob.glob(os.path.join(out, "ab_*.csv"))):
     rows = defaultdict(dict)
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            key = (row["collective"], row["placement"], int(row["bytes"]))
+            key = (row["collective"], row["placement"], row["type"], row["redop"], int(row["bytes"]))
             rows[key][row["implementation"]] = float(row["time_us"])
-    diffs = [r["ncclkit"] - r["raw"] for (c, p, b), r in rows.items() if 8 <= b <= 64 << 10 and "ncclkit" in r and "raw" in r]
+    diffs = [r["ncclkit"] - r["raw"] for key, r in rows.items() if 8 <= key[-1] <= 64 << 10 and "ncclkit" in r and "raw" in r]
     if diffs:
         per_build[side].append((statistics.median(diffs), sum(1 for d in diffs if d <= 1.0), len(diffs)))
 for side in ("old", "new"):

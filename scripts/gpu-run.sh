@@ -169,8 +169,8 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
   CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
   # 6. One thread driving 4 GPUs (-g: one grouped call per step), ncclkit and raw: every
-  #    collective checked, then all_reduce timed, with 100 steps per round as in the process
-  #    phases: with 40 (run 27 and before: -n 200 -R 5 from 8 B) a round's start and end
+  #    collective checked, then all_reduce timed, with 100 steps per round as in perf-p4-small
+  #    (perf-p4 takes 40): with 40 (run 27 and before: -n 200 -R 5 from 8 B) a round's start and end
   #    weighed on every step, and the raw step itself took 31 us instead of 22.
   CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max

@@ -26,7 +26,9 @@ def load(path):
     rows = defaultdict(dict)
     with open(path, newline="") as f:
         for row in csv.DictReader(f):
-            key = (row["collective"], row["placement"], int(row["bytes"]), int(row["nranks"]))
+            # Type and reduction too: a sweep of several (-d, -o) has a row of each per size.
+            key = (row["collective"], row["placement"], int(row["bytes"]), int(row["nranks"]),
+                   row.get("type", ""), row.get("redop", ""))
             rows[key][row["implementation"]] = row
     return rows
 
@@ -41,7 +43,7 @@ def main(paths):
             if "ncclkit" not in impl or "raw" not in impl:
                 continue
             mine, raw = impl["ncclkit"], impl["raw"]
-            collective, placement, size, nranks = key
+            collective, placement, size, nranks = key[:4]
             t_mine, t_raw = float(mine["time_us"]), float(raw["time_us"])
             b_mine, b_raw = float(mine["busbw_gbs"]), float(raw["busbw_gbs"])
             if size >= 1 << 20 and b_raw > 0:
@@ -106,7 +108,7 @@ def compare_with_pytorch(paths):
             rows = [(key, a, b) for key, a, b in pairs if key[0] == collective]
             print(f"    {collective}: median ratio {statistics.median(a / b for _, a, b in rows):.3f}, median "
                   f"difference {statistics.median(a - b for _, a, b in rows):+.2f} us over {len(rows)} rows")
-        for (collective, placement, size, nranks), t_mine, t_peer in pairs:
+        for (collective, placement, size, nranks, *_), t_mine, t_peer in pairs:
             if t_mine >= t_peer:
                 print(f"    not faster: {collective} {placement} {size} B: ncclkit {t_mine:.2f} us, "
                       f"PyTorch {t_peer:.2f} us ({t_mine / t_peer:.3f}x)")

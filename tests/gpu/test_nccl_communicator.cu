@@ -11,8 +11,10 @@
 #include <algorithm>  // std::max
 #include <chrono>   // std::chrono
 #include <cmath>    // std::nearbyint
+#include <cstdio>   // std::printf
 #include <cstdlib>  // setenv, unsetenv
 #include <limits>   // std::numeric_limits
+#include <optional>  // std::optional
 #include <string>   // std::string
 #include <thread>   // std::this_thread::sleep_for
 #include <utility>  // std::pair
@@ -212,23 +214,36 @@ TEST_CASE("buffers and streams of another GPU are refused") {
     ncclkit::nccl::Stream stream_of_1(1);
     expect_misuse(checker, "stream of GPU 1", "the stream belongs to GPU 1",
                   [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_1); });
-    // A caller's stream found good is remembered (detail/checked_pointers.hpp); that must not
-    // let another GPU's stream through, nor the legacy default stream, which names the current
-    // device's and is checked every call.
+    // A caller's stream found good is remembered (detail/checked_pointers.hpp). That must not
+    // let another GPU's stream through, not even one that got the handle of a remembered
+    // stream destroyed through ncclkit, nor the handles that name the current device's stream
+    // (per-thread and legacy), which are asked every call.
     {
-      ncclkit::nccl::Stream stream_of_0(0);
-      for (int i = 0; i < 3; ++i) comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_0);
-      comm.synchronize(stream_of_0);
+      std::optional<ncclkit::nccl::Stream> stream_of_0(std::in_place, 0);
+      const cudaStream_t remembered = stream_of_0->get();
+      for (int i = 0; i < 3; ++i) comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, *stream_of_0);
+      comm.synchronize(*stream_of_0);
       expect_misuse(checker, "stream of GPU 1 after a remembered one", "the stream belongs to GPU 1",
                     [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_1); });
-      {
-        ncclkit::nccl::DeviceGuard on_0(0);
-        comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, cudaStream_t{nullptr});
-        comm.synchronize(cudaStream_t{nullptr});
+      stream_of_0.reset();
+      ncclkit::nccl::Stream new_of_1(1);
+      std::printf("a new stream of GPU 1 %s the handle of the destroyed stream of GPU 0\n",
+                  new_of_1.get() == remembered ? "got" : "did not get");
+      std::fflush(stdout);
+      expect_misuse(checker, "new stream of GPU 1 after a remembered one was destroyed", "the stream belongs to GPU 1",
+                    [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, new_of_1); });
+      for (const cudaStream_t special : {cudaStreamPerThread, cudaStream_t{nullptr}}) {
+        {
+          ncclkit::nccl::DeviceGuard on_0(0);
+          comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, special);
+          comm.synchronize(special);
+        }
+        ncclkit::nccl::DeviceGuard on_1(1);
+        expect_misuse(checker, special == nullptr ? "legacy stream while GPU 1 is current" : "per-thread stream while GPU 1 is current",
+                      special == nullptr ? "the legacy default stream is the current device's"
+                                         : "the per-thread default stream is the current device's",
+                      [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, special); });
       }
-      ncclkit::nccl::DeviceGuard on_1(1);
-      expect_misuse(checker, "legacy stream while GPU 1 is current", "the legacy default stream is the current device's",
-                    [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, cudaStream_t{nullptr}); });
     }
     return checker.finish("wrong device");
   });
@@ -593,20 +608,24 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
         for (int i = 0; i < n; ++i) local[i].wait(local[i].record(local[i].default_stream()), local[i].comm_stream());
         {
           GroupGuard group;
+          // Streams alternate (default, comm, default): the per-stream records' seq ranges
+          // overlap, and the published progress must still end at the last one.
           for (int i = 0; i < n; ++i) {
             local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
                                 ReduceOp::kMax, local[i].default_stream());
             local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(), 64,
                                 ReduceOp::kMax, local[i].comm_stream());
+            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
+                                ReduceOp::kMax, local[i].default_stream());
           }
         }
         for (int i = 0; i < n; ++i) {
           auto& comm = local[i];
           comm.synchronize(comm.default_stream());
           comm.synchronize(comm.comm_stream());
-          checker.expect(comm.issued_seq() == before[static_cast<std::size_t>(i)] + kSteps + 2,
+          checker.expect(comm.issued_seq() == before[static_cast<std::size_t>(i)] + kSteps + 3,
                          "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_seq()) + ", expected " +
-                             std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 2));
+                             std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 3));
           // The watchdog retires what completed on its next poll (every timeout / 20 at most).
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
           while (comm.completed_seq() != comm.issued_seq() && std::chrono::steady_clock::now() < deadline)

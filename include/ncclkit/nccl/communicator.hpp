@@ -1141,9 +1141,12 @@ class Communicator {
       } else {
         misuse(operation, "the stream belongs to GPU " + std::to_string(stream_device) +
                               ", but this communicator runs on GPU " + std::to_string(device()) +
-                              (s == nullptr ? " (the legacy default stream is the current device's: switch "
-                                              "devices or pass a stream of this GPU)"
-                                            : ""));
+                              (!current_devices ? ""
+                               : s == cudaStreamPerThread
+                                   ? " (the per-thread default stream is the current device's: switch devices or "
+                                     "pass a stream of this GPU)"
+                                   : " (the legacy default stream is the current device's: switch devices or pass "
+                                     "a stream of this GPU)"));
       }
     }
 #else

@@ -18,7 +18,7 @@
 
 #include <algorithm>  // std::sort, std::unique
 #include <cstddef>    // std::size_t
-#include <exception>  // std::exception
+#include <exception>  // std::exception, std::exception_ptr, std::rethrow_exception
 #include <mutex>      // std::unique_lock
 #include <string>     // std::string
 #include <vector>     // std::vector
@@ -155,14 +155,22 @@ class GroupGuard {
     }
 
     for (auto* member : members) member->handle().open_groups.fetch_sub(1);
+    // Every member is committed (or cleared) even when one of them throws (a failed
+    // cudaEventRecord): a member left with ops pending would never join a group again.
+    std::exception_ptr commit_error;
     for (auto* member : members) {
       if (failure.empty()) {
-        member->commit_pending();
+        try {
+          member->commit_pending();
+        } catch (...) {
+          if (!commit_error) commit_error = std::current_exception();
+        }
       } else {
         member->pending.clear();
         member->watchdog.request_failure(failure);
       }
     }
+    if (commit_error) std::rethrow_exception(commit_error);
     if (!failure.empty()) {
       if (failed_member != nullptr) failed_member->watchdog.throw_failure();
       throw CommError("ncclkit: " + failure);

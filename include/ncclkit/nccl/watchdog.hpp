@@ -120,19 +120,20 @@ struct CommHandle {
   void leave() { issuing_since.store(0, std::memory_order_release); }
 };
 
-/// Collectives issued together (one, one NCCL group, or single collectives issued back to back
-/// on one stream) and the event that marks their end.
+/// Collectives issued together (one, one NCCL group, or a burst: single collectives and
+/// one-stream groups issued back to back on one stream) and the event that marks their end.
 struct WorkRecord {
   std::uint64_t first_seq = 0;
   std::uint64_t last_seq = 0;
   const char* operation = "";  ///< the first collective's
   int operations = 1;  ///< >1 for a group or a burst
-  std::size_t bytes = 0;  ///< the first collective's
+  std::size_t bytes = 0;  ///< the first collective's, or the first group's total
   Clock::time_point issued{};  ///< the first collective's
   cudaEvent_t event = nullptr;
   bool verified = false;  ///< synchronize() already asked the store about it
   cudaStream_t stream = nullptr;  ///< where `event` was recorded
   bool burst = false;  ///< may grow: work issued back to back on one stream (Watchdog::track's `merge`)
+  bool merged = false;  ///< has grown: later work joined it (its members' stamps differ)
 };
 
 /// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
@@ -472,6 +473,7 @@ class Watchdog {
         if (status != cudaSuccess) check_cuda(status, record_failure(operation, first_seq));
         back.last_seq = last_seq;
         back.operations += operations;
+        back.merged = true;
         return;
       }
     }
@@ -810,7 +812,7 @@ class Watchdog {
       }
       if (status == cudaErrorNotReady) {
         // A burst's stamp is its first member's: the later ones may be up to kBurstWindow younger.
-        const auto slack = s.stamp_slack + (front.burst ? std::chrono::nanoseconds(kBurstWindow) : std::chrono::nanoseconds(0));
+        const auto slack = s.stamp_slack + (front.merged ? std::chrono::nanoseconds(kBurstWindow) : std::chrono::nanoseconds(0));
         if (now - front.issued > s.timeout + slack) {
           request(s, "did not complete within the timeout of " +
                          FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()),
@@ -828,7 +830,12 @@ class Watchdog {
   static void retire_front(detail::WatchdogState& s, detail::Clock::time_point now) {
     detail::WorkRecord& front = s.in_flight.front();
     if (s.store && !front.verified && !s.unverified && now - front.issued >= s.peer_check) s.unverified = front;
-    s.completed.store(front.last_seq, std::memory_order_release);
+    // Never backwards: a group spanning streams has a record per stream, whose seq ranges
+    // overlap (NCCL holds every stream of a group until all of its work is done, so the first
+    // of them to complete means the group has).
+    if (front.last_seq > s.completed.load(std::memory_order_relaxed)) {
+      s.completed.store(front.last_seq, std::memory_order_release);
+    }
     s.free_events.push_back(front.event);
     s.in_flight.pop_front();
   }
@@ -891,6 +898,7 @@ class Watchdog {
           if (record.first_seq == culprit->first_seq && record.event == culprit->event) {
             culprit->last_seq = record.last_seq;
             culprit->operations = record.operations;
+            culprit->merged = record.merged;
             break;
           }
         }
@@ -901,7 +909,7 @@ class Watchdog {
       report.operation = culprit->operation;
       if (culprit->operations > 1) {
         report.operation += " (+" + std::to_string(culprit->operations - 1) +
-                            (culprit->burst ? " more issued right after it on the same stream, up to seq " +
+                            (culprit->merged ? " more issued right after it on the same stream, up to seq " +
                                                   std::to_string(culprit->last_seq) + "; one of these did not complete)"
                                             : " more in one group)");
       }
@@ -948,7 +956,9 @@ class Watchdog {
           (void)cudaGetLastError();
           break;
         }
-        if (!culprit || front.first_seq < culprit->first_seq) s.completed.store(front.last_seq);
+        if ((!culprit || front.first_seq < culprit->first_seq) && front.last_seq > s.completed.load()) {
+          s.completed.store(front.last_seq);
+        }
         s.free_events.push_back(front.event);
         s.in_flight.pop_front();
       }

@@ -18,8 +18,9 @@
 /// call cost +0.2 to +0.65 us per call for that query and the capture-mode switch around it:
 /// docs/perf-nccl.md, runs 26-29). Streams destroyed through ncclkit (nccl::Stream) bump it. A
 /// stream the caller destroys with cudaStreamDestroy is not seen: should a new stream of
-/// another GPU get the same handle, the check lets it through and NCCL's launch fails with a
-/// CUDA error, which fails the communicator (a CommError) instead of the misuse message.
+/// another GPU get the same handle, the check lets it through, and the call fails further on
+/// with a CUDA error (NCCL's launch, or the completion event's record) instead of the misuse
+/// message.
 ///
 /// Host code only: needs nothing from CUDA.
 

@@ -69,6 +69,11 @@ struct CommCore {
   /// communicator took a fresh event from its pool every step.
   void commit_pending() {
     if (pending.empty()) return;
+    // Emptied however this ends (track throws when cudaEventRecord fails), keeping its storage.
+    struct Clear {
+      std::vector<PendingOp>& ops;
+      ~Clear() { ops.clear(); }
+    } clear{pending};
     const cudaStream_t first_stream = pending.front().stream;
     const bool one_stream = std::all_of(pending.begin(), pending.end(),
                                         [&](const PendingOp& op) { return op.stream == first_stream; });
@@ -77,7 +82,6 @@ struct CommCore {
       for (const auto& op : pending) bytes += op.bytes;
       watchdog.track(pending.front().seq, pending.back().seq, pending.front().operation,
                      static_cast<int>(pending.size()), bytes, first_stream, std::nullopt, /*merge=*/true);
-      pending.clear();
       return;
     }
     for (std::size_t i = 0; i < pending.size(); ++i) {
@@ -97,7 +101,6 @@ struct CommCore {
       }
       watchdog.track(pending[i].seq, last, pending[i].operation, count, bytes, stream);
     }
-    pending.clear();
   }
 };
 
