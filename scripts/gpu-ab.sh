@@ -54,20 +54,18 @@ for ((i = 1; i <= sweeps; ++i)); do
 done
 
 python3 "$ROOT/scripts/perf_targets.py" "$out"/ab_*.csv
-python3 - "$out" <<'EOF'
-import csv, glob, os, statistics, sys
+python3 - "$out" "$ROOT/scripts" <<'EOF'
+import glob, os, statistics, sys
 from collections import defaultdict
 
 out = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from perf_targets import load, small_differences  # the same rows and selection as the targets
+
 per_build = defaultdict(list)
 for path in sorted(glob.glob(os.path.join(out, "ab_*.csv"))):
     side = os.path.basename(path).split("_")[1]
-    rows = defaultdict(dict)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            key = (row["collective"], row["placement"], row["type"], row["redop"], int(row["bytes"]))
-            rows[key][row["implementation"]] = float(row["time_us"])
-    diffs = [r["ncclkit"] - r["raw"] for key, r in rows.items() if 8 <= key[-1] <= 64 << 10 and "ncclkit" in r and "raw" in r]
+    diffs = [d for d, _, _, _ in small_differences(load(path))]
     if diffs:
         per_build[side].append((statistics.median(diffs), sum(1 for d in diffs if d <= 1.0), len(diffs)))
 for side in ("old", "new"):

@@ -33,23 +33,31 @@ def load(path):
     return rows
 
 
+def small_differences(rows, a="ncclkit", b="raw"):
+    """Per row of 8 B - 64 KiB that has both implementations: (time of a - time of b in us,
+    key, time of a, time of b), in key order."""
+    out = []
+    for key, impl in sorted(rows.items()):
+        if a in impl and b in impl and 8 <= key[2] <= 64 << 10:
+            t_a, t_b = float(impl[a]["time_us"]), float(impl[b]["time_us"])
+            out.append((t_a - t_b, key, t_a, t_b))
+    return out
+
+
 def main(paths):
     for path in paths:
         if os.path.basename(path).startswith("perf_torch_"):
             continue  # PyTorch's rows: compare_with_pytorch
         rows = load(path)
-        big, small = [], []
+        big = []
         for key, impl in sorted(rows.items()):
             if "ncclkit" not in impl or "raw" not in impl:
                 continue
-            mine, raw = impl["ncclkit"], impl["raw"]
             collective, placement, size, nranks = key[:4]
-            t_mine, t_raw = float(mine["time_us"]), float(raw["time_us"])
-            b_mine, b_raw = float(mine["busbw_gbs"]), float(raw["busbw_gbs"])
+            b_mine, b_raw = float(impl["ncclkit"]["busbw_gbs"]), float(impl["raw"]["busbw_gbs"])
             if size >= 1 << 20 and b_raw > 0:
                 big.append((b_mine / b_raw, collective, placement, size, b_mine, b_raw))
-            if 8 <= size <= 64 << 10:
-                small.append((t_mine - t_raw, collective, placement, size, t_mine, t_raw))
+        small = [(d, key[0], key[1], key[2], t_mine, t_raw) for d, key, t_mine, t_raw in small_differences(rows)]
         print(f"== {path}")
         if big:
             ok = sum(1 for r in big if r[0] >= 0.98)
@@ -72,8 +80,7 @@ def main(paths):
         # --raw-native: whether ncclkit's NCCL communicator runs differently from a plain one, and
         # what ncclkit's issue path adds on that same communicator.
         for a, b in (("raw+event", "raw"), ("ncclkit", "raw+event"), ("raw@ncclkit", "raw"), ("ncclkit", "raw@ncclkit")):
-            diffs = [float(impl[a]["time_us"]) - float(impl[b]["time_us"]) for key, impl in rows.items()
-                     if a in impl and b in impl and 8 <= key[2] <= 64 << 10]
+            diffs = [d for d, _, _, _ in small_differences(rows, a, b)]
             if diffs:
                 print(f"  8 B - 64 KiB, {a} against {b}: median difference {statistics.median(diffs):+.2f} us "
                       f"over {len(diffs)} rows")
