@@ -1130,7 +1130,7 @@ class Communicator {
   void check_stream_device(const char* operation, cudaStream_t s) const {
 #if CUDART_VERSION >= 12080
     if (core().options.check_pointers && !core().capturing) {
-      const bool current_devices = s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+      const bool current_devices = is_default_stream_handle(s);
       if (!current_devices && core().checked_streams.contains(s)) return;
       detail::RelaxedCaptureMode relaxed;
       int stream_device = -1;

@@ -51,6 +51,13 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
+/// Whether `s` is a handle that names a default stream, chosen where it is used: the legacy
+/// stream (null, cudaStreamLegacy) or the per-thread one (cudaStreamPerThread), both the
+/// current device's, the latter also the calling thread's. Such a handle is no one stream.
+inline bool is_default_stream_handle(cudaStream_t s) {
+  return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread;
+}
+
 /// An owned CUDA stream on one device. Created non-blocking with respect to the legacy
 /// default stream (work on stream 0 does not implicitly order against it).
 class Stream {

@@ -459,9 +459,9 @@ class Watchdog {
     detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, issued ? *issued : ncclkit::detail::coarse_now(),
                               nullptr};
     record.burst = merge;
-    // The default-stream handles name a different stream on each thread (per-thread default
-    // streams): they never count as one stream.
-    const bool shared_handle = stream == nullptr || stream == cudaStreamPerThread || stream == cudaStreamLegacy;
+    // The default-stream handles name a different stream per device and thread: they never
+    // count as one stream.
+    const bool shared_handle = is_default_stream_handle(stream);
     std::lock_guard lock(s.queue_mutex);
     if (merge && !shared_handle && !s.in_flight.empty()) {
       detail::WorkRecord& back = s.in_flight.back();
@@ -829,14 +829,16 @@ class Watchdog {
   static void retire_front(detail::WatchdogState& s, detail::Clock::time_point now) {
     detail::WorkRecord& front = s.in_flight.front();
     if (s.store && !front.verified && !s.unverified && now - front.issued >= s.peer_check) s.unverified = front;
-    // Never backwards: a group spanning streams has a record per stream, whose seq ranges
-    // overlap (NCCL holds every stream of a group until all of its work is done, so the first
-    // of them to complete means the group has).
-    if (front.last_seq > s.completed.load(std::memory_order_relaxed)) {
-      s.completed.store(front.last_seq, std::memory_order_release);
-    }
+    advance_completed(s, front.last_seq);
     s.free_events.push_back(front.event);
     s.in_flight.pop_front();
+  }
+  /// Publishes `seq` as completed, never going back: a group spanning streams has a record per
+  /// stream, whose seq ranges overlap (NCCL holds every stream of a group until all of its work
+  /// is done, so the first of them to complete means the group has). Only the watchdog thread,
+  /// or drain() after it stopped, calls this.
+  static void advance_completed(detail::WatchdogState& s, std::uint64_t seq) {
+    if (seq > s.completed.load(std::memory_order_relaxed)) s.completed.store(seq, std::memory_order_release);
   }
 
   /// A blocking NCCL call that has not returned within the timeout (e.g. connection setup
@@ -955,9 +957,7 @@ class Watchdog {
           (void)cudaGetLastError();
           break;
         }
-        if ((!culprit || front.first_seq < culprit->first_seq) && front.last_seq > s.completed.load()) {
-          s.completed.store(front.last_seq);
-        }
+        if (!culprit || front.first_seq < culprit->first_seq) advance_completed(s, front.last_seq);
         s.free_events.push_back(front.event);
         s.in_flight.pop_front();
       }

@@ -77,13 +77,6 @@ struct CommCore {
     const cudaStream_t first_stream = pending.front().stream;
     const bool one_stream = std::all_of(pending.begin(), pending.end(),
                                         [&](const PendingOp& op) { return op.stream == first_stream; });
-    if (one_stream) {
-      std::size_t bytes = 0;
-      for (const auto& op : pending) bytes += op.bytes;
-      watchdog.track(pending.front().seq, pending.back().seq, pending.front().operation,
-                     static_cast<int>(pending.size()), bytes, first_stream, std::nullopt, /*merge=*/true);
-      return;
-    }
     for (std::size_t i = 0; i < pending.size(); ++i) {
       const cudaStream_t stream = pending[i].stream;
       const auto same_stream = [&](const PendingOp& op) { return op.stream == stream; };
@@ -99,7 +92,9 @@ struct CommCore {
         bytes += pending[j].bytes;
         ++count;
       }
-      watchdog.track(pending[i].seq, last, pending[i].operation, count, bytes, stream);
+      watchdog.track(pending[i].seq, last, pending[i].operation, count, bytes, stream, std::nullopt,
+                     /*merge=*/one_stream);
+      if (one_stream) break;  // that record holds all of it
     }
   }
 };
