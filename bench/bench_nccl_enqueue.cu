@@ -105,8 +105,8 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   // Thousands of events taken in turn, as the watchdog's pool hands them out when it retires
   // work every 50 ms: whether recording an event that has not been touched for a while costs
   // more than recording the same one again.
-  std::vector<cudaEvent_t> pool(8192);
-  for (auto& e : pool) NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  std::vector<ncclkit::nccl::Event> pool;
+  for (int k = 0; k < 8192; ++k) pool.emplace_back(checked.device());
   std::size_t next_event = 0;
 
   std::vector<Variant> variants;
@@ -122,7 +122,7 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   variants.push_back({"raw + cudaEventRecord, 8192 events in turn", 1,
                       [&] {
                         NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream));
-                        NCCLKIT_CUDA_CHECK(cudaEventRecord(pool[next_event], stream));
+                        pool[next_event].record(stream);
                         next_event = (next_event + 1) % pool.size();
                       },
                       [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
@@ -265,7 +265,6 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
     }
   }
   NCCLKIT_CUDA_CHECK(cudaEventDestroy(marker));
-  for (cudaEvent_t e : pool) NCCLKIT_CUDA_CHECK(cudaEventDestroy(e));
   NCCLKIT_NCCL_CHECK(ncclCommDestroy(raw));
   return 0;
 }

@@ -175,24 +175,15 @@ ncclkit::perf::Implementation raw_nccl(std::vector<ncclComm_t> raw, std::vector<
 /// Timing-free events, a ring per GPU, recorded in turn. (The watchdog never records a
 /// pending event again; here one may be, which CUDA allows.)
 struct EventRing {
-  std::vector<std::vector<cudaEvent_t>> events;  // [local][slot]
+  std::vector<std::vector<ncclkit::nccl::Event>> events;  // [local][slot]
   std::vector<std::size_t> next;
   EventRing(const std::vector<int>& devices, int size) : events(devices.size()), next(devices.size(), 0) {
-    for (std::size_t i = 0; i < devices.size(); ++i) {
-      ncclkit::nccl::DeviceGuard guard(devices[i]);
-      events[i].resize(static_cast<std::size_t>(size));
-      for (auto& e : events[i]) NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    }
-  }
-  EventRing(const EventRing&) = delete;
-  EventRing& operator=(const EventRing&) = delete;
-  ~EventRing() {
-    for (auto& ring : events)
-      for (cudaEvent_t e : ring) (void)cudaEventDestroy(e);
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      for (int k = 0; k < size; ++k) events[i].emplace_back(devices[i]);
   }
   void record(int local, cudaStream_t stream) {
     const auto i = static_cast<std::size_t>(local);
-    NCCLKIT_CUDA_CHECK(cudaEventRecord(events[i][next[i]], stream));
+    events[i][next[i]].record(stream);
     next[i] = (next[i] + 1) % events[i].size();
   }
 };
