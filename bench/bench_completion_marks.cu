@@ -11,6 +11,9 @@
 //
 // 3. With two GPUs visible: the host cost of those calls on GPU 1's stream while GPU 0 is
 //    current (one thread driving several GPUs), and of switching devices around them.
+// 4. The same record and capture query through the driver API (cuEventRecord,
+//    cuStreamIsCapturing, resolved with cudaGetDriverEntryPointByVersion) against the runtime's
+//    wrappers, alone and after a kernel launch, on the current GPU's stream and on GPU 1's.
 //
 // One or two GPUs, no NCCL. Run: build/bench/bench_completion_marks
 #include <cuda.h>
@@ -70,6 +73,20 @@ int main() {
   unsigned* device_view = nullptr;
   CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_view), host_flag, 0));
 
+  auto entry = [](const char* symbol) {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult r{};
+    CK(cudaGetDriverEntryPointByVersion(symbol, &f, 12000, cudaEnableDefault, &r));
+    if (f == nullptr) std::printf("%s: no entry point\n", symbol);
+    return f;
+  };
+  auto cu_record = reinterpret_cast<CUresult (*)(CUevent, CUstream)>(entry("cuEventRecord"));
+  auto cu_capturing = reinterpret_cast<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(entry("cuStreamIsCapturing"));
+  CUstreamCaptureStatus cu_status;
+  auto cu_check = [](CUresult r, const char* what) {
+    if (r != CUDA_SUCCESS) std::printf("%s -> CUresult %d\n", what, static_cast<int>(r));
+  };
+
   g_stream = s;
   int k = 0;
   std::printf("host ns per call (median of 15 batches of 256):\n");
@@ -93,6 +110,26 @@ int main() {
   std::printf("  cudaLaunchHostFunc           %8.1f\n", per_call_ns([&] { CK(cudaLaunchHostFunc(s, [](void*) {}, nullptr)); }, 512));
   CK(cudaStreamSynchronize(s));
   (void)cudaGetLastError();
+
+  std::printf("runtime against driver, host ns per call (median of 15 batches of 256):\n");
+  for (int round = 0; round < 2; ++round) {
+    std::printf("  record one event: cudaEventRecord %8.1f  cuEventRecord %8.1f\n",
+                per_call_ns([&] { CK(cudaEventRecord(ev, s)); }),
+                per_call_ns([&] { cu_check(cu_record(ev, s), "cuEventRecord"); }));
+    std::printf("  capture query: cudaStreamIsCapturing %8.1f  cuStreamIsCapturing %8.1f\n",
+                per_call_ns([&] { CK(cudaStreamIsCapturing(s, &status)); }),
+                per_call_ns([&] { cu_check(cu_capturing(s, &cu_status), "cuStreamIsCapturing"); }));
+    std::printf("  kernel + query + record (pool): runtime %8.1f  driver %8.1f\n", per_call_ns([&] {
+                  tiny<<<1, 1, 0, s>>>(nullptr);
+                  CK(cudaStreamIsCapturing(s, &status));
+                  CK(cudaEventRecord(pool[k++ % 4096], s));
+                }),
+                per_call_ns([&] {
+                  tiny<<<1, 1, 0, s>>>(nullptr);
+                  cu_check(cu_capturing(s, &cu_status), "cuStreamIsCapturing");
+                  cu_check(cu_record(pool[k++ % 4096], s), "cuEventRecord");
+                }));
+  }
 
   // Capture semantics: thread A captures s2 in global mode; thread B (relaxed) records an event
   // into s2 and queries it.
@@ -174,6 +211,11 @@ int main() {
                   CK(cudaStreamIsCapturing(s1, &status));
                   CK(cudaEventRecord(ev1, s1));
                 }));
+    std::printf("  GPU 0 current, driver: cuEventRecord %8.1f, cuStreamIsCapturing %8.1f (runtime: %8.1f, %8.1f)\n",
+                per_call_ns([&] { cu_check(cu_record(ev1, s1), "cuEventRecord on GPU 1's stream"); }),
+                per_call_ns([&] { cu_check(cu_capturing(s1, &cu_status), "cuStreamIsCapturing on GPU 1's stream"); }),
+                per_call_ns([&] { CK(cudaEventRecord(ev1, s1)); }),
+                per_call_ns([&] { CK(cudaStreamIsCapturing(s1, &status)); }));
   }
   std::printf("done\n");
   return 0;

@@ -23,6 +23,7 @@
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/detail/driver_calls.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/kernels.cuh"
@@ -444,6 +445,58 @@ std::string probe_capture(int device, Issue&& issue) {
   (void)cudaGraphExecDestroy(exec);
   (void)cudaGraphDestroy(graph);
   return got == input ? "" : "replay gave wrong values";
+}
+
+TEST_CASE("the issue path's driver calls answer as the runtime's do") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>&) {
+    Checker checker(world.rank);
+    using ncclkit::nccl::detail::record_event;
+    using ncclkit::nccl::detail::stream_is_capturing;
+    NCCLKIT_CUDA_CHECK(cudaSetDevice(0));
+    const auto& calls = ncclkit::nccl::detail::driver_calls();
+    std::printf("INFO driver entry points: cuEventRecord %s, cuStreamIsCapturing %s\n",
+                calls.event_record != nullptr ? "found" : "missing",
+                calls.stream_is_capturing != nullptr ? "found" : "missing");
+    checker.expect(calls.event_record != nullptr && calls.stream_is_capturing != nullptr,
+                   "CUDA 13 and its driver provide both entry points");
+    ncclkit::nccl::Stream stream(0);
+    ncclkit::nccl::Event event(0);
+    DeviceBuffer<float> buffer(1 << 20, 0);
+    // A real stream (the driver's path) and the default-stream handles (the runtime's).
+    for (cudaStream_t s : {stream.get(), static_cast<cudaStream_t>(nullptr), cudaStreamLegacy, cudaStreamPerThread}) {
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+      checker.expect(stream_is_capturing(s, &status) == cudaSuccess && status == cudaStreamCaptureStatusNone,
+                     "a stream that is not capturing is reported as such");
+      buffer.fill_bytes(0, s);
+      checker.expect(record_event(event.get(), s) == cudaSuccess, "record_event on a stream");
+      checker.expect(cudaEventSynchronize(event.get()) == cudaSuccess && cudaEventQuery(event.get()) == cudaSuccess,
+                     "the recorded event completes");
+    }
+    // Capturing: the driver's answer is the runtime's, in every mode of the capturing thread.
+    for (auto mode : {cudaStreamCaptureModeRelaxed, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeGlobal}) {
+      NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), mode));
+      buffer.fill_bytes(1, stream.get());
+      cudaStreamCaptureStatus ours = cudaStreamCaptureStatusNone, theirs = cudaStreamCaptureStatusNone;
+      const cudaError_t ours_status = stream_is_capturing(stream.get(), &ours);
+      const cudaError_t theirs_status = cudaStreamIsCapturing(stream.get(), &theirs);
+      checker.expect(ours_status == cudaSuccess && theirs_status == cudaSuccess &&
+                         ours == cudaStreamCaptureStatusActive && theirs == ours,
+                     "a capturing stream is reported as capturing, as the runtime reports it");
+      cudaGraph_t graph = nullptr;
+      checker.expect(cudaStreamEndCapture(stream.get(), &graph) == cudaSuccess && graph != nullptr,
+                     "the queries left the capture valid");
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+    // A failing call reports the runtime's error: an event of GPU 0 on a stream of another GPU.
+    if (ncclkit::nccl::visible_device_count() >= 2) {
+      ncclkit::nccl::Stream other(1);
+      const cudaError_t status = record_event(event.get(), other.get());
+      checker.expect(status != cudaSuccess, "an event recorded on another GPU's stream is refused");
+      std::printf("INFO record_event across GPUs: %s\n", cudaGetErrorName(status));
+      (void)cudaGetLastError();
+    }
+    return checker.finish("driver calls");
+  });
 }
 
 TEST_CASE("graph capture probe: plain NCCL, ncclkit's NCCL handle, ncclkit (1 GPU, reported)") {

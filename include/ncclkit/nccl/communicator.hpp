@@ -75,6 +75,7 @@
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
+#include "ncclkit/nccl/detail/driver_calls.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
 #include "ncclkit/nccl/detail/nvtx.hpp"
 #include "ncclkit/nccl/group.hpp"
@@ -1115,7 +1116,7 @@ class Communicator {
   cudaStream_t checked_stream(const char* operation, const StreamArg& stream) const {
     const cudaStream_t s = stream.resolve(core().default_stream);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+    NCCLKIT_CUDA_CHECK(detail::stream_is_capturing(s, &capture));
     core().capturing = capture != cudaStreamCaptureStatusNone;
     // Streams the communicator made are of its GPU; any other (Options::stream included, which
     // may be a special handle such as cudaStreamPerThread) is checked on every call.

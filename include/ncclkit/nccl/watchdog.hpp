@@ -70,6 +70,7 @@
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/driver_calls.hpp"
 #include "ncclkit/nccl/failure_report.hpp"
 #include "ncclkit/nccl/stream.hpp"
 #include "ncclkit/store/store.hpp"
@@ -468,7 +469,7 @@ class Watchdog {
       if (back.burst && !back.verified && back.stream == stream && back.last_seq + 1 == first_seq &&
           record.issued <= back.issued + kBurstWindow) {
         // The message is built only on failure: this is the issue path of every collective.
-        const cudaError_t status = cudaEventRecord(back.event, stream);
+        const cudaError_t status = detail::record_event(back.event, stream);
         if (status != cudaSuccess) check_cuda(status, record_failure(operation, first_seq));
         back.last_seq = last_seq;
         back.operations += operations;
@@ -483,7 +484,7 @@ class Watchdog {
       record.event = s.free_events.back();
       s.free_events.pop_back();
     }
-    cudaError_t status = cudaEventRecord(record.event, stream);
+    cudaError_t status = detail::record_event(record.event, stream);
     if (status != cudaSuccess) {
       s.free_events.push_back(record.event);
       check_cuda(status, record_failure(operation, first_seq));
