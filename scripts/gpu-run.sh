@@ -138,13 +138,14 @@ run_all() {
   CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
   # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
   #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
-  #    messages get 2000 timed calls (20 rounds of 100) and the middle sizes 200 (5 rounds of
-  #    40): rounds of a dozen calls left the comparison to noise (runs 4-7), and a median of 5
+  #    messages get 2000 timed calls (20 rounds of 100) and the middle sizes 1000 (20 rounds of
+  #    50): rounds of a dozen calls left the comparison to noise (runs 4-7), a median of 5
   #    rounds still let single rows land +3 to +11 us off where 20 rounds stayed within +1.8
-  #    (run 18, docs/gpu-runs.md).
+  #    (run 18, docs/gpu-runs.md), and 5 rounds of 40 at 1 MiB (a call of 11-18 us) moved the
+  #    same code by 5-10% from one sweep to the next (runs 35-37).
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_small.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 200 -w 20 -R 5 \
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 1000 -w 20 -R 20 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_large.csv"
@@ -153,7 +154,7 @@ run_all() {
   CUDA_VISIBLE_DEVICES=$all phase torch-p$n-small 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 8 -e 64K -f 2 \
     -n 2000 -w 50 -R 20 --csv "$data/perf_torch_p${n}_small.csv"
   CUDA_VISIBLE_DEVICES=$all phase torch-p$n 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 128K -e 64M -f 2 \
-    -n 200 -w 20 -R 5 --csv "$data/perf_torch_p${n}.csv"
+    -n 1000 -w 20 -R 20 --csv "$data/perf_torch_p${n}.csv"
   CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$data/enqueue.json"
   CUDA_VISIBLE_DEVICES=$all phase gbench-enqueue 60 "$bin/gbench_nccl_enqueue" --benchmark_repetitions=3 \
     --benchmark_out="$data/gbench_enqueue.json" --benchmark_out_format=json
