@@ -10,8 +10,9 @@
 // Variants: raw (ncclAllReduce on a plain blocking communicator); raw followed by a
 // cudaEventRecord (what completion tracking adds); ncclAllReduce called directly on the NCCL
 // communicator ncclkit made (its config and split origin); ncclkit with pointer checks (the default)
-// in place, out of place, on a stream of the caller's, and cycling through 16 buffers (more
-// than the 8 the checks remember, so every call queries CUDA); ncclkit without checks
+// in place, out of place, on a stream of the caller's, cycling through 16 buffers (which the
+// checks remember) and through 128 (twice as many as they remember, so every call queries
+// CUDA); ncclkit without checks
 // (Options::check_pointers = false); and raw/ncclkit with 8 all_reduces fused in one group
 // (per call).
 //
@@ -41,6 +42,7 @@
 #include "ncclkit/core/coarse_clock.hpp"
 #include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "raw_nccl_comm.hpp"
@@ -94,10 +96,13 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
 
   DeviceBuffer<float> buffer(2 * 8, checked.device());
   float* data = buffer.data();
-  // 16 separate allocations, more than the 8 addresses the pointer checks remember.
+  // Separate allocations: 16, which the pointer checks remember (a trainer's buckets), and
+  // twice as many as they remember, so that every call queries CUDA.
+  constexpr int kRemembered = 16;
+  constexpr int kTooMany = 2 * static_cast<int>(ncclkit::nccl::detail::CheckedPointers::kSlots);
   std::vector<DeviceBuffer<float>> many;
-  for (int i = 0; i < 16; ++i) many.emplace_back(2, checked.device());
-  int next_buffer = 0;
+  for (int i = 0; i < kTooMany; ++i) many.emplace_back(2, checked.device());
+  int next_remembered = 0, next_too_many = 0;
   const cudaStream_t stream = checked.default_stream();
   ncclkit::nccl::Stream user_stream(checked.device());
   cudaEvent_t marker = nullptr;
@@ -143,8 +148,15 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
                       [&] { checked.synchronize(user_stream); }, {}});
   variants.push_back({"ncclkit checks on, 16 buffers in turn", 1,
                       [&] {
-                        float* p = many[static_cast<std::size_t>(next_buffer)].data();
-                        next_buffer = (next_buffer + 1) % 16;
+                        float* p = many[static_cast<std::size_t>(next_remembered)].data();
+                        next_remembered = (next_remembered + 1) % kRemembered;
+                        checked.all_reduce(p, p, 2, ReduceOp::kSum);
+                      },
+                      [&] { checked.synchronize(); }, {}});
+  variants.push_back({"ncclkit checks on, 128 buffers in turn", 1,
+                      [&] {
+                        float* p = many[static_cast<std::size_t>(next_too_many)].data();
+                        next_too_many = (next_too_many + 1) % kTooMany;
                         checked.all_reduce(p, p, 2, ReduceOp::kSum);
                       },
                       [&] { checked.synchronize(); }, {}});

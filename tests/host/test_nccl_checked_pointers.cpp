@@ -4,8 +4,10 @@
 // tests/gpu/test_nccl_communicator.cu.
 #include <doctest/doctest.h>
 
-#include <cstddef>  // std::size_t
-#include <vector>   // std::vector
+#include <algorithm>  // std::find
+#include <cstddef>    // std::size_t
+#include <cstdint>    // std::uint64_t
+#include <vector>     // std::vector
 
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
 
@@ -18,7 +20,7 @@ using ncclkit::nccl::detail::note_stream_destroyed;
 
 /// Distinct fake addresses (never dereferenced).
 const void* address(std::size_t i) {
-  static std::vector<char> storage(64);
+  static std::vector<char> storage(1024);
   return storage.data() + i;
 }
 
@@ -44,9 +46,9 @@ TEST_CASE("it holds the newest kSlots addresses; the oldest goes first") {
   // A loop over more buffers than slots never hits, but never answers wrongly either.
   for (std::size_t round = 0; round < 3; ++round) {
     for (std::size_t i = 0; i < 2 * n; ++i) {
-      const bool remembered = memory.contains(address(20 + i));
+      const bool remembered = memory.contains(address(n + 1 + i));
       CHECK_FALSE(remembered);
-      memory.insert(address(20 + i));
+      memory.insert(address(n + 1 + i));
     }
   }
 }
@@ -77,4 +79,43 @@ TEST_CASE("a memory of streams forgets on a stream destroyed through ncclkit, no
   note_stream_destroyed();  // streams only
   CHECK_FALSE(streams.contains(address(5)));
   CHECK(buffers.contains(address(6)));
+}
+
+TEST_CASE("a trainer's loop over more buffers than the old 8 hits after its first pass") {
+  CheckedPointers memory;
+  const std::size_t buffers = 40;  // e.g. gradient buckets, each passed once per step
+  for (std::size_t step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < buffers; ++i) {
+      const bool remembered = memory.contains(address(i));
+      CHECK(remembered == (step > 0));
+      if (!remembered) memory.insert(address(i));
+    }
+  }
+}
+
+TEST_CASE("lookup, insert and eviction agree with a plain list, whatever the order of the calls") {
+  // A reference model: the newest kSlots distinct addresses, oldest first.
+  CheckedPointers memory;
+  std::vector<const void*> model;
+  std::uint64_t state = 12345;  // a fixed linear congruential sequence: deterministic
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<std::size_t>(state >> 33);
+  };
+  static std::vector<char> storage(4096);
+  for (int call = 0; call < 20000; ++call) {
+    // Addresses from a pool a little larger than the memory, some neighbours, some far apart.
+    const std::size_t pick = next() % (CheckedPointers::kSlots + 24);
+    const void* pointer = storage.data() + (pick % 2 == 0 ? pick : pick * 37 % 4096);
+    const bool expected = std::find(model.begin(), model.end(), pointer) != model.end();
+    REQUIRE(memory.contains(pointer) == expected);
+    if (!expected) {
+      memory.insert(pointer);
+      model.push_back(pointer);
+      if (model.size() > CheckedPointers::kSlots) model.erase(model.begin());
+    }
+    if (call % 997 == 0) {  // every address held answers, now and then
+      for (const void* held : model) REQUIRE(memory.contains(held));
+    }
+  }
 }

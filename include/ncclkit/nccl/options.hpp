@@ -44,7 +44,7 @@ struct Options {
   cudaStream_t stream = nullptr;
   /// Check with cudaPointerGetAttributes that buffers are device memory of this
   /// communicator's GPU, and that streams not made by the communicator belong to it, before
-  /// NCCL sees them. The last 8 buffers found good are remembered (freeing memory through
+  /// NCCL sees them. The last 64 buffers found good are remembered (freeing memory through
   /// ncclkit forgets them), so a loop over the same buffers pays for the query once; a new
   /// buffer costs a few hundred nanoseconds. NCCLKIT_CHECK_POINTERS=0 turns it off by default.
   bool check_pointers = detail::default_check_pointers();
