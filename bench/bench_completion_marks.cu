@@ -82,6 +82,10 @@ int main() {
   };
   auto cu_record = reinterpret_cast<CUresult (*)(CUevent, CUstream)>(entry("cuEventRecord"));
   auto cu_capturing = reinterpret_cast<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(entry("cuStreamIsCapturing"));
+  if (cu_record == nullptr || cu_capturing == nullptr) {
+    std::printf("the driver entry points are missing: no driver rows\n");
+    return 1;
+  }
   CUstreamCaptureStatus cu_status;
   auto cu_check = [](CUresult r, const char* what) {
     if (r != CUDA_SUCCESS) std::printf("%s -> CUresult %d\n", what, static_cast<int>(r));

@@ -153,7 +153,7 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
                         checked.all_reduce(p, p, 2, ReduceOp::kSum);
                       },
                       [&] { checked.synchronize(); }, {}});
-  variants.push_back({"ncclkit checks on, 128 buffers in turn", 1,
+  variants.push_back({"ncclkit checks on, " + std::to_string(kTooMany) + " buffers in turn", 1,
                       [&] {
                         float* p = many[static_cast<std::size_t>(next_too_many)].data();
                         next_too_many = (next_too_many + 1) % kTooMany;

@@ -457,8 +457,10 @@ TEST_CASE("the issue path's driver calls answer as the runtime's do") {
     std::printf("INFO driver entry points: cuEventRecord %s, cuStreamIsCapturing %s\n",
                 calls.event_record != nullptr ? "found" : "missing",
                 calls.stream_is_capturing != nullptr ? "found" : "missing");
+#if CUDART_VERSION >= 12050  // below, the runtime's calls are used by design
     checker.expect(calls.event_record != nullptr && calls.stream_is_capturing != nullptr,
-                   "CUDA 13 and its driver provide both entry points");
+                   "CUDA 12.5 or later and its driver provide both entry points");
+#endif
     ncclkit::nccl::Stream stream(0);
     ncclkit::nccl::Event event(0);
     DeviceBuffer<float> buffer(1 << 20, 0);
@@ -487,9 +489,17 @@ TEST_CASE("the issue path's driver calls answer as the runtime's do") {
                      "the queries left the capture valid");
       if (graph != nullptr) (void)cudaGraphDestroy(graph);
     }
-    // A failing call reports the runtime's error: an event of GPU 0 on a stream of another GPU.
+    // One thread driving several GPUs: a stream of GPU 1 while GPU 0 is current. Its own
+    // event records; an event of GPU 0 is refused with the runtime's error.
     if (ncclkit::nccl::visible_device_count() >= 2) {
       ncclkit::nccl::Stream other(1);
+      ncclkit::nccl::Event event_of_1(1);
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
+      checker.expect(stream_is_capturing(other.get(), &status) == cudaSuccess && status == cudaStreamCaptureStatusNone,
+                     "GPU 1's stream, queried with GPU 0 current, is not capturing");
+      checker.expect(record_event(event_of_1.get(), other.get()) == cudaSuccess &&
+                         cudaEventSynchronize(event_of_1.get()) == cudaSuccess,
+                     "GPU 1's event records on GPU 1's stream with GPU 0 current, and completes");
       const cudaError_t status = record_event(event.get(), other.get());
       checker.expect(status != cudaSuccess, "an event recorded on another GPU's stream is refused");
       std::printf("INFO record_event across GPUs: %s\n", cudaGetErrorName(status));

@@ -6,7 +6,7 @@
 
 #include <algorithm>  // std::find
 #include <cstddef>    // std::size_t
-#include <cstdint>    // std::uint64_t
+#include <cstdint>    // std::uint64_t, std::uintptr_t
 #include <vector>     // std::vector
 
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
@@ -117,5 +117,36 @@ TEST_CASE("lookup, insert and eviction agree with a plain list, whatever the ord
     if (call % 997 == 0) {  // every address held answers, now and then
       for (const void* held : model) REQUIRE(memory.contains(held));
     }
+  }
+}
+
+TEST_CASE("inserting an address held already, or null, changes nothing") {
+  CheckedPointers memory;
+  const std::size_t n = CheckedPointers::kSlots;
+  memory.insert(nullptr);
+  CHECK_FALSE(memory.contains(nullptr));
+  for (std::size_t i = 0; i < n; ++i) memory.insert(address(i));
+  memory.insert(address(0));  // held: not a second entry, and 0 stays the oldest
+  memory.insert(address(n));  // so this one pushes out 0, and only 0
+  CHECK_FALSE(memory.contains(address(0)));
+  for (std::size_t i = 1; i <= n; ++i) CHECK(memory.contains(address(i)));
+}
+
+TEST_CASE("allocation-like addresses (2 MiB and 512 B apart) and a free while the memory is full") {
+  // Only compared, never dereferenced: numbers shaped like device addresses.
+  const auto device_address = [](std::uintptr_t base, std::uintptr_t stride, std::size_t i) {
+    return reinterpret_cast<const void*>(base + stride * i);
+  };
+  for (const std::uintptr_t stride : {std::uintptr_t{2} << 20, std::uintptr_t{512}}) {
+    CheckedPointers memory;
+    const std::size_t n = CheckedPointers::kSlots;
+    for (std::size_t i = 0; i < 3 * n; ++i) memory.insert(device_address(0x7f0000000000, stride, i));
+    for (std::size_t i = 0; i < 3 * n; ++i) {
+      CHECK(memory.contains(device_address(0x7f0000000000, stride, i)) == (i >= 2 * n));
+    }
+    note_device_memory_freed();
+    for (std::size_t i = 2 * n; i < 3 * n; ++i) CHECK_FALSE(memory.contains(device_address(0x7f0000000000, stride, i)));
+    memory.insert(device_address(0x7f0000000000, stride, 0));
+    CHECK(memory.contains(device_address(0x7f0000000000, stride, 0)));
   }
 }

@@ -1111,8 +1111,8 @@ class Communicator {
   /// Resolves the stream, learns whether it is capturing a CUDA graph (kept in the core for the
   /// checks and the issue path of this call), and checks its device (unless it is one of the
   /// streams the communicator made). While capturing, no CUDA
-  /// query is made beyond cudaStreamIsCapturing: capture is fragile, and one illegal call
-  /// spoils it for good.
+  /// query is made beyond the capture query (detail/driver_calls.hpp): capture is fragile,
+  /// and one illegal call spoils it for good.
   cudaStream_t checked_stream(const char* operation, const StreamArg& stream) const {
     const cudaStream_t s = stream.resolve(core().default_stream);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;

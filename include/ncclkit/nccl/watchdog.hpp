@@ -373,6 +373,9 @@ class Watchdog {
         s.free_events.push_back(event);
       }
     }
+    // The issue path's driver entry points, looked up now rather than at the first
+    // collective, which may be issued while its stream captures a CUDA graph.
+    (void)detail::driver_calls();
   }
   ~Watchdog() { stop(); }
   Watchdog(Watchdog&&) noexcept = default;

@@ -30,7 +30,7 @@
 /// Host code only: needs nothing from CUDA.
 
 #include <atomic>   // std::atomic
-#include <bit>      // std::countr_zero
+#include <bit>      // std::countr_zero, std::has_single_bit
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint64_t, std::uintptr_t
 
@@ -84,18 +84,23 @@ class CheckedPointers {
  private:
   /// Open addressing with linear probing, at most half full.
   static constexpr std::size_t kTable = 2 * kSlots;
-  static_assert((kTable & (kTable - 1)) == 0, "the table's size is a power of two");
+  static constexpr int kTableBits = std::countr_zero(kTable);
+  static_assert(std::has_single_bit(kTable) && kTableBits >= 1, "the table's size is a power of two, at least 2");
 
   /// Where `pointer` hashes to (Fibonacci hashing: the multiply spreads even neighbouring
   /// addresses over the table).
   static std::size_t home(const void* pointer) {
     const auto bits = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(pointer));
-    return static_cast<std::size_t>((bits * 0x9E3779B97F4A7C15ull) >> (64 - std::countr_zero(kTable)));
+    return static_cast<std::size_t>((bits * 0x9E3779B97F4A7C15ull) >> (64 - kTableBits));
   }
-  /// The entry holding `pointer`, or the empty entry where it would go.
+  /// The entry holding `pointer`, or the empty entry where it would go. (The table is never
+  /// more than half full; the bound on the probes only keeps misuse, two threads issuing on
+  /// one communicator at once, from looping forever.)
   std::size_t find(const void* pointer) const {
     std::size_t i = home(pointer);
-    while (table_[i] != nullptr && table_[i] != pointer) i = (i + 1) & (kTable - 1);
+    for (std::size_t probes = 0; probes < kTable && table_[i] != nullptr && table_[i] != pointer; ++probes) {
+      i = (i + 1) & (kTable - 1);
+    }
     return i;
   }
   /// Removes `pointer` from the table, moving later entries of its probe run back so that

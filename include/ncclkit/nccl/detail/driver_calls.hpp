@@ -11,10 +11,12 @@
 ///
 /// Same semantics as the runtime calls: a cudaStream_t is a CUstream and a cudaEvent_t a
 /// CUevent, and the capture states have the same values. The handles that name a default
-/// stream (null, cudaStreamLegacy, cudaStreamPerThread) mean "the current device's" and depend
-/// on how the caller was compiled (--default-stream per-thread): they go through the runtime.
-/// So does everything when an entry point is missing, and any call the driver fails (the
-/// runtime then repeats it and says what is wrong in its own error codes).
+/// stream (null, cudaStreamLegacy, cudaStreamPerThread) mean "the current device's", and the
+/// null handle's meaning depends on how the caller was compiled (--default-stream
+/// per-thread): they go through the runtime. So does everything when an entry point is
+/// missing, and any call the driver fails (the runtime then repeats it and says what is wrong
+/// in its own error codes). Each Watchdog looks the entry points up when it is made, so that
+/// the lookup never happens during a graph capture.
 ///
 /// Host code only: compiles with g++ given the CUDA include folder.
 
@@ -40,14 +42,17 @@ struct DriverCalls {
 #if CUDART_VERSION >= 12050
   static void* resolve(const char* symbol) {
     void* function = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    // The signatures above are those of CUDA 12.0 and later.
-    if (cudaGetDriverEntryPointByVersion(symbol, &function, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    // The signatures above are those of CUDA 12.0 and later. The legacy-stream variants, in
+    // every translation unit alike: only real stream handles reach them, and for those the
+    // per-thread-stream variants are the same.
+    const cudaError_t status =
+        cudaGetDriverEntryPointByVersion(symbol, &function, 12000, cudaEnableLegacyStream, &found);
+    if (status != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
     }
-    return function;
+    return found == cudaDriverEntryPointSuccess ? function : nullptr;
   }
 #endif
 };
