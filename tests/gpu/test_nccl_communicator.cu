@@ -494,8 +494,8 @@ TEST_CASE("the issue path's driver calls answer as the runtime's do") {
     if (ncclkit::nccl::visible_device_count() >= 2) {
       ncclkit::nccl::Stream other(1);
       ncclkit::nccl::Event event_of_1(1);
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
-      checker.expect(stream_is_capturing(other.get(), &status) == cudaSuccess && status == cudaStreamCaptureStatusNone,
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusActive;
+      checker.expect(stream_is_capturing(other.get(), &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone,
                      "GPU 1's stream, queried with GPU 0 current, is not capturing");
       checker.expect(record_event(event_of_1.get(), other.get()) == cudaSuccess &&
                          cudaEventSynchronize(event_of_1.get()) == cudaSuccess,
