@@ -84,10 +84,12 @@ inline cudaError_t stream_is_capturing(cudaStream_t stream, cudaStreamCaptureSta
   return cudaStreamIsCapturing(stream, status);
 }
 
-static_assert(static_cast<int>(CU_STREAM_CAPTURE_STATUS_NONE) == static_cast<int>(cudaStreamCaptureStatusNone) &&
-                  static_cast<int>(CU_STREAM_CAPTURE_STATUS_ACTIVE) == static_cast<int>(cudaStreamCaptureStatusActive) &&
-                  static_cast<int>(CU_STREAM_CAPTURE_STATUS_INVALIDATED) ==
-                      static_cast<int>(cudaStreamCaptureStatusInvalidated),
+constexpr bool same_capture_state(CUstreamCaptureStatus driver, cudaStreamCaptureStatus runtime) {
+  return static_cast<int>(driver) == static_cast<int>(runtime);
+}
+static_assert(same_capture_state(CU_STREAM_CAPTURE_STATUS_NONE, cudaStreamCaptureStatusNone) &&
+                  same_capture_state(CU_STREAM_CAPTURE_STATUS_ACTIVE, cudaStreamCaptureStatusActive) &&
+                  same_capture_state(CU_STREAM_CAPTURE_STATUS_INVALIDATED, cudaStreamCaptureStatusInvalidated),
               "the driver's and the runtime's capture states are expected to have the same values");
 
 }  // namespace ncclkit::nccl::detail
