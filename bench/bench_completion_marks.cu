@@ -12,7 +12,7 @@
 // 3. With two GPUs visible: the host cost of those calls on GPU 1's stream while GPU 0 is
 //    current (one thread driving several GPUs), and of switching devices around them.
 // 4. The same record and capture query through the driver API (cuEventRecord,
-//    cuStreamIsCapturing, resolved with cudaGetDriverEntryPointByVersion) against the runtime's
+//    cuStreamIsCapturing, as ncclkit's issue path resolves them) against the runtime's
 //    wrappers, alone and after a kernel launch, on the current GPU's stream and on GPU 1's.
 //
 // One or two GPUs, no NCCL. Run: build/bench/bench_completion_marks
@@ -25,6 +25,8 @@
 #include <cstdio>
 #include <thread>
 #include <vector>
+
+#include "ncclkit/nccl/detail/driver_calls.hpp"
 
 #define CK(x)                                                                             \
   do {                                                                                    \
@@ -73,15 +75,9 @@ int main() {
   unsigned* device_view = nullptr;
   CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_view), host_flag, 0));
 
-  auto entry = [](const char* symbol) {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult r{};
-    CK(cudaGetDriverEntryPointByVersion(symbol, &f, 12000, cudaEnableDefault, &r));
-    if (f == nullptr) std::printf("%s: no entry point\n", symbol);
-    return f;
-  };
-  auto cu_record = reinterpret_cast<CUresult (*)(CUevent, CUstream)>(entry("cuEventRecord"));
-  auto cu_capturing = reinterpret_cast<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(entry("cuStreamIsCapturing"));
+  // The very entry points the issue path uses (ncclkit/nccl/detail/driver_calls.hpp).
+  const auto cu_record = ncclkit::nccl::detail::driver_calls().event_record;
+  const auto cu_capturing = ncclkit::nccl::detail::driver_calls().stream_is_capturing;
   if (cu_record == nullptr || cu_capturing == nullptr) {
     std::printf("the driver entry points are missing: no driver rows\n");
     return 1;
