@@ -195,6 +195,35 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
     expect_misuse(checker, "use after move", "moved from", [&] { (void)comm.rank(); });
     checker.expect(moved.rank() == 0, "the moved-to communicator works");
 
+    // Calls that wait on the host refuse an open group and a capturing stream, leaving the
+    // group and the capture usable.
+    {
+      GroupGuard group;
+      comm.all_reduce(a.data(), a.data(), 64, ReduceOp::kSum);
+      expect_misuse(checker, "barrier inside a group", "inside an open GroupGuard", [&] { comm.barrier(); });
+      group.end();
+      comm.synchronize();
+    }
+    {
+      ncclkit::nccl::Stream capture_stream(device);
+      comm.all_reduce(a.data(), a.data(), 64, ReduceOp::kSum, capture_stream);  // NCCL connects eagerly first
+      comm.synchronize(capture_stream);
+      NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
+      expect_misuse(checker, "synchronize while capturing", "capturing a CUDA graph",
+                    [&] { comm.synchronize(capture_stream); });
+      expect_misuse(checker, "barrier while capturing", "capturing a CUDA graph", [&] { comm.barrier(capture_stream); });
+      comm.all_reduce(a.data(), a.data(), 64, ReduceOp::kSum, capture_stream);
+      cudaGraph_t graph = nullptr;
+      const cudaError_t ended = cudaStreamEndCapture(capture_stream, &graph);
+      checker.expect(ended == cudaSuccess, std::string("the capture survives the refused calls: ") +
+                                               ncclkit::nccl::describe_cuda_error(ended));
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    }
+    // A timeout too long for deadlines to hold (now + timeout would overflow).
+    expect_misuse(checker, "timeout of milliseconds::max()", "is too long", [&] {
+      Communicator forever(store, world, Options{.timeout = std::chrono::milliseconds::max(), .name = "forever"});
+    });
+
     // The pointer checks can be switched off, by option or by environment.
     checker.expect(!Options{.check_pointers = false}.check_pointers, "option turns checks off");
     ::setenv("NCCLKIT_CHECK_POINTERS", "0", 1);
@@ -203,6 +232,72 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
     checker.expect(Options{}.check_pointers, "checks are on by default");
     return checker.finish("misuse");
   });
+}
+
+TEST_CASE("with the pointer checks off, a pinned host buffer reaches NCCL") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Communicator comm(store, world,
+                      Options{.timeout = std::chrono::seconds(60), .name = "unchecked", .check_pointers = false});
+    Checker checker(world.rank);
+    DeviceBuffer<float> a(64, comm.device());
+    upload(a, make_input<float>(3, 0, 64), comm.default_stream());
+    float* pinned = nullptr;
+    NCCLKIT_CUDA_CHECK(cudaMallocHost(&pinned, 64 * sizeof(float)));
+    // Checked, this is a ConfigError (the misuse test). Unchecked, ncclkit passes it on: pinned
+    // memory is mapped into the GPU's address space, so NCCL either moves the data through
+    // it or refuses it itself (NcclError), but ncclkit says nothing.
+    try {
+      comm.all_reduce(a.data(), pinned, 64, ReduceOp::kSum);
+      comm.synchronize();
+      std::vector<float> got(pinned, pinned + 64);
+      check_reduction<float>(checker, got, 3, 1, 0, ReduceOp::kSum, "all_reduce into pinned host memory, unchecked");
+    } catch (const ConfigError& e) {
+      checker.expect(false, std::string("the switched-off check still refused the buffer: ") + e.what());
+    } catch (const ncclkit::NcclError& e) {
+      std::printf("NCCL itself refused pinned host memory (fine: ncclkit passed it on): %s\n", e.what());
+    }
+    NCCLKIT_CUDA_CHECK(cudaFreeHost(pinned));
+    return checker.finish("unchecked");
+  });
+}
+
+TEST_CASE("a failed communicator in a group fails alone, after the group's launch") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator healthy(store, world, Options{.timeout = std::chrono::seconds(30), .name = "healthy"});
+      Communicator doomed(store, world, Options{.timeout = std::chrono::seconds(30), .name = "doomed"});
+      const std::size_t count = 4096;
+      DeviceBuffer<float> a(count, healthy.device()), b(count, doomed.device());
+      upload(a, make_input<float>(21, world.rank, count), healthy.default_stream());
+      upload(b, make_input<float>(22, world.rank, count), doomed.default_stream());
+      bool threw = false;
+      try {
+        GroupGuard group;
+        healthy.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
+        doomed.all_reduce(b.data(), b.data(), count, ReduceOp::kSum);
+        // Queued ops hold the abort back until the group's end has launched them; before the
+        // fix the watchdog aborted after 2 s and ncclGroupEnd then used the freed handle.
+        doomed.abort("the test aborts it inside an open group");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        checker.expect(doomed.failed(), "doomed is failed at once");
+        checker.expect(!doomed.failure_report(), "its abort waits for the group's end");
+        group.end();
+      } catch (const ncclkit::CommError& e) {
+        threw = true;
+        checker.expect(std::string(e.what()).find("doomed") != std::string::npos,
+                       std::string("the group's end names the failed member: ") + e.what());
+      }
+      checker.expect(threw, "the group's end throws CommError for the failed member");
+      checker.expect(doomed.failure_report().has_value(), "the failed member's report is written after the end");
+      checker.expect(!healthy.failed(), "the healthy member of the group is not failed with it");
+      check_reduction<float>(checker, download(healthy, a, healthy.default_stream()), 21, world.world_size, 0,
+                             ReduceOp::kSum, "the healthy member's grouped all_reduce");
+      healthy.barrier();
+      return checker.finish("group with a failed member");
+    });
+  }
 }
 
 TEST_CASE("buffers and streams of another GPU are refused") {

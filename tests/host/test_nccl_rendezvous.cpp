@@ -74,8 +74,27 @@ TEST_CASE("a rank that never arrives is named, within the timeout") {
       if (waited > 3.0) return 3;
       const std::string message = e.what();
       if (world.rank == 0 && message.find("for rank(s) 1 to arrive") == std::string::npos) return 4;
-      if (world.rank == 2 && message.find("rank 0 to publish") == std::string::npos) return 5;
+      // The other ranks name the missing rank too, not only rank 0.
+      if (world.rank == 2 && (message.find("rank 0 to publish") == std::string::npos ||
+                              message.find("still waiting for rank(s) 1 to arrive") == std::string::npos)) {
+        return 5;
+      }
       return 0;
+    }
+  });
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+TEST_CASE("when rank 0 never arrives, the others say so") {
+  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& store) {
+    if (world.rank == 0) return 0;  // never takes part
+    ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
+    try {
+      (void)init_rendezvous(scope, world.rank, world.world_size, kVersions, std::chrono::seconds(1), fake_id, "test");
+      return 2;
+    } catch (const ncclkit::TimeoutError& e) {
+      const std::string message = e.what();
+      return message.find("rank 0 never arrived; is it running") != std::string::npos ? 0 : 3;
     }
   });
   CHECK_MESSAGE(result.ok(), result.describe());

@@ -245,11 +245,17 @@ class Communicator {
   }
   /// Blocks until `stream` is idle. Throws CommError when the communicator failed (also when
   /// the failure is what released the stream), TimeoutError after the timeout + 5 s.
+  /// Not on a stream that is capturing a CUDA graph (ConfigError: a capture cannot be waited
+  /// for).
   void synchronize(StreamArg stream = {}) {
     auto& c = core();
     c.watchdog.throw_if_failed();
     const cudaStream_t s = stream.resolve(c.default_stream);
+    refuse_capture("synchronize", s);
     NCCLKIT_CUDA_CHECK(cudaEventRecord(c.sync_event.get(), s));
+    // Relaxed capture mode: the polling stays legal while another thread captures a graph in
+    // global mode.
+    detail::RelaxedCaptureMode relaxed;
     c.watchdog.wait_event(c.sync_event.get(), detail::Clock::now() + c.options.timeout + std::chrono::seconds(5),
                           "synchronize");
   }
@@ -369,7 +375,7 @@ class Communicator {
     const std::size_t per_peer = in.count / static_cast<std::size_t>(size());
     const ncclDataType_t type = to_nccl(in.dtype);
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclAlltoAll(in.data, out.data, per_peer, type, comm, s);
 #else
       return grouped_exchange(comm, s, type, per_peer * size_of(in.dtype), per_peer,
@@ -390,7 +396,7 @@ class Communicator {
     const ncclDataType_t type = to_nccl(in.dtype);
     void* receive = rank() == root ? out.data : nullptr;
     issue(kOp, rank() == root ? out.bytes() : in.bytes(), s, [&](ncclComm_t comm) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclGather(in.data, receive, in.count, type, root, comm, s);
 #else
       ncclResult_t status = ncclGroupStart();
@@ -419,7 +425,7 @@ class Communicator {
     const ncclDataType_t type = to_nccl(out.dtype);
     const void* send = rank() == root ? in.data : nullptr;
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclScatter(send, out.data, out.count, type, root, comm, s);
 #else
       ncclResult_t status = ncclGroupStart();
@@ -461,10 +467,17 @@ class Communicator {
   }
 
   /// Returns once every rank has called barrier(): a one-element all_reduce on `stream`,
-  /// then synchronize(stream). Bounded by the timeout like every collective.
+  /// then synchronize(stream). Bounded by the timeout like every collective. It waits on the
+  /// host, so neither inside an open GroupGuard nor while `stream` captures a CUDA graph
+  /// (ConfigError).
   void barrier(StreamArg stream = {}) {
     static constexpr const char* kOp = "barrier";
     const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
+    if (detail::group_state().depth > 0) {
+      misuse(kOp, "called inside an open GroupGuard, where nothing is launched until the group ends, so it "
+                  "cannot wait for the other ranks; call it after the group's end");
+    }
+    refuse_capture(kOp, s);
     auto& c = core();
     issue(kOp, sizeof(std::int32_t), s, [&](ncclComm_t comm) {
       return ncclAllReduce(c.scratch, c.scratch, 1, ncclInt32, ncclSum, comm, s);
@@ -554,6 +567,31 @@ class Communicator {
   template <class T>
   void all_to_all(std::span<const std::type_identity_t<T>> in, std::span<T> out, StreamArg stream = {}) {
     all_to_all(view(in.data(), in.size()), view(out.data(), out.size()), stream);
+  }
+  /// `out` is read on the root only (may be empty elsewhere).
+  template <class T>
+  void reduce(std::span<const std::type_identity_t<T>> in, std::span<T> out, ReduceOp op, int root,
+              StreamArg stream = {}) {
+    reduce(view(in.data(), in.size()), view(out.data(), out.size()), op, root, stream);
+  }
+  /// `out` (root only; may be empty elsewhere) holds in.size() * size().
+  template <class T>
+  void gather(std::span<const std::type_identity_t<T>> in, std::span<T> out, int root, StreamArg stream = {}) {
+    gather(view(in.data(), in.size()), view(out.data(), out.size()), root, stream);
+  }
+  /// `in` (root only; may be empty elsewhere) holds out.size() * size().
+  template <class T>
+  void scatter(std::span<const std::type_identity_t<T>> in, std::span<T> out, int root, StreamArg stream = {}) {
+    scatter(view(in.data(), in.size()), view(out.data(), out.size()), root, stream);
+  }
+  /// `T` may be const.
+  template <class T>
+  void send(std::span<T> in, int peer, StreamArg stream = {}) {
+    send(view(in.data(), in.size()), peer, stream);
+  }
+  template <class T>
+  void recv(std::span<T> out, int peer, StreamArg stream = {}) {
+    recv(view(out.data(), out.size()), peer, stream);
   }
 
   // ---- memory and element-wise work (the Backend concept) ---------------------------------
@@ -669,7 +707,9 @@ class Communicator {
   }
 
   /// Aborts the communicator now (as the watchdog does on a failure) and returns once the
-  /// report is written; every later call throws CommError with `reason`.
+  /// report is written; every later call throws CommError with `reason`. With ops of it
+  /// queued in an open GroupGuard, the abort waits for the group's end (which then throws)
+  /// and this returns at once.
   void abort(std::string reason = "abort() was called") {
     auto& c = core();
     c.watchdog.request_failure(std::move(reason));
@@ -696,6 +736,13 @@ class Communicator {
   static std::unique_ptr<detail::CommCore> make_core(Options options, int rank, int size, int local_rank) {
     auto core = std::make_unique<detail::CommCore>();
     if (options.timeout.count() <= 0) options.timeout = default_comm_timeout();
+    // Deadlines are now + timeout (+ slack): a "forever" such as milliseconds::max() would
+    // overflow them. 1e9 s, as for NCCLKIT_TIMEOUT, is beyond any job.
+    if (options.timeout > std::chrono::duration<double>(1e9)) {
+      throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): Options::timeout of " +
+                        std::to_string(options.timeout.count()) + " ms is too long (at most 1e9 s); to wait "
+                        "practically forever, give a long but finite timeout such as std::chrono::hours(24 * 365)");
+    }
     const int visible = visible_device_count();
     if (visible == 0) {
       throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) +
@@ -862,8 +909,18 @@ class Communicator {
     auto& group = detail::group_state();
     std::vector<detail::CommCore*> closing;
     for (auto* core : cores) {
-      core->watchdog.stop();
+      const bool stopped = core->watchdog.stop();
       auto& handle = core->handle();
+      if (!stopped) {
+        // Its thread is still running (an abort or a store call that takes long) and may yet
+        // touch the handles: mark them aborted, so that it leaves them alone, and leak them.
+        std::unique_lock lock(handle.mutex, std::defer_lock);
+        const bool locked = lock.try_lock_for(std::chrono::seconds(2));
+        if (locked && !handle.aborted) handle.aborted = true;
+        log_error(core->who() + " destroyed while its watchdog thread was still busy after 10 s (a store that does "
+                                "not answer?); its NCCL communicators are leaked rather than freed under that thread");
+        continue;
+      }
       if (handle.open_groups.load() > 0) {
         // Its ops sit in an open group that will still reference the handle: leak it rather
         // than free it under NCCL's feet.
@@ -957,10 +1014,12 @@ class Communicator {
   template <class Call>
   void issue(const char* operation, std::size_t bytes, cudaStream_t stream, Call&& call) {
     auto& c = core();
-    c.watchdog.throw_if_failed();
-    detail::NvtxRange range(operation);
     auto& group = detail::group_state();
     const bool grouped = group.depth > 0;
+    // In a group, without waiting for the report: a member with ops queued holds its abort
+    // (and so its report) back until the group's end (Watchdog::handle_failure).
+    c.watchdog.throw_if_failed(!grouped);
+    detail::NvtxRange range(operation);
     // The sequence number is taken before the call, so that a call that never returns is
     // reported under its own number; captured collectives (replayed by the user's graph) get
     // none. checked_stream() has just learnt whether `stream` is capturing.
@@ -977,6 +1036,10 @@ class Communicator {
       issued = c.handle().enter(seq, operation, bytes);
       status = call(c.handle().comm);
       c.handle().leave();
+      // Queued in the open group (captured ops too): join it before the lock is released, so
+      // that the watchdog, which aborts under this lock, holds the abort until the group's end
+      // has launched the op (an abort before would leave ncclGroupEnd a freed communicator).
+      if (grouped && !c.joined && (status == ncclSuccess || status == ncclInProgress)) detail::join_group(c);
     }
     if (status == ncclInProgress && !grouped) {
       try {
@@ -991,7 +1054,6 @@ class Communicator {
     }
     if (!watched) return;
     if (grouped) {
-      if (c.pending.empty()) detail::join_group(c);
       c.pending.push_back({seq, operation, bytes, stream});
     } else {
       c.watchdog.track(seq, seq, operation, 1, bytes, stream, issued, /*merge=*/true);
@@ -1124,6 +1186,15 @@ class Communicator {
     if (!own || s == nullptr) check_stream_device(operation, s);
     return s;
   }
+  /// Misuse when `s` is capturing a CUDA graph, for the calls that wait on the host.
+  void refuse_capture(const char* operation, cudaStream_t s) const {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    NCCLKIT_CUDA_CHECK(detail::stream_is_capturing(s, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      misuse(operation, "the stream is capturing a CUDA graph, and a capture cannot be waited for; call it on the "
+                        "stream once the graph has been launched (cudaGraphLaunch), or end the capture first");
+    }
+  }
   /// Misuse when `s` belongs to another GPU (queried when Options::check_pointers is on and
   /// nothing is capturing; CUDA 12.8 or later). A stream found good is remembered, as buffers
   /// are (detail/checked_pointers.hpp), except the handles that name the current device's
@@ -1156,7 +1227,7 @@ class Communicator {
 #endif
   }
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+#if !NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
   template <class SendAt, class ReceiveAt>
   ncclResult_t grouped_exchange(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, std::size_t, std::size_t count,
                                 SendAt send_at, ReceiveAt receive_at) {

@@ -45,9 +45,11 @@ inline GroupState& group_state() {
   return state;
 }
 
-/// Called by a communicator when it queues its first op in the open group.
+/// Called by a communicator, under its handle's lock, when it queues its first op (watched
+/// or captured) in the open group.
 inline void join_group(CommCore& core) {
   group_state().members.push_back(&core);
+  core.joined = true;
   core.handle().open_groups.fetch_add(1);
 }
 
@@ -133,48 +135,47 @@ class GroupGuard {
           if (failure.empty()) failure = "ncclGroupEnd left " + member->who() + " in error " + describe_nccl_error(state);
         }
       }
-    } else if (status == ncclSuccess) {
-      // Launched; asynchronous errors reach the watchdogs. A member whose watchdog failed it
-      // meanwhile (it may have aborted it) fails the group, as its end promises.
-      for (auto* member : members) {
-        if (member->watchdog.failed()) {
-          failed_member = member;
-          failure = "ncclGroupEnd: " + member->who() + " had failed while the group was open";
-          break;
-        }
-      }
     } else if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
       for (auto* member : members) {
+        member->joined = false;
         member->handle().open_groups.fetch_sub(1);
         member->pending.clear();
       }
       check_nccl(status, "ncclGroupEnd");
-    } else {
+    } else if (status != ncclSuccess) {
       failure = "ncclGroupEnd failed: " + describe_nccl_error(status);
       failed_member = members.empty() ? nullptr : members.front();
     }
 
-    for (auto* member : members) member->handle().open_groups.fetch_sub(1);
+    for (auto* member : members) {
+      member->joined = false;
+      member->handle().open_groups.fetch_sub(1);
+    }
     // Every member is committed (or cleared) even when one of them throws (a failed
     // cudaEventRecord): a member left with ops pending would never join a group again.
+    // When the launch itself failed, every member fails with it. When it succeeded, only a
+    // member whose watchdog had failed it while the group was open fails (its abort waited
+    // for this end); the others' work was launched and is tracked as usual, so that a failed
+    // communicator grouped with healthy ones does not take them down.
     std::exception_ptr commit_error;
     for (auto* member : members) {
-      if (failure.empty()) {
+      if (!failure.empty()) {
+        member->pending.clear();
+        member->watchdog.request_failure(failure);
+      } else if (member->watchdog.failed()) {
+        member->pending.clear();
+        if (failed_member == nullptr) failed_member = member;
+      } else {
         try {
           member->commit_pending();
         } catch (...) {
           if (!commit_error) commit_error = std::current_exception();
         }
-      } else {
-        member->pending.clear();
-        member->watchdog.request_failure(failure);
       }
     }
     if (commit_error) std::rethrow_exception(commit_error);
-    if (!failure.empty()) {
-      if (failed_member != nullptr) failed_member->watchdog.throw_failure();
-      throw CommError("ncclkit: " + failure);
-    }
+    if (failed_member != nullptr) failed_member->watchdog.throw_failure();
+    if (!failure.empty()) throw CommError("ncclkit: " + failure);
   }
 
  private:

@@ -81,11 +81,23 @@ class LocalGroup {
       DeviceGuard restore(devices.front());
       NCCLKIT_NCCL_CHECK(ncclGroupStart());
       ncclResult_t status = ncclSuccess;
+      // The group is ended however the loop ends: a thread left inside ncclGroupStart would
+      // queue every later NCCL call it makes, on any communicator, and never launch it.
+      cudaError_t device_status = cudaSuccess;
+      int failed_device = -1;
       for (int i = 0; i < n && (status == ncclSuccess || status == ncclInProgress); ++i) {
-        NCCLKIT_CUDA_CHECK(cudaSetDevice(at(devices, i)));
+        device_status = cudaSetDevice(at(devices, i));
+        if (device_status != cudaSuccess) {
+          failed_device = at(devices, i);
+          break;
+        }
         status = call_for(i);
       }
       const ncclResult_t end = ncclGroupEnd();
+      if (device_status != cudaSuccess) {
+        abort_all();
+        check_cuda(device_status, "LocalGroup " + what + ": cudaSetDevice(" + std::to_string(failed_device) + ")");
+      }
       if (status == ncclSuccess) status = end;
       if (status != ncclSuccess && status != ncclInProgress) {
         abort_all();

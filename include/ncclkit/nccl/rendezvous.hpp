@@ -87,9 +87,25 @@ inline Bytes init_rendezvous(Store& scope, int rank, int world, const std::strin
   try {
     verdict = scope.get("verdict", timeout);
   } catch (const TimeoutError& e) {
+    // Rank 0 waits for every rank before it publishes: say whom it was waiting for.
+    std::string why;
+    try {
+      const auto missing = missing_ranks(scope, "version/", world);
+      if (missing.empty()) {
+        why = "every rank arrived, but rank 0 published no verdict (did it fail? see its log)";
+      } else if (missing.front() == 0) {
+        why = (missing.size() == 1 ? std::string("rank 0 never arrived")
+                                   : "rank(s) " + format_ranks(missing) + " never arrived, rank 0 among them") +
+              "; is it running, with the same init URL and world size?";
+      } else {
+        why = "rank 0 was still waiting for rank(s) " + format_ranks(missing) + " to arrive; start every rank, with "
+              "the same init URL and world size";
+      }
+    } catch (const std::exception& store_error) {
+      why = std::string("the store could not say which ranks arrived (") + store_error.what() + ")";
+    }
     throw TimeoutError(who + " init: rank " + std::to_string(rank) + " waited " + std::to_string(timeout.count()) +
-                       " ms for rank 0 to publish the NCCL unique id; is rank 0 running, with the same init URL? (" +
-                       e.what() + ")");
+                       " ms for rank 0 to publish the NCCL unique id: " + why + " (" + e.what() + ")");
   }
   const std::string_view text(reinterpret_cast<const char*>(verdict.data()), verdict.size());
   if (text.starts_with("error\n")) throw ConfigError(std::string(text.substr(6)));

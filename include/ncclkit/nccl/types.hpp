@@ -16,6 +16,16 @@
 #error "ncclkit needs NCCL 2.18 or newer (found an older nccl.h); set NCCL_ROOT to a newer NCCL"
 #endif
 
+// NCCL 2.28 brought ncclAlltoAll, ncclGather and ncclScatter; with older NCCL, ncclkit issues
+// them as grouped send/recv. Defining NCCLKIT_NCCL_GROUPED_FALLBACKS takes the grouped path
+// on 2.28 too: the GPU tests build a variant of the collective matrix with it, so that the
+// path older NCCL takes runs on every GPU run.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0) && !defined(NCCLKIT_NCCL_GROUPED_FALLBACKS)
+#define NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER 1
+#else
+#define NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER 0
+#endif
+
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 

@@ -101,18 +101,21 @@ struct CommHandle {
   std::atomic<int> open_groups{0};  ///< >0: ops of this comm sit in an open ncclGroupStart
   /// Steady-clock nanoseconds at which the issuing thread entered an NCCL call (0: not in one),
   /// and what that call is.
+  /// The fields below are read by the watchdog and store link threads while the issuing
+  /// thread rewrites them for its next call: atomics (relaxed; plain stores on x86), read
+  /// between two loads of issuing_since (see blocked_call).
   std::atomic<std::int64_t> issuing_since{0};
-  std::uint64_t issuing_seq = 0;
-  const char* issuing_operation = "";
-  std::size_t issuing_bytes = 0;
+  std::atomic<std::uint64_t> issuing_seq{0};
+  std::atomic<const char*> issuing_operation{""};
+  std::atomic<std::size_t> issuing_bytes{0};
 
   /// Marks entry into an NCCL call that may block (written by the issuing thread only).
   /// Returns the time of entry (the issue time the watchdog measures the call from; a coarse
   /// stamp, core/coarse_clock.hpp: cheap on every host, and at most a tick early).
   std::chrono::steady_clock::time_point enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
-    issuing_seq = seq;
-    issuing_operation = operation;
-    issuing_bytes = bytes;
+    issuing_seq.store(seq, std::memory_order_relaxed);
+    issuing_operation.store(operation, std::memory_order_relaxed);
+    issuing_bytes.store(bytes, std::memory_order_relaxed);
     const auto now = ncclkit::detail::coarse_now();
     issuing_since.store(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
                         std::memory_order_release);
@@ -139,11 +142,19 @@ struct WorkRecord {
 
 /// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
 /// it is not in one.
+/// A call that lasts is what matters here: when the issuing thread moved on to another call
+/// while the fields were read (issuing_since changed), the fields may mix two calls, and
+/// the newer call is reported as not blocked yet (it has just begun). Two calls begun within
+/// one tick of the coarse clock look alike; a mix of those names a call that began then too.
 inline std::optional<WorkRecord> blocked_call(const CommHandle& handle) {
   const std::int64_t since = handle.issuing_since.load(std::memory_order_acquire);
   if (since == 0) return std::nullopt;
-  return WorkRecord{handle.issuing_seq, handle.issuing_seq, handle.issuing_operation, 1, handle.issuing_bytes,
-                    Clock::time_point(std::chrono::nanoseconds(since)), nullptr};
+  const std::uint64_t seq = handle.issuing_seq.load(std::memory_order_relaxed);
+  const char* operation = handle.issuing_operation.load(std::memory_order_relaxed);
+  const std::size_t bytes = handle.issuing_bytes.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (handle.issuing_since.load(std::memory_order_relaxed) != since) return std::nullopt;
+  return WorkRecord{seq, seq, operation, 1, bytes, Clock::time_point(std::chrono::nanoseconds(since)), nullptr};
 }
 
 /// Everything the watchdog thread shares with the communicator. Held by shared_ptr so that
@@ -406,10 +417,11 @@ class Watchdog {
 
   /// Stops the threads: joins them when they end within 10 s (they end within one poll
   /// interval unless one is waiting for a slow store), else detaches them (they share the
-  /// state, so they may outlive the communicator). Never hangs.
-  void stop() noexcept {
-    if (!state_) return;
-    if (!thread_.joinable() && !link_.joinable()) return;
+  /// state, so they may outlive the communicator). Never hangs. Returns false when the
+  /// watchdog thread was left running: it may still abort the handles.
+  bool stop() noexcept {
+    if (!state_) return true;
+    if (!thread_.joinable() && !link_.joinable()) return true;
     std::unique_lock lock(state_->control_mutex);
     state_->stop = true;
     state_->control_cv.notify_all();
@@ -426,6 +438,7 @@ class Watchdog {
         thread->detach();
       }
     }
+    return watchdog_done;
   }
 
   detail::CommHandle& handle() { return state_->handle; }
@@ -875,12 +888,14 @@ class Watchdog {
     request(s, "NCCL reported an asynchronous error: " + describe_nccl_error(async), oldest);
   }
 
-  /// Aborts, exchanges progress and writes the report. Returns false to be called again
-  /// (while the communicator has ops queued in an open group, aborting it would pull the
-  /// handle out from under the coming ncclGroupEnd).
+  /// Aborts, exchanges progress and writes the report. Returns false to be called again:
+  /// while the communicator has ops queued in an open group that has not reached its end,
+  /// aborting it would pull the handle out from under the ncclGroupEnd that launches them
+  /// (the issuing thread joins a group under the handle's lock, and GroupGuard::end holds
+  /// that lock while it launches). Once the end runs (the issuing thread is inside an NCCL
+  /// call) the abort goes ahead: it may be what releases a launch stuck waiting for peers.
   static bool handle_failure(detail::WatchdogState& s) {
-    const auto now = detail::Clock::now();
-    if (s.handle.open_groups.load() > 0 && now - s.detected_at < std::chrono::seconds(2)) return false;
+    if (s.handle.open_groups.load() > 0 && !detail::blocked_call(s.handle)) return false;
 
     FailureReport report;
     report.name = s.name;
@@ -938,6 +953,9 @@ class Watchdog {
     {
       std::unique_lock lock(s.handle.mutex, std::defer_lock);
       const bool locked = lock.try_lock_for(std::chrono::seconds(2));
+      // Joined a group since the check above, or its end has just launched and not yet let go
+      // of the group: once more at the next poll.
+      if (locked && s.handle.open_groups.load() > 0) return false;
       if (!locked) log_warn("watchdog of '" + s.name + "': aborting while another thread is inside NCCL");
       if (!s.handle.aborted) {
         for (ncclComm_t* handle : {&s.handle.comm, &s.handle.control}) {

@@ -48,6 +48,10 @@ struct CommCore {
   std::shared_ptr<Store> scope;  ///< this communicator's keys; null for single-process groups
   std::uint64_t splits = 0;      ///< split() calls so far (scopes the children's keys)
   std::vector<PendingOp> pending;
+  /// Has ops (watched or captured) queued in this thread's open group (set under the
+  /// handle's lock by the issue path, cleared by GroupGuard::end): the group's end must hold
+  /// this handle, and the watchdog must not abort it before then.
+  bool joined = false;
   Event sync_event;  ///< recorded by synchronize()
   bool capturing = false;  ///< whether the stream of the call being issued is capturing a graph
   void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
