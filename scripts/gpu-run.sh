@@ -22,7 +22,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
-TESTS=(gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_watchdog gpu_test_nccl_large)
+TESTS=(gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_collectives_grouped gpu_test_nccl_watchdog
+  gpu_test_nccl_large)
 BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks)
 
 build() {
@@ -134,7 +135,15 @@ run_all() {
   echo "GPUs used: $gpus ($all)" >>"$summary"
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 120 "$bin/gpu_test_nccl_communicator"
-  CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 180 "$bin/gpu_test_nccl_collectives"
+  # The matrix runs twice per world (a process per GPU, then one process driving all GPUs
+  # through a LocalGroup, whose host-side checks run one member after another): about 31 s
+  # for the process mode alone at worlds 1, 2, 4; about 100 s expected for both.
+  CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 300 "$bin/gpu_test_nccl_collectives"
+  # The same matrix (both modes) with all_to_all, gather and scatter on the grouped send/recv
+  # path of NCCL < 2.28 (built with NCCLKIT_NCCL_GROUPED_FALLBACKS); worlds 2 and 4 only, where
+  # the grouped path has peers to exchange with. The log says which path the binary took.
+  NCCLKIT_TEST_WORLD_SIZES=2,4 CUDA_VISIBLE_DEVICES=$all phase collectives-grouped 180 \
+    "$bin/gpu_test_nccl_collectives_grouped" "-tc=every collective*,single-process matrix*"
   CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
   # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
   #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
@@ -161,6 +170,7 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0 phase completion-marks 30 "$bin/bench_completion_marks"
   # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 150 "$bin/gpu_test_nccl_watchdog"
+  # (Both matrix modes: 23 s before the single-process matrix was added.)
   NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLKIT_TEST_WORLD_SIZES=2,4 CUDA_VISIBLE_DEVICES=$all \
     phase collectives-net 240 "$bin/gpu_test_nccl_collectives"
   # 4. 1 GiB collectives.

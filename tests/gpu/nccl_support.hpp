@@ -13,8 +13,9 @@
 #include <cstdio>       // std::printf
 #include <cstdlib>      // std::getenv, std::strtol
 #include <cstring>      // std::memcmp
+#include <span>         // std::span
 #include <string>       // std::string
-#include <type_traits>  // std::is_integral_v, std::is_same_v
+#include <type_traits>  // std::is_integral_v, std::is_same_v, std::type_identity_t
 #include <vector>       // std::vector
 
 #include "gpu/gpu_support.hpp"
@@ -204,16 +205,26 @@ constexpr double tolerance() {
   return 0;
 }
 
-/// Compares `got` with the reduction of the inputs (element i of the result is element
-/// `first + i` of the inputs): floats by norm-relative error within tolerance<T>() and no NaN
-/// (outputs are poisoned with NaN), integers exactly (avg within 1).
+/// reference() for elements first .. first + count - 1, computed once and shared by every
+/// check of the same inputs (the matrix checks one reduction on several ranks and in and out
+/// of place; the reference is most of the host's work).
 template <class T>
-bool check_reduction(Checker& checker, const std::vector<T>& got, std::uint64_t seed, int world, std::size_t first,
-                     ReduceOp op, const std::string& what) {
+std::vector<long double> reference_values(std::uint64_t seed, int world, std::size_t first, std::size_t count,
+                                          ReduceOp op) {
+  std::vector<long double> values(count);
+  for (std::size_t i = 0; i < count; ++i) values[i] = reference<T>(seed, world, first + i, op);
+  return values;
+}
+
+namespace detail {
+/// check_reduction's comparison; `reference_at(i)` is the expected value of got[i].
+template <class T, class ReferenceAt>
+bool check_reduction_against(Checker& checker, const std::vector<T>& got, ReferenceAt&& reference_at, ReduceOp op,
+                             const std::string& what) {
   long double error = 0, norm = 0;
   std::size_t nan_count = 0, wrong = 0, first_wrong = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const long double ref = reference<T>(seed, world, first + i, op);
+    const long double ref = reference_at(i);
     const long double value = as_double(got[i]);
     if constexpr (is_float_v<T>) {
       if (std::isnan(static_cast<double>(value))) {
@@ -240,6 +251,24 @@ bool check_reduction(Checker& checker, const std::vector<T>& got, std::uint64_t 
                                           std::to_string(first_wrong));
   }
 }
+}  // namespace detail
+
+/// Compares `got` with the reduction of the inputs (element i of the result is element
+/// `first + i` of the inputs): floats by norm-relative error within tolerance<T>() and no NaN
+/// (outputs are poisoned with NaN), integers exactly (avg within 1).
+template <class T>
+bool check_reduction(Checker& checker, const std::vector<T>& got, std::uint64_t seed, int world, std::size_t first,
+                     ReduceOp op, const std::string& what) {
+  return detail::check_reduction_against(
+      checker, got, [&](std::size_t i) { return reference<T>(seed, world, first + i, op); }, op, what);
+}
+/// The same against precomputed references (reference_values), one per element of `got`.
+template <class T>
+bool check_reduction(Checker& checker, const std::vector<T>& got, std::span<const long double> expected, ReduceOp op,
+                     const std::string& what) {
+  if (got.size() != expected.size()) return checker.expect(false, what + ": sizes differ");
+  return detail::check_reduction_against(checker, got, [&](std::size_t i) { return expected[i]; }, op, what);
+}
 
 /// Exact comparison of moved data, byte for byte.
 template <class T>
@@ -262,13 +291,14 @@ constexpr unsigned char poison_byte() {
 
 // ---- device transfers ordered on a stream --------------------------------------------------
 
+/// Copies `host` into `buffer` at element `offset` on `stream` and waits for the copy.
 template <class T>
-void upload(ncclkit::nccl::DeviceBuffer<T>& buffer, const std::vector<T>& host, cudaStream_t stream,
+void upload(ncclkit::nccl::DeviceBuffer<T>& buffer, std::span<const std::type_identity_t<T>> host, cudaStream_t stream,
             std::size_t offset = 0) {
   if (host.empty()) return;
   NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(buffer.data() + offset, host.data(), host.size() * sizeof(T),
                                      cudaMemcpyHostToDevice, stream));
-  // Pageable uploads may return before the copy ends; the host vector must outlive it.
+  // Pageable uploads may return before the copy ends; the host memory must outlive it.
   NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

@@ -1,15 +1,22 @@
 // Every collective of nccl::Communicator × element type × reduce op, in and out of place, for
 // sizes 0, 1, odd and up to 1 MiB, against host references in higher precision; on 1, 2 and 4
-// GPUs (one process per GPU, through spawn), as many as are visible. Outputs are poisoned
-// before each call and checked in full.
+// GPUs, as many as are visible, in both of ncclkit's modes: one process per GPU (through
+// spawn), and one process driving every GPU through a LocalGroup. Outputs are poisoned before
+// each call and checked in full.
 //
 // Run once more with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 (scripts/gpu-run.sh does) to go
-// through NCCL's network transport, a stand-in for two nodes.
+// through NCCL's network transport, a stand-in for two nodes. tests/CMakeLists.txt builds this
+// file a second time with NCCLKIT_NCCL_GROUPED_FALLBACKS (gpu_test_nccl_collectives_grouped):
+// all_to_all, gather and scatter then take the grouped send/recv path of NCCL < 2.28.
 // ncclkit-test: labels=nccl timeout=600
 #include <doctest/doctest.h>
 
+#include <chrono>   // std::chrono::seconds, std::chrono::minutes
+#include <cmath>    // std::sqrt
 #include <cstdint>  // fixed-width integers
-#include <numeric>  // std::iota
+#include <cstdio>   // std::printf, std::fflush
+#include <memory>   // std::shared_ptr
+#include <span>     // std::span
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -18,191 +25,400 @@
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
+#include "ncclkit/nccl/local_group.hpp"
+#include "ncclkit/nccl/stream.hpp"
 
 namespace {
 
 using namespace ncclkit_test;
+using ncclkit::MemoryKind;
 using ncclkit::Store;
+using ncclkit::TensorView;
 using ncclkit::WorldInfo;
 using ncclkit::nccl::Communicator;
 using ncclkit::nccl::DeviceBuffer;
+using ncclkit::nccl::DeviceGuard;
 using ncclkit::nccl::GroupGuard;
+using ncclkit::nccl::LocalGroup;
 using ncclkit::nccl::Options;
 
-std::string label(const char* collective, const std::string& type, std::size_t count, const char* detail,
-                  bool in_place) {
-  return std::string(collective) + " " + type + " count " + std::to_string(count) + " " + detail +
-         (in_place ? " in place" : " out of place");
+/// The communicators this process drives: one (a process per GPU), or every member of a
+/// LocalGroup (one process, several GPUs). The matrix is written once against this.
+class Ranks {
+ public:
+  explicit Ranks(Communicator& comm) : members_{&comm} {}
+  explicit Ranks(LocalGroup& group) : single_process_(true) {
+    for (int i = 0; i < group.size(); ++i) members_.push_back(&group[i]);
+  }
+
+  /// The communicators' size (the world), not the number of members in this process.
+  int world() const { return members_.front()->size(); }
+  std::size_t members() const { return members_.size(); }
+
+  /// fn(comm, i) for every member i, with its GPU current: uploads, memsets, downloads and
+  /// checks go to the member's own streams and memory.
+  template <class Fn>
+  void each(Fn&& fn) {
+    for (std::size_t i = 0; i < members_.size(); ++i) {
+      DeviceGuard guard(members_[i]->device());
+      fn(*members_[i], i);
+    }
+  }
+  /// Issues fn(comm, i) for every member: directly with a process per GPU; in one NCCL group
+  /// for a LocalGroup, where one thread must queue every member's part of a collective before
+  /// any of them can complete.
+  template <class Fn>
+  void issue(Fn&& fn) {
+    if (!single_process_) {
+      fn(*members_.front(), std::size_t{0});
+      return;
+    }
+    grouped(fn);
+  }
+  /// Issues fn(comm, i) for every member inside one NCCL group, in both modes (send/recv pairs
+  /// must progress together on each rank too).
+  template <class Fn>
+  void grouped(Fn&& fn) {
+    GroupGuard group;
+    for (std::size_t i = 0; i < members_.size(); ++i) fn(*members_[i], i);
+    group.end();
+  }
+
+ private:
+  std::vector<Communicator*> members_;
+  bool single_process_ = false;
+};
+
+/// One buffer of `count` elements per member, each on its member's GPU.
+template <class T>
+std::vector<DeviceBuffer<T>> per_member(Ranks& ranks, std::size_t count) {
+  std::vector<DeviceBuffer<T>> buffers;
+  ranks.each([&](Communicator& comm, std::size_t) { buffers.emplace_back(count, comm.device()); });
+  return buffers;
+}
+
+std::string label(const char* collective, const std::string& type, std::size_t count, const std::string& detail,
+                  bool in_place, int rank) {
+  return std::string(collective) + " " + type + " count " + std::to_string(count) + (detail.empty() ? "" : " ") +
+         detail + (in_place ? " in place" : " out of place") + " (rank " + std::to_string(rank) + ")";
+}
+
+std::string root_label(int root) { return "root " + std::to_string(root); }
+
+std::size_t at(int index) { return static_cast<std::size_t>(index); }
+
+/// Elements [first, first + count) of `values`, for uploads of part of a rank's input.
+template <class T>
+std::span<const T> part(const std::vector<T>& values, std::size_t first, std::size_t count) {
+  return std::span<const T>(values).subspan(first, count);
 }
 
 /// Reductions: all_reduce, reduce and reduce_scatter for every op.
 template <class T>
-void check_reductions(Communicator& comm, Checker& checker, std::size_t count, std::uint64_t& seed) {
-  const int n = comm.size(), r = comm.rank(), device = comm.device();
-  const cudaStream_t s = comm.default_stream();
+void check_reductions(Ranks& ranks, Checker& checker, std::size_t count, std::uint64_t& seed) {
+  const int n = ranks.world();
   const std::string type = type_name<T>();
-  const std::size_t total = count * static_cast<std::size_t>(n);
+  const std::size_t total = count * at(n);
+  auto in = per_member<T>(ranks, count), out = per_member<T>(ranks, count);
+  auto scatter_in = per_member<T>(ranks, total), scatter_out = per_member<T>(ranks, count);
   for (ReduceOp op : kAllOps) {
     ++seed;
-    const auto input = make_input<T>(seed, r, count, op);
-    DeviceBuffer<T> in(count, device), out(count, device);
+    // Rank r's input is element range [0, total) of its sample stream: all_reduce and reduce
+    // take the first `count`; reduce_scatter takes all of it and leaves rank r the reduction of
+    // range [r * count, (r + 1) * count).
+    std::vector<std::vector<T>> inputs(ranks.members());
+    ranks.each([&](Communicator& comm, std::size_t i) { inputs[i] = make_input<T>(seed, comm.rank(), total, op); });
+    const auto expected = reference_values<T>(seed, n, 0, count, op);
+
     for (bool in_place : {false, true}) {
-      upload(in, input, s);
-      out.fill_bytes(poison_byte<T>(), s);
-      comm.all_reduce(in.data(), in_place ? in.data() : out.data(), count, op);
-      check_reduction<T>(checker, download(comm, in_place ? in : out, s), seed, n, 0, op,
-                         label("all_reduce", type, count, op_name(op), in_place));
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        upload(in[i], part(inputs[i], 0, count), comm.default_stream());
+        out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+      });
+      ranks.issue([&](Communicator& comm, std::size_t i) {
+        comm.all_reduce(in[i].data(), in_place ? in[i].data() : out[i].data(), count, op);
+      });
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        check_reduction<T>(checker, download(comm, in_place ? in[i] : out[i], comm.default_stream()), expected, op,
+                           label("all_reduce", type, count, op_name(op), in_place, comm.rank()));
+      });
     }
+
     const int root = static_cast<int>(seed % static_cast<std::uint64_t>(n));
     for (bool in_place : {false, true}) {
-      upload(in, input, s);
-      out.fill_bytes(poison_byte<T>(), s);
-      T* target = in_place ? in.data() : out.data();
-      comm.reduce(in.data(), target, count, op, root);
-      if (r == root) {
-        check_reduction<T>(checker, download(comm, in_place ? in : out, s), seed, n, 0, op,
-                           label("reduce", type, count, op_name(op), in_place) + " root " + std::to_string(root));
-      } else {
-        comm.synchronize(s);
-      }
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        upload(in[i], part(inputs[i], 0, count), comm.default_stream());
+        out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+      });
+      ranks.issue([&](Communicator& comm, std::size_t i) {
+        comm.reduce(in[i].data(), in_place ? in[i].data() : out[i].data(), count, op, root);
+      });
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        if (comm.rank() == root) {
+          check_reduction<T>(checker, download(comm, in_place ? in[i] : out[i], comm.default_stream()), expected, op,
+                             label("reduce", type, count, std::string(op_name(op)) + " " + root_label(root), in_place,
+                                   comm.rank()));
+        } else {
+          comm.synchronize(comm.default_stream());
+        }
+      });
     }
-    // reduce_scatter: this rank's input is element range [0, total) of its sample stream;
-    // its output is the reduction of range [r * count, (r + 1) * count).
-    const auto scatter_input = make_input<T>(seed, r, total, op);
-    DeviceBuffer<T> scatter_in(total, device), scatter_out(count, device);
+
+    std::vector<std::vector<long double>> slices(ranks.members());
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      slices[i] = comm.rank() == 0 ? expected : reference_values<T>(seed, n, at(comm.rank()) * count, count, op);
+    });
     for (bool in_place : {false, true}) {
-      upload(scatter_in, scatter_input, s);
-      scatter_out.fill_bytes(poison_byte<T>(), s);
-      T* target = in_place ? scatter_in.data() + static_cast<std::size_t>(r) * count : scatter_out.data();
-      comm.reduce_scatter(scatter_in.data(), target, count, op);
-      const auto got = in_place ? download(comm, scatter_in, s, static_cast<std::size_t>(r) * count, count)
-                                : download(comm, scatter_out, s);
-      check_reduction<T>(checker, got, seed, n, static_cast<std::size_t>(r) * count, op,
-                         label("reduce_scatter", type, count, op_name(op), in_place));
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        upload(scatter_in[i], inputs[i], comm.default_stream());
+        scatter_out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+      });
+      ranks.issue([&](Communicator& comm, std::size_t i) {
+        T* target = in_place ? scatter_in[i].data() + at(comm.rank()) * count : scatter_out[i].data();
+        comm.reduce_scatter(scatter_in[i].data(), target, count, op);
+      });
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        const std::size_t first = at(comm.rank()) * count;
+        const auto got = in_place ? download(comm, scatter_in[i], comm.default_stream(), first, count)
+                                  : download(comm, scatter_out[i], comm.default_stream());
+        check_reduction<T>(checker, got, slices[i], op, label("reduce_scatter", type, count, op_name(op), in_place, comm.rank()));
+      });
     }
   }
 }
 
-/// Data movement: broadcast, all_gather, all_to_all, gather, scatter, send/recv.
+/// Data movement: broadcast, all_gather (even and uneven), all_to_all, gather, scatter and
+/// send/recv around a ring.
 template <class T>
-void check_movement(Communicator& comm, Checker& checker, std::size_t count, std::uint64_t& seed) {
-  const int n = comm.size(), r = comm.rank(), device = comm.device();
-  const cudaStream_t s = comm.default_stream();
+void check_movement(Ranks& ranks, Checker& checker, std::size_t count, std::uint64_t& seed) {
+  const int n = ranks.world();
   const std::string type = type_name<T>();
-  const std::size_t total = count * static_cast<std::size_t>(n);
+  const std::size_t total = count * at(n);
   ++seed;
   const int root = static_cast<int>(seed % static_cast<std::uint64_t>(n));
   // Rank j's contribution of `count` elements, and the concatenation over ranks.
-  auto piece = [&](int j) { return make_input<T>(seed, j, count); };
+  std::vector<std::vector<T>> pieces;
   std::vector<T> all;
   for (int j = 0; j < n; ++j) {
-    auto p = piece(j);
-    all.insert(all.end(), p.begin(), p.end());
+    pieces.push_back(make_input<T>(seed, j, count));
+    all.insert(all.end(), pieces.back().begin(), pieces.back().end());
+  }
+  auto in = per_member<T>(ranks, count), out = per_member<T>(ranks, count);
+  auto gathered = per_member<T>(ranks, total);
+
+  for (bool in_place : {false, true}) {
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      upload(in[i], pieces[at(comm.rank())], comm.default_stream());
+      out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+      if (in_place && comm.rank() != root) in[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+    });
+    ranks.issue([&](Communicator& comm, std::size_t i) {
+      if (in_place) {
+        comm.broadcast(in[i].data(), count, root);
+      } else {
+        comm.broadcast(in[i].data(), out[i].data(), count, root);
+      }
+    });
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      check_equal(checker, download(comm, in_place ? in[i] : out[i], comm.default_stream()), pieces[at(root)],
+                  label("broadcast", type, count, root_label(root), in_place, comm.rank()));
+    });
   }
 
-  DeviceBuffer<T> in(count, device), out(count, device);
   for (bool in_place : {false, true}) {
-    upload(in, piece(r), s);
-    out.fill_bytes(poison_byte<T>(), s);
-    if (in_place) {
-      if (r != root) in.fill_bytes(poison_byte<T>(), s);
-      comm.broadcast(in.data(), count, root);
-    } else {
-      comm.broadcast(in.data(), out.data(), count, root);
-    }
-    check_equal(checker, download(comm, in_place ? in : out, s), piece(root),
-                label("broadcast", type, count, ("root " + std::to_string(root)).c_str(), in_place));
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      const cudaStream_t s = comm.default_stream();
+      gathered[i].fill_bytes(poison_byte<T>(), s);
+      upload(in[i], pieces[at(comm.rank())], s);
+      if (in_place) upload(gathered[i], pieces[at(comm.rank())], s, at(comm.rank()) * count);
+    });
+    ranks.issue([&](Communicator& comm, std::size_t i) {
+      const T* source = in_place ? gathered[i].data() + at(comm.rank()) * count : in[i].data();
+      comm.all_gather(source, gathered[i].data(), count);
+    });
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      check_equal(checker, download(comm, gathered[i], comm.default_stream()), all,
+                  label("all_gather", type, count, "", in_place, comm.rank()));
+    });
   }
 
-  DeviceBuffer<T> gathered(total, device);
-  for (bool in_place : {false, true}) {
-    gathered.fill_bytes(poison_byte<T>(), s);
-    upload(in, piece(r), s);
-    if (in_place) {
-      upload(gathered, piece(r), s, static_cast<std::size_t>(r) * count);
-      comm.all_gather(gathered.data() + static_cast<std::size_t>(r) * count, gathered.data(), count);
-    } else {
-      comm.all_gather(in.data(), gathered.data(), count);
+  // all_gather_uneven: rank j contributes count + 3 * j elements, and (when n > 1) rank 1
+  // none; in place, each rank's input is its own slice of the output.
+  {
+    std::vector<std::size_t> counts, offsets;
+    std::size_t uneven_total = 0;
+    std::vector<T> expected;
+    for (int j = 0; j < n; ++j) {
+      counts.push_back(n > 1 && j == 1 ? 0 : count + 3 * at(j));
+      offsets.push_back(uneven_total);
+      uneven_total += counts.back();
+      const auto slice = make_input<T>(seed + 7, j, counts.back());
+      expected.insert(expected.end(), slice.begin(), slice.end());
     }
-    check_equal(checker, download(comm, gathered, s), all, label("all_gather", type, count, "", in_place));
+    std::vector<DeviceBuffer<T>> mine;
+    ranks.each([&](Communicator& comm, std::size_t) { mine.emplace_back(counts[at(comm.rank())], comm.device()); });
+    auto uneven_out = per_member<T>(ranks, uneven_total);
+    for (bool in_place : {false, true}) {
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        const std::size_t r = at(comm.rank());
+        const auto input = make_input<T>(seed + 7, comm.rank(), counts[r]);
+        uneven_out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+        if (in_place) {
+          upload(uneven_out[i], input, comm.default_stream(), offsets[r]);
+        } else {
+          upload(mine[i], input, comm.default_stream());
+        }
+      });
+      ranks.issue([&](Communicator& comm, std::size_t i) {
+        const std::size_t r = at(comm.rank());
+        const TensorView source = in_place ? TensorView::of(uneven_out[i].data() + offsets[r], counts[r], MemoryKind::kDevice)
+                                           : mine[i].view();
+        comm.all_gather_uneven(source, uneven_out[i].view(), counts);
+      });
+      ranks.each([&](Communicator& comm, std::size_t i) {
+        check_equal(checker, download(comm, uneven_out[i], comm.default_stream()), expected,
+                    label("all_gather_uneven", type, count, "", in_place, comm.rank()));
+      });
+    }
   }
 
   // all_to_all: rank r's input is the `total` elements of stream (seed, r); slice j goes to
   // rank j, where it lands as slice r.
   {
-    const auto mine = make_input<T>(seed, r, total);
-    std::vector<T> expected;
-    for (int j = 0; j < n; ++j) {
-      const auto theirs = make_input<T>(seed, j, total);
-      expected.insert(expected.end(), theirs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * count),
-                      theirs.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r + 1) * count));
-    }
-    DeviceBuffer<T> send(total, device), receive(total, device);
-    upload(send, mine, s);
-    receive.fill_bytes(poison_byte<T>(), s);
-    comm.all_to_all(send.data(), receive.data(), count);
-    check_equal(checker, download(comm, receive, s), expected, label("all_to_all", type, count, "", false));
+    std::vector<std::vector<T>> streams;
+    for (int j = 0; j < n; ++j) streams.push_back(make_input<T>(seed, j, total));
+    auto send = per_member<T>(ranks, total), receive = per_member<T>(ranks, total);
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      upload(send[i], streams[at(comm.rank())], comm.default_stream());
+      receive[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+    });
+    ranks.issue([&](Communicator& comm, std::size_t i) { comm.all_to_all(send[i].data(), receive[i].data(), count); });
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      const std::size_t r = at(comm.rank());
+      std::vector<T> expected;
+      for (const auto& theirs : streams) {
+        const auto slice = part(theirs, r * count, count);
+        expected.insert(expected.end(), slice.begin(), slice.end());
+      }
+      check_equal(checker, download(comm, receive[i], comm.default_stream()), expected,
+                  label("all_to_all", type, count, "", false, comm.rank()));
+    });
   }
 
-  // gather to root, scatter from root.
+  // gather to root (in place: the root's input is its slice of the output).
   for (bool in_place : {false, true}) {
-    gathered.fill_bytes(poison_byte<T>(), s);
-    upload(in, piece(r), s);
-    if (in_place && r == root) {
-      upload(gathered, piece(r), s, static_cast<std::size_t>(r) * count);
-      comm.gather(gathered.data() + static_cast<std::size_t>(r) * count, gathered.data(), count, root);
-    } else {
-      comm.gather(in.data(), gathered.data(), count, root);
-    }
-    if (r == root) {
-      check_equal(checker, download(comm, gathered, s), all,
-                  label("gather", type, count, ("root " + std::to_string(root)).c_str(), in_place));
-    } else {
-      comm.synchronize(s);
-    }
-  }
-  for (bool in_place : {false, true}) {
-    out.fill_bytes(poison_byte<T>(), s);
-    if (r == root) upload(gathered, all, s);
-    if (in_place && r == root) {
-      comm.scatter(gathered.data(), gathered.data() + static_cast<std::size_t>(r) * count, count, root);
-      check_equal(checker, download(comm, gathered, s, static_cast<std::size_t>(r) * count, count), piece(r),
-                  label("scatter", type, count, ("root " + std::to_string(root)).c_str(), in_place));
-    } else {
-      comm.scatter(gathered.data(), out.data(), count, root);
-      check_equal(checker, download(comm, out, s), piece(r),
-                  label("scatter", type, count, ("root " + std::to_string(root)).c_str(), in_place));
-    }
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      const cudaStream_t s = comm.default_stream();
+      gathered[i].fill_bytes(poison_byte<T>(), s);
+      upload(in[i], pieces[at(comm.rank())], s);
+      if (in_place && comm.rank() == root) upload(gathered[i], pieces[at(root)], s, at(root) * count);
+    });
+    ranks.issue([&](Communicator& comm, std::size_t i) {
+      const T* source = in_place && comm.rank() == root ? gathered[i].data() + at(root) * count : in[i].data();
+      comm.gather(source, gathered[i].data(), count, root);
+    });
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      if (comm.rank() == root) {
+        check_equal(checker, download(comm, gathered[i], comm.default_stream()), all,
+                    label("gather", type, count, root_label(root), in_place, comm.rank()));
+      } else {
+        comm.synchronize(comm.default_stream());
+      }
+    });
   }
 
-  // send/recv around a ring, in one group so that both directions progress.
-  {
-    upload(in, piece(r), s);
-    out.fill_bytes(poison_byte<T>(), s);
-    {
-      GroupGuard group;
-      comm.send(in.data(), count, (r + 1) % n);
-      comm.recv(out.data(), count, (r + n - 1) % n);
-      group.end();
-    }
-    check_equal(checker, download(comm, out, s), piece((r + n - 1) % n), label("send/recv ring", type, count, "", false));
+  // scatter from root (in place: the root's output is its slice of the input).
+  for (bool in_place : {false, true}) {
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+      if (comm.rank() == root) upload(gathered[i], all, comm.default_stream());
+    });
+    ranks.issue([&](Communicator& comm, std::size_t i) {
+      T* target = in_place && comm.rank() == root ? gathered[i].data() + at(root) * count : out[i].data();
+      comm.scatter(gathered[i].data(), target, count, root);
+    });
+    ranks.each([&](Communicator& comm, std::size_t i) {
+      const std::size_t r = at(comm.rank());
+      const auto got = in_place && comm.rank() == root ? download(comm, gathered[i], comm.default_stream(), r * count, count)
+                                                       : download(comm, out[i], comm.default_stream());
+      check_equal(checker, got, pieces[r], label("scatter", type, count, root_label(root), in_place, comm.rank()));
+    });
   }
+
+  // send/recv around a ring, in one group so that both directions progress (with a
+  // LocalGroup, every member's pair in that one group).
+  ranks.each([&](Communicator& comm, std::size_t i) {
+    upload(in[i], pieces[at(comm.rank())], comm.default_stream());
+    out[i].fill_bytes(poison_byte<T>(), comm.default_stream());
+  });
+  ranks.grouped([&](Communicator& comm, std::size_t i) {
+    const int r = comm.rank();
+    comm.send(in[i].data(), count, (r + 1) % n);
+    comm.recv(out[i].data(), count, (r + n - 1) % n);
+  });
+  ranks.each([&](Communicator& comm, std::size_t i) {
+    const int r = comm.rank();
+    check_equal(checker, download(comm, out[i], comm.default_stream()), pieces[at((r + n - 1) % n)],
+                label("send/recv ring", type, count, "", false, r));
+  });
+}
+
+/// The whole matrix over the communicators of `ranks`.
+void run_matrix(Ranks& ranks, Checker& checker) {
+  std::uint64_t seed = 1000;
+  for_each_type([&]<class T>() {
+    for (std::size_t count : test_counts<T>()) {
+      check_reductions<T>(ranks, checker, count, seed);
+      check_movement<T>(ranks, checker, count, seed);
+    }
+  });
+  ranks.each([&](Communicator& comm, std::size_t) {
+    checker.expect(comm.completed_seq() <= comm.issued_seq() && comm.issued_seq() > 0,
+                   "sequence numbers advance on rank " + std::to_string(comm.rank()) + " (issued " +
+                       std::to_string(comm.issued_seq()) + ")");
+  });
+}
+
+/// Says once, in the test's output, which path all_to_all, gather and scatter take in this
+/// binary (the grouped variant must be seen to run the grouped path).
+void announce_path() {
+  static bool said = false;
+  if (said) return;
+  said = true;
+  const char* path = NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
+                         ? "native ncclAlltoAll / ncclGather / ncclScatter"
+                         : "grouped send/recv (the path of NCCL < 2.28, NCCLKIT_NCCL_GROUPED_FALLBACKS)";
+  std::printf("collective matrix: all_to_all, gather and scatter use %s; nccl.h %d.%d.%d\n", path, NCCL_MAJOR,
+              NCCL_MINOR, NCCL_PATCH);
+  std::fflush(stdout);
+  MESSAGE("all_to_all, gather and scatter use " << path);
 }
 
 int matrix_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
   Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "matrix"});
   Checker checker(world.rank);
-  std::uint64_t seed = 1000;
-  for_each_type([&]<class T>() {
-    for (std::size_t count : test_counts<T>()) {
-      check_reductions<T>(comm, checker, count, seed);
-      check_movement<T>(comm, checker, count, seed);
-    }
-  });
-  checker.expect(comm.completed_seq() <= comm.issued_seq() && comm.issued_seq() > 0,
-                 "sequence numbers advance (issued " + std::to_string(comm.issued_seq()) + ")");
+  Ranks ranks(comm);
+  run_matrix(ranks, checker);
   comm.barrier();
-  return checker.finish("collective matrix on " + std::to_string(comm.size()) + " GPUs");
+  return checker.finish("collective matrix on " + std::to_string(comm.size()) + " GPUs, a process per GPU");
+}
+
+/// The matrix through one LocalGroup of GPUs 0 .. n-1, driven by this one thread.
+int local_matrix_worker(int n) {
+  std::vector<int> devices;
+  for (int d = 0; d < n; ++d) devices.push_back(d);
+  Checker checker(0);
+  LocalGroup local(devices, Options{.timeout = std::chrono::seconds(60), .name = "local-matrix"});
+  checker.expect(local.size() == n, "group of " + std::to_string(local.size()) + " members, " + std::to_string(n) + " asked");
+  Ranks ranks(local);
+  run_matrix(ranks, checker);
+  // Not barrier(): it synchronises, so one thread cannot issue it for several members. Every
+  // member's work must still be complete and error-free.
+  ranks.each([](Communicator& comm, std::size_t) {
+    comm.synchronize(comm.default_stream());
+    comm.synchronize(comm.comm_stream());
+  });
+  return checker.finish("collective matrix through a single-process group of " + std::to_string(n) + " GPUs");
 }
 
 /// Generic code written against the Backend concept only, as fusion and the trainer use it.
@@ -241,6 +457,93 @@ void backend_round_trip(B& backend, Checker& checker) {
   backend.deallocate(device_out);
 }
 
+/// Every std::span overload once, on float (the matrix covers types and ops through the
+/// pointer overloads, which the span ones forward to).
+void check_span_overloads(Communicator& comm, Checker& checker) {
+  const int n = comm.size(), r = comm.rank(), device = comm.device();
+  const cudaStream_t s = comm.default_stream();
+  const std::size_t count = 513, total = count * at(n);
+  const int root = n - 1;
+  const auto input = make_input<float>(5, r, count);
+  std::vector<float> all;
+  for (int j = 0; j < n; ++j) {
+    const auto piece = make_input<float>(5, j, count);
+    all.insert(all.end(), piece.begin(), piece.end());
+  }
+  DeviceBuffer<float> in(count, device), out(count, device), wide(total, device), wide_out(total, device);
+  const std::span<const float> in_span(in.data(), count);
+
+  upload(in, input, s);
+  out.fill_bytes(0xFF, s);
+  comm.all_reduce(in_span, out.span(), ReduceOp::kMax);
+  check_reduction<float>(checker, download(comm, out, s), 5, n, 0, ReduceOp::kMax, "all_reduce(span, span)");
+  comm.all_reduce(in.span(), ReduceOp::kMin);
+  check_reduction<float>(checker, download(comm, in, s), 5, n, 0, ReduceOp::kMin, "all_reduce(span) in place");
+
+  upload(in, input, s);
+  if (r != root) in.fill_bytes(0xFF, s);
+  comm.broadcast(in.span(), root);
+  check_equal(checker, download(comm, in, s), make_input<float>(5, root, count), "broadcast(span)");
+
+  upload(in, input, s);
+  wide.fill_bytes(0xFF, s);
+  comm.all_gather(in_span, wide.span());
+  check_equal(checker, download(comm, wide, s), all, "all_gather(span, span)");
+
+  // reduce_scatter over the `total`-element streams (seed 6); rank r keeps slice r.
+  upload(wide, make_input<float>(6, r, total, ReduceOp::kSum), s);
+  out.fill_bytes(0xFF, s);
+  comm.reduce_scatter(std::span<const float>(wide.data(), total), out.span(), ReduceOp::kSum);
+  check_reduction<float>(checker, download(comm, out, s), 6, n, at(r) * count, ReduceOp::kSum, "reduce_scatter(span, span)");
+
+  // all_to_all over the `total`-element streams (seed 7): slice j of rank j's lands as slice j.
+  upload(wide, make_input<float>(7, r, total), s);
+  wide_out.fill_bytes(0xFF, s);
+  comm.all_to_all(std::span<const float>(wide.data(), total), wide_out.span());
+  {
+    std::vector<float> expected;
+    for (int j = 0; j < n; ++j) {
+      const auto theirs = make_input<float>(7, j, total);
+      expected.insert(expected.end(), theirs.begin() + static_cast<std::ptrdiff_t>(at(r) * count),
+                      theirs.begin() + static_cast<std::ptrdiff_t>(at(r + 1) * count));
+    }
+    check_equal(checker, download(comm, wide_out, s), expected, "all_to_all(span, span)");
+  }
+
+  // reduce, gather and scatter: the root-only buffer is an empty span on the other ranks.
+  upload(in, input, s);
+  out.fill_bytes(0xFF, s);
+  comm.reduce(in_span, r == root ? out.span() : std::span<float>(), ReduceOp::kSum, root);
+  if (r == root) {
+    check_reduction<float>(checker, download(comm, out, s), 5, n, 0, ReduceOp::kSum, "reduce(span, span)");
+  } else {
+    comm.synchronize(s);
+  }
+
+  wide.fill_bytes(0xFF, s);
+  comm.gather(in_span, r == root ? wide.span() : std::span<float>(), root);
+  if (r == root) {
+    check_equal(checker, download(comm, wide, s), all, "gather(span, span)");
+  } else {
+    comm.synchronize(s);
+  }
+
+  if (r == root) upload(wide, all, s);
+  out.fill_bytes(0xFF, s);
+  comm.scatter(r == root ? std::span<const float>(wide.data(), total) : std::span<const float>(), out.span(), root);
+  check_equal(checker, download(comm, out, s), input, "scatter(span, span)");
+
+  // send(span<const T>) / recv(span<T>) around a ring.
+  out.fill_bytes(0xFF, s);
+  {
+    GroupGuard group;
+    comm.send(in_span, (r + 1) % n);
+    comm.recv(out.span(), (r + n - 1) % n);
+    group.end();
+  }
+  check_equal(checker, download(comm, out, s), make_input<float>(5, (r + n - 1) % n, count), "send(span) / recv(span)");
+}
+
 int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
   Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "api"});
   Checker checker(world.rank);
@@ -248,49 +551,7 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
   const cudaStream_t s = comm.default_stream();
 
   backend_round_trip(comm, checker);
-
-  // std::span overloads.
-  {
-    const std::size_t count = 513;
-    const auto input = make_input<float>(5, r, count);
-    DeviceBuffer<float> in(count, device), out(count, device), gathered(count * n, device);
-    upload(in, input, s);
-    out.fill_bytes(0xFF, s);
-    comm.all_reduce(std::span<const float>(in.data(), count), out.span(), ReduceOp::kMax);
-    check_reduction<float>(checker, download(comm, out, s), 5, n, 0, ReduceOp::kMax, "all_reduce(span, span)");
-    comm.all_reduce(in.span(), ReduceOp::kMin);
-    check_reduction<float>(checker, download(comm, in, s), 5, n, 0, ReduceOp::kMin, "all_reduce(span) in place");
-    upload(in, input, s);
-    comm.all_gather(std::span<const float>(in.data(), count), gathered.span());
-    std::vector<float> all;
-    for (int j = 0; j < n; ++j) {
-      auto p = make_input<float>(5, j, count);
-      all.insert(all.end(), p.begin(), p.end());
-    }
-    check_equal(checker, download(comm, gathered, s), all, "all_gather(span, span)");
-    upload(in, input, s);
-    comm.broadcast(in.span(), n - 1);
-    check_equal(checker, download(comm, in, s), make_input<float>(5, n - 1, count), "broadcast(span)");
-  }
-
-  // Uneven all_gather: rank j contributes 3 * j + 1 elements, and (when n > 1) rank 1 none.
-  for_each_type([&]<class T>() {
-    std::vector<std::size_t> counts(static_cast<std::size_t>(n));
-    for (int j = 0; j < n; ++j) counts[static_cast<std::size_t>(j)] = j == 1 ? 0 : 3 * static_cast<std::size_t>(j) + 1001;
-    std::size_t total = 0;
-    std::vector<T> expected;
-    for (int j = 0; j < n; ++j) {
-      auto p = make_input<T>(9, j, counts[static_cast<std::size_t>(j)]);
-      expected.insert(expected.end(), p.begin(), p.end());
-      total += counts[static_cast<std::size_t>(j)];
-    }
-    const std::size_t mine = counts[static_cast<std::size_t>(r)];
-    DeviceBuffer<T> in(mine, device), out(total, device);
-    upload(in, make_input<T>(9, r, mine), s);
-    out.fill_bytes(poison_byte<T>(), s);
-    comm.all_gather_uneven(in.view(), out.view(), counts);
-    check_equal(checker, download(comm, out, s), expected, "all_gather_uneven " + type_name<T>());
-  });
+  check_span_overloads(comm, checker);
 
   // Several collectives fused in one group, on two streams.
   {
@@ -318,13 +579,25 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
 }
 
 TEST_CASE("every collective, type and op against a host reference, 1/2/4 GPUs") {
+  announce_path();
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, matrix_worker, std::chrono::minutes(8));
   }
 }
 
-TEST_CASE("span API, uneven all_gather, groups, barrier and Backend-generic use") {
+TEST_CASE("single-process matrix: every collective, type and op through one LocalGroup of 1/2/4 GPUs") {
+  announce_path();
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    // One worker drives all n GPUs: this test process must not initialise CUDA (it forks).
+    run_workers(
+        1, [n](const WorldInfo&, const std::shared_ptr<Store>&) { return local_matrix_worker(n); },
+        std::chrono::minutes(8));
+  }
+}
+
+TEST_CASE("span API, groups, barrier and Backend-generic use") {
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, api_worker);
