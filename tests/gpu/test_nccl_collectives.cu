@@ -391,7 +391,7 @@ void announce_path() {
   std::printf("collective matrix: all_to_all, gather and scatter use %s; nccl.h %d.%d.%d\n", path, NCCL_MAJOR,
               NCCL_MINOR, NCCL_PATCH);
   std::fflush(stdout);
-  MESSAGE("all_to_all, gather and scatter use " << path);
+  MESSAGE("all_to_all, gather and scatter use " << std::string(path));
 }
 
 int matrix_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {

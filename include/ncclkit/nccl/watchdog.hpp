@@ -113,6 +113,9 @@ struct CommHandle {
   /// Returns the time of entry (the issue time the watchdog measures the call from; a coarse
   /// stamp, core/coarse_clock.hpp: cheap on every host, and at most a tick early).
   std::chrono::steady_clock::time_point enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
+    // The last leave()'s store of 0 before the fields' new values (free on x86; on weaker
+    // CPUs a reader could otherwise see new fields under the old issuing_since).
+    std::atomic_thread_fence(std::memory_order_release);
     issuing_seq.store(seq, std::memory_order_relaxed);
     issuing_operation.store(operation, std::memory_order_relaxed);
     issuing_bytes.store(bytes, std::memory_order_relaxed);

@@ -1,0 +1,50 @@
+# test_nccl_fake_watchdog: the NCCL backend's watchdog, group and abort logic against a fake
+# CUDA runtime and NCCL (tests/support/fake_cuda_nccl.hpp), label `host`, so that it runs on
+# every machine with the CUDA and NCCL headers, GPU or not.
+#
+# include()d by tests/CMakeLists.txt after ncclkit_test_main and ncclkit_apply_test_properties
+# are defined. Only headers are needed: the fake defines the CUDA runtime and NCCL functions
+# the headers call, so the test links neither libcudart nor libnccl (either would clash with
+# it). The source lives in tests/fake/, out of reach of the tests/host/test_*.cpp glob, which
+# would build it without the fake.
+
+# Headers only, so it is built with NCCLKIT_WITH_CUDA=OFF too (CI's sanitizer stage runs it).
+if(NOT TARGET ncclkit_test_main OR NOT COMMAND ncclkit_apply_test_properties)
+  message(FATAL_ERROR "tests/fake_nccl.cmake: include it after ncclkit_test_main and "
+                      "ncclkit_apply_test_properties are defined (tests/CMakeLists.txt)")
+endif()
+
+# The toolkit's headers (cuda_runtime_api.h, cuda.h, cuda_fp16.h, nvtx3/) and nccl.h: where the
+# top-level CMakeLists found them, else the usual places (a machine may have the headers
+# without nvcc or libnccl, which the top level needs for NCCLKIT_HAVE_CUDA / _NCCL).
+find_path(NCCLKIT_FAKE_CUDA_INCLUDE_DIR cuda_runtime_api.h
+  HINTS ${CUDAToolkit_INCLUDE_DIRS} "$ENV{CUDA_HOME}/include" "$ENV{CUDA_PATH}/include" /usr/local/cuda/include)
+find_path(NCCLKIT_FAKE_NCCL_INCLUDE_DIR nccl.h
+  HINTS ${NCCL_INCLUDE_DIR} "$ENV{NCCL_ROOT}/include" "$ENV{NCCL_HOME}/include" ${NCCLKIT_FAKE_CUDA_INCLUDE_DIR})
+mark_as_advanced(NCCLKIT_FAKE_CUDA_INCLUDE_DIR NCCLKIT_FAKE_NCCL_INCLUDE_DIR)
+if(NOT NCCLKIT_FAKE_CUDA_INCLUDE_DIR OR NOT NCCLKIT_FAKE_NCCL_INCLUDE_DIR
+   OR NOT EXISTS "${NCCLKIT_FAKE_CUDA_INCLUDE_DIR}/nvtx3/nvToolsExt.h")
+  message(STATUS "test_nccl_fake_watchdog: off (needs the CUDA toolkit's headers and nccl.h)")
+  return()
+endif()
+
+# ncclkit needs NCCL 2.18 or newer (include/ncclkit/nccl/types.hpp stops the build otherwise).
+file(STRINGS "${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h" _fake_nccl_version REGEX "^#define NCCL_(MAJOR|MINOR) ")
+string(REGEX MATCH "NCCL_MAJOR +([0-9]+)" _fake_nccl_major "${_fake_nccl_version}")
+set(_fake_nccl_major "${CMAKE_MATCH_1}")
+string(REGEX MATCH "NCCL_MINOR +([0-9]+)" _fake_nccl_minor "${_fake_nccl_version}")
+set(_fake_nccl_minor "${CMAKE_MATCH_1}")
+if("${_fake_nccl_major}.${_fake_nccl_minor}" VERSION_LESS 2.18)
+  message(STATUS "test_nccl_fake_watchdog: off (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
+                 "${_fake_nccl_major}.${_fake_nccl_minor}; ncclkit needs 2.18 or newer)")
+  return()
+endif()
+
+set(_fake_test_source ${CMAKE_CURRENT_LIST_DIR}/fake/test_nccl_fake_watchdog.cpp)
+add_executable(test_nccl_fake_watchdog ${_fake_test_source} ${CMAKE_CURRENT_LIST_DIR}/support/fake_cuda_nccl.cpp)
+target_include_directories(test_nccl_fake_watchdog SYSTEM PRIVATE
+  ${NCCLKIT_FAKE_CUDA_INCLUDE_DIR} ${NCCLKIT_FAKE_NCCL_INCLUDE_DIR})
+# No CUDA::cudart, no NCCL::nccl: the fake is both.
+target_link_libraries(test_nccl_fake_watchdog PRIVATE ncclkit_test_main Threads::Threads)
+add_test(NAME test_nccl_fake_watchdog COMMAND test_nccl_fake_watchdog)
+ncclkit_apply_test_properties(test_nccl_fake_watchdog ${_fake_test_source} host)
