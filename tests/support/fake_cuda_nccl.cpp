@@ -439,6 +439,22 @@ std::string violations_text() {
   return text.empty() ? std::string("none") : text;
 }
 
+/// The communicator `comm` names, if it is one that neither ncclCommDestroy nor ncclCommAbort
+/// has ended yet (a second end is a violation). `call` names the ending call. s.mutex held.
+inline FakeComm* endable_comm(State& s, ncclComm_t comm, const char* call, ncclResult_t& status) {
+  FakeComm* c = known_comm(s, comm, call);
+  status = ncclInvalidArgument;
+  if (c == nullptr) return nullptr;
+  if (c->aborted || c->destroyed) {
+    violation(s, std::string(call) + " of " + comm_name(*c) + ", which was already " +
+                     (c->aborted ? "aborted" : "destroyed"));
+    status = ncclInvalidUsage;
+    return nullptr;
+  }
+  status = ncclSuccess;
+  return c;
+}
+
 }  // namespace ncclkit_test::fake
 
 // ---- the C entry points -------------------------------------------------------------------
@@ -775,13 +791,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   fake::State& s = fake::state();
   std::lock_guard lock(s.mutex);
-  fake::FakeComm* c = fake::known_comm(s, comm, "ncclCommDestroy");
-  if (c == nullptr) return ncclInvalidArgument;
-  if (c->aborted || c->destroyed) {
-    fake::violation(s, "ncclCommDestroy of " + fake::comm_name(*c) + ", which was already " +
-                           (c->aborted ? "aborted" : "destroyed"));
-    return ncclInvalidUsage;
-  }
+  ncclResult_t status = ncclSuccess;
+  fake::FakeComm* c = fake::endable_comm(s, comm, "ncclCommDestroy", status);
+  if (c == nullptr) return status;
   c->destroyed = true;
   return ncclSuccess;
 }
@@ -790,13 +802,9 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclSuccess;
   fake::State& s = fake::state();
   std::lock_guard lock(s.mutex);
-  fake::FakeComm* c = fake::known_comm(s, comm, "ncclCommAbort");
-  if (c == nullptr) return ncclInvalidArgument;
-  if (c->aborted || c->destroyed) {
-    fake::violation(s, "ncclCommAbort of " + fake::comm_name(*c) + ", which was already " +
-                           (c->aborted ? "aborted" : "destroyed"));
-    return ncclInvalidUsage;
-  }
+  ncclResult_t status = ncclSuccess;
+  fake::FakeComm* c = fake::endable_comm(s, comm, "ncclCommAbort", status);
+  if (c == nullptr) return status;
   c->aborted = true;
   s.abort_order.push_back(comm);
   if (c->inside > 0) ++s.aborts_while_inside;
