@@ -100,10 +100,9 @@ struct CommHandle {
   bool aborted = false;             ///< guarded by mutex; both handles are gone when true
   std::atomic<int> open_groups{0};  ///< >0: ops of this comm sit in an open ncclGroupStart
   /// Steady-clock nanoseconds at which the issuing thread entered an NCCL call (0: not in one),
-  /// and what that call is.
-  /// The fields below are read by the watchdog and store link threads while the issuing
-  /// thread rewrites them for its next call: atomics (relaxed; plain stores on x86), read
-  /// between two loads of issuing_since (see blocked_call).
+  /// and what that call is. The watchdog and store link threads read them while the issuing
+  /// thread rewrites them for its next call: atomics (relaxed; plain stores on x86), the
+  /// fields read between two loads of issuing_since (see blocked_call).
   std::atomic<std::int64_t> issuing_since{0};
   std::atomic<std::uint64_t> issuing_seq{0};
   std::atomic<const char*> issuing_operation{""};
