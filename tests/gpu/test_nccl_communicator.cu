@@ -300,6 +300,32 @@ TEST_CASE("a failed communicator in a group fails alone, after the group's launc
   }
 }
 
+TEST_CASE("barrier returns only once every rank has called it") {
+  for (int n : world_sizes()) {
+    if (n < 2) continue;
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "barrier"});
+      const int late = comm.size() - 1;
+      constexpr auto kLate = std::chrono::milliseconds(1500);
+      comm.barrier();  // lines the ranks up (within milliseconds)
+      if (comm.rank() == late) std::this_thread::sleep_for(kLate);
+      const auto start = std::chrono::steady_clock::now();
+      comm.barrier();
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (comm.rank() == late) {
+        checker.expect(took < 1.0, "the last rank to arrive is not held (took " + std::to_string(took) + " s)");
+      } else {
+        // 1.5 s late, less what the first barrier's exits may differ by (far under 0.3 s).
+        checker.expect(took > 1.2, "rank " + std::to_string(comm.rank()) + " waited " + std::to_string(took) +
+                                       " s for a rank 1.5 s late");
+      }
+      return checker.finish("barrier waits");
+    });
+  }
+}
+
 TEST_CASE("buffers and streams of another GPU are refused") {
   if (!have_gpus(2, "the wrong-device check")) return;
   run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
