@@ -104,7 +104,7 @@ inline void parse_url_query(std::string_view url, std::string_view query, InitUr
     std::string number(value);
     char* end = nullptr;
     const double seconds = number.empty() ? 0.0 : std::strtod(number.c_str(), &end);
-    if (number.empty() || end != number.c_str() + number.size() || !(seconds > 0) || seconds > 1e9) {
+    if (number.empty() || end != number.c_str() + number.size() || !(seconds > 0) || seconds > kMaxTimeoutSeconds) {
       throw_init_url_error(url, "timeout='" + number + "' is not a positive number of seconds (e.g. ?timeout=30)");
     }
     out.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));

@@ -53,13 +53,17 @@ inline std::optional<std::int64_t> env_int(const char* name) {
   return value;
 }
 
+/// The longest timeout ncclkit takes, in seconds (about 31 years): deadlines of now + timeout
+/// stay far from the clock's overflow.
+inline constexpr double kMaxTimeoutSeconds = 1e9;
+
 /// A duration in seconds (fractions allowed, e.g. "2.5"); `fallback` when unset.
 inline std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback) {
   auto text = env_string(name);
   if (!text) return fallback;
   char* end = nullptr;
   double seconds = std::strtod(text->c_str(), &end);
-  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > 1e9) {
+  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > kMaxTimeoutSeconds) {
     throw ConfigError(std::string("environment variable ") + name + "='" + *text +
                       "' is not a positive number of seconds; set it like " + name + "=300");
   }

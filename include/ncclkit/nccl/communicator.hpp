@@ -251,7 +251,7 @@ class Communicator {
     auto& c = core();
     c.watchdog.throw_if_failed();
     const cudaStream_t s = stream.resolve(c.default_stream);
-    refuse_capture("synchronize", s);
+    if (is_capturing(s)) refuse_capture("synchronize");
     NCCLKIT_CUDA_CHECK(cudaEventRecord(c.sync_event.get(), s));
     // Relaxed capture mode: the polling stays legal while another thread captures a graph in
     // global mode.
@@ -378,7 +378,7 @@ class Communicator {
 #if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclAlltoAll(in.data, out.data, per_peer, type, comm, s);
 #else
-      return grouped_exchange(comm, s, type, per_peer * size_of(in.dtype), per_peer,
+      return grouped_exchange(comm, s, type, per_peer,
                               [&](int peer) { return offset(in.data, peer, per_peer, in.dtype); },
                               [&](int peer) { return offset(out.data, peer, per_peer, in.dtype); });
 #endif
@@ -477,7 +477,7 @@ class Communicator {
       misuse(kOp, "called inside an open GroupGuard, where nothing is launched until the group ends, so it "
                   "cannot wait for the other ranks; call it after the group's end");
     }
-    refuse_capture(kOp, s);
+    if (core().capturing) refuse_capture(kOp);
     auto& c = core();
     issue(kOp, sizeof(std::int32_t), s, [&](ncclComm_t comm) {
       return ncclAllReduce(c.scratch, c.scratch, 1, ncclInt32, ncclSum, comm, s);
@@ -737,8 +737,8 @@ class Communicator {
     auto core = std::make_unique<detail::CommCore>();
     if (options.timeout.count() <= 0) options.timeout = default_comm_timeout();
     // Deadlines are now + timeout (+ slack): a "forever" such as milliseconds::max() would
-    // overflow them. 1e9 s, as for NCCLKIT_TIMEOUT, is beyond any job.
-    if (options.timeout > std::chrono::duration<double>(1e9)) {
+    // overflow them.
+    if (options.timeout > std::chrono::duration<double>(kMaxTimeoutSeconds)) {
       throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): Options::timeout of " +
                         std::to_string(options.timeout.count()) + " ms is too long (at most 1e9 s); to wait "
                         "practically forever, give a long but finite timeout such as std::chrono::hours(24 * 365)");
@@ -1177,23 +1177,24 @@ class Communicator {
   /// and one illegal call spoils it for good.
   cudaStream_t checked_stream(const char* operation, const StreamArg& stream) const {
     const cudaStream_t s = stream.resolve(core().default_stream);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    NCCLKIT_CUDA_CHECK(detail::stream_is_capturing(s, &capture));
-    core().capturing = capture != cudaStreamCaptureStatusNone;
+    core().capturing = is_capturing(s);
     // Streams the communicator made are of its GPU; any other (Options::stream included, which
     // may be a special handle such as cudaStreamPerThread) is checked on every call.
     const bool own = s == core().own_default_stream.get() || s == core().own_comm_stream.get();
     if (!own || s == nullptr) check_stream_device(operation, s);
     return s;
   }
-  /// Misuse when `s` is capturing a CUDA graph, for the calls that wait on the host.
-  void refuse_capture(const char* operation, cudaStream_t s) const {
+  /// Whether `s` is capturing a CUDA graph (or its capture was invalidated): the one CUDA query
+  /// that is legal during a capture.
+  static bool is_capturing(cudaStream_t s) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     NCCLKIT_CUDA_CHECK(detail::stream_is_capturing(s, &capture));
-    if (capture != cudaStreamCaptureStatusNone) {
-      misuse(operation, "the stream is capturing a CUDA graph, and a capture cannot be waited for; call it on the "
-                        "stream once the graph has been launched (cudaGraphLaunch), or end the capture first");
-    }
+    return capture != cudaStreamCaptureStatusNone;
+  }
+  /// The misuse of a call that waits on the host, on a stream that is capturing.
+  [[noreturn]] void refuse_capture(const char* operation) const {
+    misuse(operation, "the stream is capturing a CUDA graph, and a capture cannot be waited for; call it on the "
+                      "stream once the graph has been launched (cudaGraphLaunch), or end the capture first");
   }
   /// Misuse when `s` belongs to another GPU (queried when Options::check_pointers is on and
   /// nothing is capturing; CUDA 12.8 or later). A stream found good is remembered, as buffers
@@ -1229,7 +1230,7 @@ class Communicator {
 
 #if !NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
   template <class SendAt, class ReceiveAt>
-  ncclResult_t grouped_exchange(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, std::size_t, std::size_t count,
+  ncclResult_t grouped_exchange(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, std::size_t count,
                                 SendAt send_at, ReceiveAt receive_at) {
     ncclResult_t status = ncclGroupStart();
     if (status != ncclSuccess) return status;
