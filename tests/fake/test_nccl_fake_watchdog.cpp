@@ -86,6 +86,16 @@ std::string message_of(Call&& call) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+/// While a failed member's group is open, its watchdog keeps polling (and retrying the
+/// abort): lets it poll three more times, each counted by `polls`, then checks that `comm` is
+/// still not aborted. (A watchdog that aborts stops polling: the wait ends at the abort too,
+/// and the check reports it.)
+void check_abort_held_back(const std::function<long()>& polls, ncclComm_t comm) {
+  const long before = polls();
+  CHECK(wait_until([&] { return polls() >= before + 3 || fake::aborted(comm); }));
+  CHECK_FALSE(fake::aborted(comm));
+}
+
 /// Device memory of the fake (host memory underneath), freed at the end of the test.
 struct FreeDevice {
   void operator()(float* data) const { (void)cudaFree(data); }
@@ -140,14 +150,7 @@ TEST_CASE("a member that fails with an op queued in an open group is aborted onl
 
     REQUIRE(wait_until([&] { return failing.failed(); }));
     CHECK(seconds_since(start) >= 1.0);
-    // The watchdog keeps polling (and retrying the abort) while the group is open: let it
-    // poll three more times, then the abort must still be held back. (A watchdog that aborts
-    // stops polling: the wait ends at the abort too, which the checks below report.)
-    const long queries = fake::event_queries(failing_stream);
-    CHECK(wait_until([&] {
-      return fake::event_queries(failing_stream) >= queries + 3 || fake::aborted(failing_comm);
-    }));
-    CHECK_FALSE(fake::aborted(failing_comm));
+    check_abort_held_back([&] { return fake::event_queries(failing_stream); }, failing_comm);
     CHECK_FALSE(fake::aborted(failing_control));
     CHECK_FALSE(failing.failure_report().has_value());
 
@@ -190,10 +193,8 @@ TEST_CASE("abort() of a member with an op queued in an open group waits for the 
     failing.abort("the test aborted it");
     CHECK(seconds_since(before) < kSlackSeconds);  // returns at once, without its report
     CHECK(failing.failed());
-    // The watchdog polls NCCL's error state each interval: three more polls, still no abort.
-    const long polls = fake::async_error_queries(failing_comm);
-    CHECK(wait_until([&] { return fake::async_error_queries(failing_comm) >= polls + 3 || fake::aborted(failing_comm); }));
-    CHECK_FALSE(fake::aborted(failing_comm));
+    // The watchdog polls NCCL's error state each interval.
+    check_abort_held_back([&] { return fake::async_error_queries(failing_comm); }, failing_comm);
 
     const std::string message = message_of<CommError>([&] { guard.end(); });
     CHECK(contains(message, "(rank 1 of 2, GPU 1) failed: the test aborted it"));
@@ -228,11 +229,7 @@ TEST_CASE("a collective captured into a CUDA graph inside an open group holds th
     CHECK(failing.issued_seq() == 1);  // a captured collective gets no sequence number
 
     REQUIRE(wait_until([&] { return failing.failed(); }));
-    const long queries = fake::event_queries(failing_stream);
-    CHECK(wait_until([&] {
-      return fake::event_queries(failing_stream) >= queries + 3 || fake::aborted(failing_comm);
-    }));
-    CHECK_FALSE(fake::aborted(failing_comm));
+    check_abort_held_back([&] { return fake::event_queries(failing_stream); }, failing_comm);
 
     const std::string message = message_of<CommError>([&] { guard.end(); });
     CHECK(contains(message, "(rank 0 of 2, GPU 0) failed"));

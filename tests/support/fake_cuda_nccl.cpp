@@ -301,15 +301,24 @@ void fail_set_device(int device) {
   state().failing_device = device;
 }
 
+namespace {
+/// The stream `handle` names, which the test control `call` needs to be one the code under
+/// test made (not a default stream); null, with a violation, when it is not. s.mutex held.
+FakeStream* made_stream(State& s, cudaStream_t handle, const char* call, const char* why = "") {
+  FakeStream* target = nullptr;
+  if (!find_stream(s, handle, call, &target)) return nullptr;
+  if (target == nullptr) {
+    violation(s, std::string(call) + ": needs a stream made by cudaStreamCreateWithPriority" + why);
+  }
+  return target;
+}
+}  // namespace
+
 void stall_stream(cudaStream_t stream, Stall how) {
   State& s = state();
   std::lock_guard lock(s.mutex);
-  FakeStream* target = nullptr;
-  if (!find_stream(s, stream, "fake::stall_stream", &target)) return;
-  if (target == nullptr) {
-    violation(s, "fake::stall_stream: needs a stream made by cudaStreamCreateWithPriority");
-    return;
-  }
+  FakeStream* target = made_stream(s, stream, "fake::stall_stream");
+  if (target == nullptr) return;
   target->stalled = true;
   target->stall = how;
 }
@@ -326,13 +335,8 @@ void stall_all_events(bool on) {
 void set_capturing(cudaStream_t stream, bool on) {
   State& s = state();
   std::lock_guard lock(s.mutex);
-  FakeStream* target = nullptr;
-  if (!find_stream(s, stream, "fake::set_capturing", &target)) return;
-  if (target == nullptr) {
-    violation(s, "fake::set_capturing: needs a stream made by cudaStreamCreateWithPriority (the default streams "
-                 "cannot capture)");
-    return;
-  }
+  FakeStream* target = made_stream(s, stream, "fake::set_capturing", " (the default streams cannot capture)");
+  if (target == nullptr) return;
   if (target->capturing != on) s.capturing_streams += on ? 1 : -1;
   target->capturing = on;
 }
