@@ -1,6 +1,7 @@
-# test_nccl_fake_watchdog: the NCCL backend's watchdog, group and abort logic against a fake
-# CUDA runtime and NCCL (tests/support/fake_cuda_nccl.hpp), label `host`, so that it runs on
-# every machine with the CUDA and NCCL headers, GPU or not.
+# test_nccl_fake_watchdog (the NCCL backend's watchdog, group and abort logic) and
+# test_nccl_fake_options (Options' ncclConfig_t knobs), against a fake CUDA runtime and NCCL
+# (tests/support/fake_cuda_nccl.hpp), label `host`, so that they run on every machine with the
+# CUDA and NCCL headers, GPU or not.
 #
 # include()d by tests/CMakeLists.txt after ncclkit_test_main and ncclkit_apply_test_properties
 # are defined. Only headers are needed: the fake defines the CUDA runtime and NCCL functions
@@ -24,7 +25,7 @@ find_path(NCCLKIT_FAKE_NCCL_INCLUDE_DIR nccl.h
 mark_as_advanced(NCCLKIT_FAKE_CUDA_INCLUDE_DIR NCCLKIT_FAKE_NCCL_INCLUDE_DIR)
 if(NOT NCCLKIT_FAKE_CUDA_INCLUDE_DIR OR NOT NCCLKIT_FAKE_NCCL_INCLUDE_DIR
    OR NOT EXISTS "${NCCLKIT_FAKE_CUDA_INCLUDE_DIR}/nvtx3/nvToolsExt.h")
-  message(STATUS "test_nccl_fake_watchdog: off (needs the CUDA toolkit's headers and nccl.h)")
+  message(STATUS "test_nccl_fake_*: off (needs the CUDA toolkit's headers and nccl.h)")
   return()
 endif()
 
@@ -35,16 +36,18 @@ set(_fake_nccl_major "${CMAKE_MATCH_1}")
 string(REGEX MATCH "NCCL_MINOR +([0-9]+)" _fake_nccl_minor "${_fake_nccl_version}")
 set(_fake_nccl_minor "${CMAKE_MATCH_1}")
 if("${_fake_nccl_major}.${_fake_nccl_minor}" VERSION_LESS 2.18)
-  message(STATUS "test_nccl_fake_watchdog: off (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
+  message(STATUS "test_nccl_fake_*: off (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
                  "${_fake_nccl_major}.${_fake_nccl_minor}; ncclkit needs 2.18 or newer)")
   return()
 endif()
 
-set(_fake_test_source ${CMAKE_CURRENT_LIST_DIR}/fake/test_nccl_fake_watchdog.cpp)
-add_executable(test_nccl_fake_watchdog ${_fake_test_source} ${CMAKE_CURRENT_LIST_DIR}/support/fake_cuda_nccl.cpp)
-target_include_directories(test_nccl_fake_watchdog SYSTEM PRIVATE
-  ${NCCLKIT_FAKE_CUDA_INCLUDE_DIR} ${NCCLKIT_FAKE_NCCL_INCLUDE_DIR})
-# No CUDA::cudart, no NCCL::nccl: the fake is both.
-target_link_libraries(test_nccl_fake_watchdog PRIVATE ncclkit_test_main Threads::Threads)
-add_test(NAME test_nccl_fake_watchdog COMMAND test_nccl_fake_watchdog)
-ncclkit_apply_test_properties(test_nccl_fake_watchdog ${_fake_test_source} host)
+foreach(_fake_test test_nccl_fake_watchdog test_nccl_fake_options)
+  set(_fake_test_source ${CMAKE_CURRENT_LIST_DIR}/fake/${_fake_test}.cpp)
+  add_executable(${_fake_test} ${_fake_test_source} ${CMAKE_CURRENT_LIST_DIR}/support/fake_cuda_nccl.cpp)
+  target_include_directories(${_fake_test} SYSTEM PRIVATE
+    ${NCCLKIT_FAKE_CUDA_INCLUDE_DIR} ${NCCLKIT_FAKE_NCCL_INCLUDE_DIR})
+  # No CUDA::cudart, no NCCL::nccl: the fake is both.
+  target_link_libraries(${_fake_test} PRIVATE ncclkit_test_main Threads::Threads)
+  add_test(NAME ${_fake_test} COMMAND ${_fake_test})
+  ncclkit_apply_test_properties(${_fake_test} ${_fake_test_source} host)
+endforeach()

@@ -18,15 +18,13 @@
 #include <string>      // std::string
 #include <thread>      // std::this_thread::sleep_for
 
-#include "ncclkit/bootstrap/init_url.hpp"
-#include "ncclkit/bootstrap/world_info.hpp"
+#include "fake/fake_session.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/local_group.hpp"
 #include "ncclkit/nccl/stream.hpp"
 #include "support/fake_cuda_nccl.hpp"
-#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -38,53 +36,23 @@ using ncclkit::nccl::Communicator;
 using ncclkit::nccl::GroupGuard;
 using ncclkit::nccl::LocalGroup;
 using ncclkit::nccl::Options;
+using ncclkit_test::contains;
+using ncclkit_test::FakeSession;
+using ncclkit_test::message_of;
+using ncclkit_test::OneRankJob;
+using ncclkit_test::wait_until;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr auto kTimeout = 1000ms;
+constexpr auto kTimeout = ncclkit_test::kFakeTimeout;
 /// Added to every upper time bound: scheduling on a busy CI machine, not the code under test.
 constexpr double kSlackSeconds = 3.0;
 /// Elements per buffer; the fake moves no data, so their values do not matter.
 constexpr std::size_t kCount = 256;
 
-// Fields set one by one: with designated initialisers, GCC 12's -Wextra warns about every
-// member left out.
-Options options(const char* name) {
-  Options result;
-  result.timeout = kTimeout;
-  result.name = name;
-  return result;
-}
+Options options(const char* name) { return ncclkit_test::fake_options(name); }
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-/// Polls `done` every millisecond until it holds (true) or `limit` passes (false).
-bool wait_until(const std::function<bool()>& done, std::chrono::milliseconds limit = 10s) {
-  const auto deadline = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
-/// The message of the `Expected` that `call` throws; a failed check (and an empty message)
-/// when it throws nothing or something else.
-template <class Expected, class Call>
-std::string message_of(Call&& call) {
-  try {
-    call();
-  } catch (const Expected& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL_CHECK("the call threw another exception: " << e.what());
-    return {};
-  }
-  FAIL_CHECK("the call did not throw the expected exception");
-  return {};
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 /// While a failed member's group is open, its watchdog keeps polling (and retrying the
 /// abort): lets it poll three more times, each counted by `polls`, then checks that `comm` is
@@ -104,27 +72,6 @@ using DeviceFloats = std::unique_ptr<float, FreeDevice>;
 DeviceFloats allocate(Communicator& comm) {
   return DeviceFloats(static_cast<float*>(comm.allocate(kCount * sizeof(float))));
 }
-
-/// Starts each test from a fresh fake; at the end, after everything the test made is gone,
-/// the test checks clean().
-struct FakeSession {
-  FakeSession() { fake::reset(2); }
-  static void check_clean() {
-    CHECK_MESSAGE(fake::use_after_abort() == 0, "use after abort: " << fake::violations_text());
-    CHECK_MESSAGE(fake::violations().empty(), "violations: " << fake::violations_text());
-  }
-};
-
-/// A one-rank job with a FileStore, for the Communicator's store path (progress, announcement).
-struct OneRankJob {
-  ncclkit_test::TempDir dir{"fake-nccl"};
-  ncclkit::WorldInfo world;
-  std::shared_ptr<ncclkit::Store> store;
-  OneRankJob() {
-    world.init_url = "file://" + dir.path;
-    store = ncclkit::make_store(world.init_url, world);
-  }
-};
 
 }  // namespace
 

@@ -12,7 +12,7 @@
 #include <chrono>   // std::chrono
 #include <cmath>    // std::nearbyint
 #include <cstdio>   // std::printf
-#include <cstdlib>  // setenv, unsetenv
+#include <cstdlib>  // setenv, unsetenv, std::atoi
 #include <limits>   // std::numeric_limits
 #include <optional>  // std::optional
 #include <string>   // std::string
@@ -31,6 +31,7 @@
 #include "ncclkit/nccl/rendezvous.hpp"
 #include "ncclkit/nccl/types.hpp"
 #include "ncclkit/store/prefix_store.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -689,16 +690,58 @@ TEST_CASE("collectives captured in a CUDA graph replay with fresh inputs") {
 
 // ---- options -------------------------------------------------------------------------------------
 
-TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, name, priority, user stream") {
+/// Makes NCCL log its INFO lines of `subsystems` to `path`. Call before NCCL's first log line
+/// in the process (NCCL reads these variables once).
+void nccl_log_to(const std::string& path, const char* subsystems) {
+  ::setenv("NCCL_DEBUG", "INFO", 1);
+  ::setenv("NCCL_DEBUG_SUBSYS", subsystems, 1);
+  ::setenv("NCCL_DEBUG_FILE", path.c_str(), 1);
+}
+
+/// The lines of NCCL's log at `path` that contain `key`. NCCL writes the file line-buffered,
+/// so lines of calls that have returned are there.
+std::vector<std::string> log_lines(const std::string& path, const std::string& key) {
+  std::vector<std::string> lines;
+  std::FILE* file = std::fopen(path.c_str(), "r");
+  if (file == nullptr) return lines;
+  char buffer[2048];
+  while (std::fgets(buffer, sizeof buffer, file) != nullptr) {
+    std::string line(buffer);
+    if (line.find(key) == std::string::npos) continue;
+    while (!line.empty() && line.back() == '\n') line.pop_back();
+    lines.push_back(line);
+  }
+  std::fclose(file);
+  return lines;
+}
+
+/// The highest channel index a tuning line names ("channel{Lo..Hi}={lo..hi}"); -1 if none.
+int highest_channel(const std::string& line) {
+  const std::string key = "channel{Lo..Hi}={";
+  const auto at = line.find(key);
+  if (at == std::string::npos) return -1;
+  const auto dots = line.find("..", at + key.size());
+  if (dots == std::string::npos) return -1;
+  return std::atoi(line.c_str() + dots + 2);
+}
+
+TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user stream") {
+  // NCCL's log shows what it took: its ENV lines name each config field it was given, and its
+  // TUNING lines (rank 0, one per collective) the channels a collective runs on, at most
+  // max_ctas. (NCCL 2.28 logs no effect of the CGA cluster size.)
+  ncclkit_test::TempDir logs("nccl-log");
   for (int n : world_sizes()) {
     CAPTURE(n);
-    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    run_workers(n, [&logs](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      const std::string log_path = logs.path + "/options." + std::to_string(world.world_size) + "." +
+                                   std::to_string(world.rank) + ".log";
+      nccl_log_to(log_path, "TUNING,ENV");
       Checker checker(world.rank);
       int device = world.local_rank % ncclkit::nccl::visible_device_count();
       ncclkit::nccl::Stream user_stream(device);
       Communicator comm(store, world,
-                        Options{.timeout = std::chrono::seconds(60), .cga_cluster_size = 2, .min_ctas = 1, .max_ctas = 4,
-                                .stream_priority = -1, .name = "tuned", .stream = user_stream.get()});
+                        Options{.timeout = std::chrono::seconds(60), .cga_cluster_size = 2, .min_ctas = 1, .max_ctas = 2,
+                                .net_name = "Socket", .stream_priority = -1, .name = "tuned", .stream = user_stream.get()});
       checker.expect(comm.name() == "tuned", "name");
       checker.expect(comm.default_stream() == user_stream.get(), "Options::stream is the default stream");
       int least = 0, greatest = 0;
@@ -706,13 +749,79 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, name, priority, user stream")
       int priority = 0;
       NCCLKIT_CUDA_CHECK(cudaStreamGetPriority(comm.comm_stream(), &priority));
       checker.expect(priority == std::max(-1, greatest), "comm stream priority " + std::to_string(priority));
-      const std::size_t count = 1 << 20;
+      for (const char* line : {"Comm config CGA cluster size set to 2", "Comm config Min CTAs set to 1",
+                               "Comm config Max CTAs set to 2", "Comm config Net name set to Socket"}) {
+        checker.expect(!log_lines(log_path, line).empty(), std::string("NCCL logs \"") + line + "\" (" + log_path + ")");
+      }
+      // 4 MiB on the tuned communicator, 16 MiB on a default one: the sizes tell their lines apart.
+      const std::size_t count = 1 << 20, plain_count = 1 << 22;
       DeviceBuffer<float> a(count, device);
       upload(a, make_input<float>(41, world.rank, count), comm.default_stream());
       comm.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
       check_reduction<float>(checker, download(comm, a, comm.default_stream()), 41, world.world_size, 0, ReduceOp::kSum,
-                             "all_reduce with max 4 CTAs");
+                             "all_reduce with max 2 CTAs");
+
+      Communicator plain(store, world, Options{.timeout = std::chrono::seconds(60), .name = "plain"});
+      DeviceBuffer<float> b(plain_count, device);
+      upload(b, make_input<float>(42, world.rank, plain_count), plain.default_stream());
+      plain.all_reduce(b.data(), b.data(), plain_count, ReduceOp::kSum);
+      check_reduction<float>(checker, download(plain, b, plain.default_stream()), 42, world.world_size, 0, ReduceOp::kSum,
+                             "all_reduce with NCCL's defaults");
+
+      // One rank runs no NCCL kernel (and logs no tuning line).
+      if (world.rank == 0 && world.world_size > 1) {
+        const auto tuned_lines = log_lines(log_path, "AllReduce: " + std::to_string(count * sizeof(float)) + " Bytes -> ");
+        const auto plain_lines = log_lines(log_path, "AllReduce: " + std::to_string(plain_count * sizeof(float)) + " Bytes -> ");
+        for (const auto& line : tuned_lines) std::printf("INFO tuned (max 2 CTAs): %s\n", line.c_str());
+        for (const auto& line : plain_lines) std::printf("INFO default: %s\n", line.c_str());
+        if (checker.expect(!tuned_lines.empty() && !plain_lines.empty(), "NCCL's TUNING log in " + log_path + " has both all_reduce lines")) {
+          const int tuned_high = highest_channel(tuned_lines.front());
+          const int plain_high = highest_channel(plain_lines.front());
+          checker.expect(tuned_high >= 0 && tuned_high <= 1, "max_ctas = 2: channels up to " + std::to_string(tuned_high));
+          checker.expect(plain_high > 1, "NCCL's default uses more than 2 channels: up to " + std::to_string(plain_high) +
+                                             " (else the max_ctas check shows nothing)");
+        }
+      }
       return checker.finish("options");
+    });
+  }
+}
+
+TEST_CASE("min_ctas alone makes a working communicator; an unknown net_name fails init, naming it") {
+  ncclkit_test::TempDir logs("nccl-log");
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [&logs](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      const std::string log_path = logs.path + "/min-ctas." + std::to_string(world.world_size) + "." +
+                                   std::to_string(world.rank) + ".log";
+      nccl_log_to(log_path, "ENV");
+      Checker checker(world.rank);
+      const int device = world.local_rank % ncclkit::nccl::visible_device_count();
+      {
+        // NCCL 2.28 refuses a minimum above an undefined maximum; ncclkit fills the maximum in.
+        Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .min_ctas = 4, .name = "min-only"});
+        const std::size_t count = 4099;
+        DeviceBuffer<float> a(count, device);
+        upload(a, make_input<float>(43, world.rank, count), comm.default_stream());
+        comm.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
+        check_reduction<float>(checker, download(comm, a, comm.default_stream()), 43, world.world_size, 0, ReduceOp::kSum,
+                               "all_reduce with min_ctas 4 alone");
+      }
+      // The maximum ncclkit fills in stands for "no limit": NCCL caps it to its channel limit.
+      const auto capped = log_lines(log_path, "maxCTAs 1024 is larger than #channels upper limit");
+      for (const auto& line : capped) std::printf("INFO rank %d: %s\n", world.rank, line.c_str());
+      checker.expect(!capped.empty(), "NCCL caps the filled-in maximum of 1024 CTAs (" + log_path + ")");
+      std::string error;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        Communicator comm(store, world, Options{.timeout = std::chrono::seconds(30), .net_name = "NoSuchNet", .name = "no-net"});
+      } catch (const ncclkit::NcclError& e) {
+        error = e.what();
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::printf("INFO rank %d: net_name NoSuchNet after %.1f s: %s\n", world.rank, waited, error.substr(0, 400).c_str());
+      checker.expect(error.find("net_name is 'NoSuchNet'") != std::string::npos, "unknown net_name: NcclError naming it");
+      return checker.finish("min_ctas and net_name");
     });
   }
 }

@@ -14,6 +14,7 @@
 #include <memory>              // std::unique_ptr
 #include <mutex>               // std::mutex, std::unique_lock
 #include <string>              // std::string
+#include <strings.h>           // strcasecmp (NCCL compares network names so)
 #include <unordered_map>       // std::unordered_map (handles)
 #include <utility>             // std::exchange, std::swap, std::move
 #include <vector>              // std::vector
@@ -50,6 +51,7 @@ struct FakeComm {
   int size = 1;
   int device = 0;
   bool blocking = true;
+  ConfigSeen config;
   const FakeComm* parent = nullptr;
   bool aborted = false;
   bool destroyed = false;
@@ -199,10 +201,33 @@ FakeComm* new_comm(State& s, int rank, int size, const ncclConfig_t* config, con
   comm->device = this_thread().device;
   // NCCL_CONFIG_INITIALIZER leaves `blocking` undefined (INT_MIN), which means blocking.
   comm->blocking = config == nullptr || config->blocking != 0;
+  if (config != nullptr) {
+    comm->config.blocking = config->blocking;
+    comm->config.cga_cluster_size = config->cgaClusterSize;
+    comm->config.min_ctas = config->minCTAs;
+    comm->config.max_ctas = config->maxCTAs;
+    comm->config.has_net_name = config->netName != nullptr;
+    if (config->netName != nullptr) comm->config.net_name = config->netName;
+    if (config->commName != nullptr) comm->config.comm_name = config->commName;
+  }
   comm->parent = parent;
   FakeComm* raw = comm.get();
   s.comms.emplace(raw, std::move(comm));
   return raw;
+}
+
+/// NCCL 2.28's checks of a config (parseCommConfig), in its order.
+ncclResult_t check_config(const ncclConfig_t* config) {
+  if (config == nullptr) return ncclSuccess;
+  if (config->magic != 0xcafebeef) return ncclInvalidArgument;
+  constexpr int kUndef = NCCL_CONFIG_UNDEF_INT;
+  if (config->blocking != kUndef && config->blocking != 0 && config->blocking != 1) return ncclInvalidArgument;
+  if (config->cgaClusterSize != kUndef && config->cgaClusterSize < 0) return ncclInvalidArgument;
+  if ((config->minCTAs != kUndef && config->minCTAs <= 0) || (config->maxCTAs != kUndef && config->maxCTAs <= 0) ||
+      config->minCTAs > config->maxCTAs) {
+    return ncclInvalidArgument;
+  }
+  return ncclSuccess;
 }
 
 /// Launches ops (one collective, or a group's queue): each must be of a usable communicator.
@@ -385,6 +410,12 @@ ncclComm_t parent_of(ncclComm_t comm) {
   std::lock_guard lock(s.mutex);
   const FakeComm* c = known_comm(s, comm, "fake::parent_of");
   return c == nullptr ? nullptr : reinterpret_cast<ncclComm_t>(const_cast<FakeComm*>(c->parent));
+}
+ConfigSeen config_of(ncclComm_t comm) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  const FakeComm* c = known_comm(s, comm, "fake::config_of");
+  return c == nullptr ? ConfigSeen{} : c->config;
 }
 bool aborted(ncclComm_t comm) {
   State& s = state();
@@ -741,6 +772,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int size, ncclUniqueId, in
   fake::State& s = fake::state();
   std::lock_guard lock(s.mutex);
   if (size < 1 || rank < 0 || rank >= size) return ncclInvalidArgument;
+  if (const ncclResult_t bad = fake::check_config(config); bad != ncclSuccess) return bad;
   *comm = reinterpret_cast<ncclComm_t>(fake::new_comm(s, rank, size, config, nullptr));
   return ncclSuccess;
 }
@@ -750,6 +782,11 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int, ncclComm_t* child, n
   std::lock_guard lock(s.mutex);
   fake::FakeComm* parent = fake::usable_comm(s, comm, "ncclCommSplit");
   if (parent == nullptr) return ncclInvalidUsage;
+  if (const ncclResult_t bad = fake::check_config(config); bad != ncclSuccess) return bad;
+  if (config != nullptr && config->netName != nullptr &&
+      (!parent->config.has_net_name || strcasecmp(config->netName, parent->config.net_name.c_str()) != 0)) {
+    return ncclInvalidUsage;  // NCCL: "Comm config netName (%s) does not match the parent"
+  }
   *child = color == NCCL_SPLIT_NOCOLOR
                ? nullptr
                : reinterpret_cast<ncclComm_t>(fake::new_comm(s, parent->rank, parent->size, config, parent));

@@ -108,6 +108,23 @@ void set_async_error(ncclComm_t comm, ncclResult_t error);
 
 /// The communicator `comm` was split from (null for one made by ncclCommInitRankConfig).
 ncclComm_t parent_of(ncclComm_t comm);
+/// The ncclConfig_t fields `comm` was made with, as given (INT_MIN: left undefined, as
+/// NCCL_CONFIG_INITIALIZER leaves them).
+struct ConfigSeen {
+  int blocking = 0;
+  int cga_cluster_size = 0;
+  int min_ctas = 0;
+  int max_ctas = 0;
+  bool has_net_name = false;  ///< netName was a string (not null)
+  std::string net_name;
+  std::string comm_name;
+};
+ConfigSeen config_of(ncclComm_t comm);
+/// Init and split check their config as NCCL 2.28 does (parseCommConfig): a config not made
+/// by NCCL_CONFIG_INITIALIZER, a negative cgaClusterSize, minCTAs or maxCTAs <= 0, or minCTAs
+/// above maxCTAs (compared before defaults are filled in, so a minimum alone is above the
+/// undefined maximum) fail with ncclInvalidArgument. A split whose netName differs from its
+/// parent's fails with ncclInvalidUsage.
 /// Whether ncclCommAbort was called on `comm`.
 bool aborted(ncclComm_t comm);
 /// Whether ncclCommDestroy was called on `comm`.

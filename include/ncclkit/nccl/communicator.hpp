@@ -48,8 +48,9 @@
 #include <cuda_runtime_api.h>  // cudaStream_t, cudaPointerGetAttributes, cudaMalloc, ...
 #include <nccl.h>              // ncclComm_t, ncclConfig_t and the collectives
 
-#include <algorithm>    // std::min
+#include <algorithm>    // std::min, std::max, std::equal
 #include <atomic>       // std::atomic_ref
+#include <cctype>       // std::tolower
 #include <chrono>       // std::chrono
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint64_t
@@ -641,7 +642,9 @@ class Communicator {
   /// ncclCommSplit: ranks with the same `color` form a new communicator, ordered by `key`
   /// (then by rank). A negative color takes no part and gets nullopt. Collective over this
   /// communicator. The child gets `options` (default: this one's, named "<name>.split", with
-  /// streams of its own) and keeps its keys under this communicator's store scope.
+  /// streams of its own) and keeps its keys under this communicator's store scope. NCCL splits
+  /// over the parent's network: an empty Options::net_name takes the parent's, another one
+  /// is a ConfigError.
   std::optional<Communicator> split(int color, int key, std::optional<Options> options = std::nullopt) {
     auto& parent = core();
     parent.watchdog.throw_if_failed();
@@ -652,6 +655,15 @@ class Communicator {
     }
     child_options.device = parent.device;
     if (child_options.timeout.count() == 0) child_options.timeout = parent.options.timeout;
+    // NCCL splits over the parent's network: another name fails the split (or, against a
+    // parent without one, crashes NCCL 2.28 comparing it with a null name).
+    if (child_options.net_name.empty()) {
+      child_options.net_name = parent.options.net_name;
+    } else if (!same_net_name(child_options.net_name, parent.options.net_name)) {
+      throw ConfigError(parent.who() + " split: Options::net_name '" + child_options.net_name +
+                        "' differs from this communicator's ('" + parent.options.net_name +
+                        "'); a split communicator uses its parent's network, so leave net_name empty or the same");
+    }
     auto child = make_core(std::move(child_options), 0, 1, 0);
     const std::uint64_t index = parent.splits++;
     const std::string what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
@@ -749,6 +761,7 @@ class Communicator {
                         "): no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
                         "use the Gloo backend on machines without GPUs");
     }
+    detail::check_nccl_knobs(options, "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")");
     if (options.device < 0) options.device = local_rank % visible;
     if (options.device >= visible) {
       throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): device " +
@@ -762,6 +775,17 @@ class Communicator {
     return core;
   }
 
+  /// Network names as NCCL compares them (strcasecmp).
+  static bool same_net_name(const std::string& a, const std::string& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+      return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+    });
+  }
+
+  /// maxCTAs that means "NCCL's own limit": above MAXCHANNELS (64 in NCCL 2.28), which NCCL
+  /// caps it to.
+  static constexpr int kUncappedCtas = 1024;
+
   /// NCCL's config from the options. Non-blocking for the control communicator (init and
   /// split are polled, hence bounded), blocking for the one collectives run on (see CommHandle).
   static ncclConfig_t make_config(const Options& options, bool blocking) {
@@ -770,6 +794,10 @@ class Communicator {
     if (options.cga_cluster_size >= 0) config.cgaClusterSize = options.cga_cluster_size;
     if (options.min_ctas >= 0) config.minCTAs = options.min_ctas;
     if (options.max_ctas >= 0) config.maxCTAs = options.max_ctas;
+    // NCCL compares minCTAs with maxCTAs before it fills in defaults, so a minimum given alone
+    // fails init ("invalid argument") against the undefined maximum (INT_MIN). A maximum
+    // above NCCL's channel limit stands for "no limit": NCCL caps it to that limit.
+    if (options.min_ctas >= 0 && options.max_ctas < 0) config.maxCTAs = std::max(options.min_ctas, kUncappedCtas);
     if (!options.net_name.empty()) config.netName = options.net_name.c_str();
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)
     config.commName = options.name.c_str();
@@ -790,7 +818,12 @@ class Communicator {
       if (state != ncclInProgress) {
         const std::string error = describe_nccl_error(state, comm);
         if (abort_on_failure) (void)ncclCommAbort(comm);
-        throw NcclError(core.who() + " " + what + " failed: " + error +
+        // An unknown network name fails here ("Failed to initialize any NET plugin").
+        const std::string net = core.options.net_name.empty()
+                                    ? std::string()
+                                    : "; Options::net_name is '" + core.options.net_name +
+                                          "': is it a network NCCL has here (built in: IB, Socket; others come from net plugins)?";
+        throw NcclError(core.who() + " " + what + " failed: " + error + net +
                         "; set NCCL_DEBUG=WARN to see NCCL's account (duplicate GPUs across ranks? a firewall?)");
       }
       if (detail::Clock::now() >= deadline) {

@@ -1,0 +1,161 @@
+// Options' ncclConfig_t knobs (CGA cluster size, min/max CTAs, network name, commName) against
+// the fake CUDA runtime and NCCL of tests/support/fake_cuda_nccl.hpp: every NCCL communicator
+// ncclkit makes (the control one, the working split, a user's split, a LocalGroup's members)
+// gets them; values NCCL would refuse with a bare "invalid argument", or clamp silently, are
+// ConfigErrors before NCCL is called. The fake checks configs as NCCL 2.28 does, so a config
+// NCCL would refuse fails here too. tests/gpu/test_nccl_communicator.cu shows real NCCL
+// acting on them.
+#include <doctest/doctest.h>
+
+#include <climits>   // INT_MIN (NCCL_CONFIG_UNDEF_INT)
+#include <optional>  // std::optional
+#include <string>    // std::string
+
+#include "fake/fake_session.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/local_group.hpp"
+#include "support/fake_cuda_nccl.hpp"
+
+namespace {
+
+namespace fake = ncclkit_test::fake;
+using ncclkit::ConfigError;
+using ncclkit::nccl::Communicator;
+using ncclkit::nccl::LocalGroup;
+using ncclkit::nccl::Options;
+using ncclkit_test::contains;
+using ncclkit_test::FakeSession;
+using ncclkit_test::message_of;
+using ncclkit_test::OneRankJob;
+
+Options tuned() {
+  Options options = ncclkit_test::fake_options("tuned");
+  options.cga_cluster_size = 2;
+  options.min_ctas = 2;
+  options.max_ctas = 4;
+  options.net_name = "Socket";
+  return options;
+}
+
+/// Checks that `comm` (a working communicator) and the control communicator it was split
+/// from were both made with tuned()'s knobs and the name `name`.
+void check_tuned(ncclComm_t comm, const std::string& name) {
+  const ncclComm_t control = fake::parent_of(comm);
+  REQUIRE(control != nullptr);
+  for (ncclComm_t handle : {comm, control}) {
+    const fake::ConfigSeen seen = fake::config_of(handle);
+    CHECK(seen.cga_cluster_size == 2);
+    CHECK(seen.min_ctas == 2);
+    CHECK(seen.max_ctas == 4);
+    CHECK(seen.has_net_name);
+    CHECK(seen.net_name == "Socket");
+    CHECK(seen.comm_name == name);
+  }
+  CHECK(fake::config_of(comm).blocking == 1);     // collectives run on a blocking one
+  CHECK(fake::config_of(control).blocking == 0);  // init and split are polled through this one
+}
+
+}  // namespace
+
+TEST_CASE("the NCCL knobs of Options reach every communicator: init, the working split, a user's split, a LocalGroup") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    Communicator comm(job.store, job.world, tuned());
+    check_tuned(comm.native(), "tuned");
+
+    std::optional<Communicator> child = comm.split(0, 0);  // the parent's options
+    REQUIRE(child.has_value());
+    check_tuned(child->native(), "tuned.split");
+
+    Options other = tuned();
+    other.name = "other";
+    other.net_name.clear();  // NCCL splits over the parent's network: empty takes the parent's
+    std::optional<Communicator> inherits = comm.split(0, 0, other);
+    REQUIRE(inherits.has_value());
+    check_tuned(inherits->native(), "other");
+
+    other.net_name = "sOcKeT";  // NCCL compares names case-insensitively
+    CHECK(comm.split(0, 0, other).has_value());
+
+    other.net_name = "IB";
+    const std::string refused = message_of<ConfigError>([&] { (void)comm.split(0, 0, other); });
+    CHECK(contains(refused, "net_name 'IB' differs from this communicator's ('Socket')"));
+  }
+  {
+    LocalGroup group({0, 1}, tuned());
+    for (int i = 0; i < group.size(); ++i) check_tuned(group[i].native(), "tuned");
+  }
+  FakeSession::check_clean();
+}
+
+TEST_CASE("default Options leave NCCL's config undefined, so NCCL's defaults and NCCL_* variables apply") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    Communicator comm(job.store, job.world, ncclkit_test::fake_options("plain"));
+    const fake::ConfigSeen seen = fake::config_of(comm.native());
+    CHECK(seen.cga_cluster_size == INT_MIN);
+    CHECK(seen.min_ctas == INT_MIN);
+    CHECK(seen.max_ctas == INT_MIN);
+    CHECK_FALSE(seen.has_net_name);
+    CHECK(seen.comm_name == "plain");
+  }
+  FakeSession::check_clean();
+}
+
+TEST_CASE("min_ctas alone makes a communicator (NCCL 2.28 refuses a minimum above an undefined maximum)") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    Options options = ncclkit_test::fake_options("min-only");
+    options.min_ctas = 16;
+    Communicator comm(job.store, job.world, options);
+    const fake::ConfigSeen seen = fake::config_of(comm.native());
+    CHECK(seen.min_ctas == 16);
+    CHECK(seen.max_ctas >= 64);  // above NCCL's channel limit, which NCCL caps it to
+
+    options.min_ctas = -1;
+    options.max_ctas = 3;  // a maximum alone was always accepted
+    Communicator capped(job.store, job.world, options);
+    CHECK(fake::config_of(capped.native()).max_ctas == 3);
+    CHECK(fake::config_of(capped.native()).min_ctas == INT_MIN);
+  }
+  FakeSession::check_clean();
+}
+
+TEST_CASE("NCCL knobs out of range are ConfigErrors that name the field, before NCCL is called") {
+  FakeSession session;
+  struct Case {
+    int cga, min_ctas, max_ctas;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {9, -1, -1, "cga_cluster_size 9 is out of range; give 0..8"},
+      {-2, -1, -1, "cga_cluster_size -2 is out of range"},
+      {-1, 0, -1, "min_ctas 0 is out of range; give at least 1 CTA"},
+      {-1, -7, -1, "min_ctas -7 is out of range"},
+      {-1, -1, 0, "max_ctas 0 is out of range"},
+      {-1, 5, 4, "min_ctas 5 is above Options::max_ctas 4"},
+  };
+  OneRankJob job;
+  for (const Case& c : cases) {
+    CAPTURE(c.expected);
+    Options options = ncclkit_test::fake_options("bad");
+    options.cga_cluster_size = c.cga;
+    options.min_ctas = c.min_ctas;
+    options.max_ctas = c.max_ctas;
+    CHECK(contains(message_of<ConfigError>([&] { Communicator comm(job.store, job.world, options); }), c.expected));
+    CHECK(contains(message_of<ConfigError>([&] { LocalGroup group({0}, options); }), c.expected));
+  }
+  Options zero_cluster = ncclkit_test::fake_options("zero-cluster");
+  zero_cluster.cga_cluster_size = 0;  // 0 is valid: no clusters
+  CHECK_NOTHROW(LocalGroup({0}, zero_cluster));
+
+  Options nul = ncclkit_test::fake_options("nul");
+  nul.net_name = std::string("Socket\0x", 8);
+  CHECK(contains(message_of<ConfigError>([&] { LocalGroup group({0}, nul); }), "net_name contains a NUL"));
+  CHECK(fake::live_comms() == 0);
+  FakeSession::check_clean();
+}
