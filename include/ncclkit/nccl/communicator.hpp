@@ -655,8 +655,9 @@ class Communicator {
     }
     child_options.device = parent.device;
     if (child_options.timeout.count() == 0) child_options.timeout = parent.options.timeout;
-    // NCCL splits over the parent's network: another name fails the split (or, against a
-    // parent without one, crashes NCCL 2.28 comparing it with a null name).
+    // NCCL splits over the parent's network: in its source (2.28) another name fails the
+    // split with "does not match the parent", and is compared with the parent's name even
+    // when the parent has none (a null pointer). Neither was tried on a GPU.
     if (child_options.net_name.empty()) {
       child_options.net_name = parent.options.net_name;
     } else if (!same_net_name(child_options.net_name, parent.options.net_name)) {
