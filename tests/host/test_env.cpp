@@ -20,6 +20,19 @@ TEST_CASE("parse_int accepts whole decimal numbers only") {
   CHECK_FALSE(parse_int(" 1"));
 }
 
+TEST_CASE("parse_timeout_seconds: positive seconds up to 1e9, rounded up to whole milliseconds") {
+  using ncclkit::parse_timeout_seconds;
+  using std::chrono::milliseconds;
+  CHECK(parse_timeout_seconds("300") == milliseconds(300000));
+  CHECK(parse_timeout_seconds("2.5") == milliseconds(2500));
+  CHECK(parse_timeout_seconds("0.0001") == milliseconds(1));  // never 0, which means "the default"
+  CHECK(parse_timeout_seconds("1e9") == milliseconds(1000000000000));
+  for (const char* bad : {"", "0", "-1", "1e10", "inf", "nan", "abc", "1x", " 1", "1 "}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_timeout_seconds(bad));
+  }
+}
+
 TEST_CASE("env_int and env_seconds name the variable on bad values") {
   ::setenv("NCCLKIT_TEST_INT", "abc", 1);
   CHECK_THROWS_WITH_AS(ncclkit::env_int("NCCLKIT_TEST_INT"),

@@ -18,8 +18,6 @@
 /// The scheme is case-insensitive; nothing is percent-decoded.
 
 #include <chrono>       // std::chrono::milliseconds
-#include <cstdint>      // std::int64_t
-#include <cstdlib>      // std::strtod
 #include <memory>       // std::shared_ptr, std::make_shared
 #include <optional>     // std::optional
 #include <string>       // std::string
@@ -101,13 +99,10 @@ inline void parse_url_query(std::string_view url, std::string_view query, InitUr
                                     "' (the options are timeout=SECONDS and server=rank0|external)");
     }
     if (out.timeout) throw_init_url_error(url, "timeout is given twice");
-    std::string number(value);
-    char* end = nullptr;
-    const double seconds = number.empty() ? 0.0 : std::strtod(number.c_str(), &end);
-    if (number.empty() || end != number.c_str() + number.size() || !(seconds > 0) || seconds > kMaxTimeoutSeconds) {
-      throw_init_url_error(url, "timeout='" + number + "' is not a positive number of seconds (e.g. ?timeout=30)");
+    out.timeout = parse_timeout_seconds(value);
+    if (!out.timeout) {
+      throw_init_url_error(url, "timeout='" + std::string(value) + "' is not a positive number of seconds (e.g. ?timeout=30)");
     }
-    out.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
     start = amp + 1;
   }
 }

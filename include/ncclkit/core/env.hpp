@@ -3,8 +3,9 @@
 /// ncclkit's own variables carry the prefix `NCCLKIT_`; docs/environment.md lists them all.
 
 #include <chrono>       // std::chrono::milliseconds
+#include <cmath>        // std::ceil
 #include <cstdint>      // std::int64_t
-#include <cstdlib>      // std::getenv
+#include <cstdlib>      // std::getenv, std::strtod
 #include <optional>     // std::optional
 #include <string>       // std::string
 #include <string_view>  // std::string_view
@@ -57,17 +58,28 @@ inline std::optional<std::int64_t> env_int(const char* name) {
 /// stay far from the clock's overflow.
 inline constexpr double kMaxTimeoutSeconds = 1e9;
 
+/// A timeout written in seconds ("300", "2.5"), in milliseconds rounded up (so that 0.0001 s
+/// is 1 ms, never the 0 that means "the default"); nullopt unless it is a number > 0 and at
+/// most kMaxTimeoutSeconds with nothing after it.
+inline std::optional<std::chrono::milliseconds> parse_timeout_seconds(std::string_view text) {
+  const std::string number(text);
+  if (number.empty() || number.front() == ' ' || number.front() == '\t') return std::nullopt;
+  char* end = nullptr;
+  const double seconds = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !(seconds > 0) || seconds > kMaxTimeoutSeconds) return std::nullopt;
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
+}
+
 /// A duration in seconds (fractions allowed, e.g. "2.5"); `fallback` when unset.
 inline std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback) {
   auto text = env_string(name);
   if (!text) return fallback;
-  char* end = nullptr;
-  double seconds = std::strtod(text->c_str(), &end);
-  if (end == text->c_str() || *end != '\0' || !(seconds > 0) || seconds > kMaxTimeoutSeconds) {
+  const auto timeout = parse_timeout_seconds(*text);
+  if (!timeout) {
     throw ConfigError(std::string("environment variable ") + name + "='" + *text +
                       "' is not a positive number of seconds; set it like " + name + "=300");
   }
-  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  return *timeout;
 }
 
 /// Default timeout of store calls and rendezvous: NCCLKIT_STORE_TIMEOUT seconds, else 300 s.
