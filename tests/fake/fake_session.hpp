@@ -14,6 +14,7 @@
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/nccl/options.hpp"
+#include "ncclkit/store/store.hpp"
 #include "support/fake_cuda_nccl.hpp"
 #include "support/temp_dir.hpp"
 

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <climits>   // INT_MIN (NCCL_CONFIG_UNDEF_INT)
+#include <cstdlib>   // setenv, unsetenv
 #include <optional>  // std::optional
 #include <string>    // std::string
 
@@ -21,6 +22,7 @@ namespace {
 
 namespace fake = ncclkit_test::fake;
 using ncclkit::ConfigError;
+using ncclkit::NcclError;
 using ncclkit::nccl::Communicator;
 using ncclkit::nccl::LocalGroup;
 using ncclkit::nccl::Options;
@@ -81,7 +83,22 @@ TEST_CASE("the NCCL knobs of Options reach every communicator: init, the working
 
     other.net_name = "IB";
     const std::string refused = message_of<ConfigError>([&] { (void)comm.split(0, 0, other); });
-    CHECK(contains(refused, "net_name 'IB' differs from this communicator's ('Socket')"));
+    CHECK(contains(refused, "split: Options::net_name is 'IB', but this communicator's is 'Socket'"));
+    // NCCL_NET replaces both names inside NCCL: they cannot differ there.
+    ::setenv("NCCL_NET", "Socket", 1);
+    CHECK(comm.split(0, 0, other).has_value());
+    ::unsetenv("NCCL_NET");
+
+    // The split's own knobs are checked, and the message says it was a split.
+    other.net_name.clear();
+    other.max_ctas = 0;
+    CHECK(contains(message_of<ConfigError>([&] { (void)comm.split(0, 0, other); }), "split: Options::max_ctas 0 is out of range"));
+
+    Communicator plain(job.store, job.world, ncclkit_test::fake_options("plain"));
+    Options named = ncclkit_test::fake_options("named");
+    named.net_name = "IB";
+    CHECK(contains(message_of<ConfigError>([&] { (void)plain.split(0, 0, named); }),
+                   "net_name is 'IB', but this communicator was made without one"));
   }
   {
     LocalGroup group({0, 1}, tuned());
@@ -157,5 +174,34 @@ TEST_CASE("NCCL knobs out of range are ConfigErrors that name the field, before 
   nul.net_name = std::string("Socket\0x", 8);
   CHECK(contains(message_of<ConfigError>([&] { LocalGroup group({0}, nul); }), "net_name contains a NUL"));
   CHECK(fake::live_comms() == 0);
+  FakeSession::check_clean();
+}
+
+TEST_CASE("an init that fails as an unknown network does names the network asked for; other failures do not") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    Options options = ncclkit_test::fake_options("no-net");
+    options.net_name = "NoSuchNet";
+    fake::fail_next_init(ncclInvalidUsage);  // NCCL: "Failed to initialize any NET plugin"
+    CHECK(contains(message_of<NcclError>([&] { Communicator comm(job.store, job.world, options); }),
+                   "Options::net_name is 'NoSuchNet': is it a network NCCL has here"));
+    fake::fail_next_init(ncclInvalidUsage);
+    CHECK(contains(message_of<NcclError>([&] { LocalGroup group({0}, options); }), "Options::net_name is 'NoSuchNet'"));
+
+    fake::fail_next_init(ncclSystemError);  // not about the network
+    CHECK_FALSE(contains(message_of<NcclError>([&] { Communicator comm(job.store, job.world, options); }), "net_name"));
+
+    ::setenv("NCCL_NET", "Bogus", 1);  // NCCL takes the variable over the option
+    fake::fail_next_init(ncclInvalidUsage);
+    CHECK(contains(message_of<NcclError>([&] { Communicator comm(job.store, job.world, options); }),
+                   "NCCL_NET='Bogus' chooses the network"));
+    ::unsetenv("NCCL_NET");
+
+    Options plain = ncclkit_test::fake_options("plain");
+    fake::fail_next_init(ncclInvalidUsage);
+    CHECK_FALSE(contains(message_of<NcclError>([&] { Communicator comm(job.store, job.world, plain); }), "net_name"));
+  }
+  CHECK(fake::live_comms() == 0);  // every failed init aborted what it made
   FakeSession::check_clean();
 }

@@ -11,12 +11,10 @@
 
 #include <chrono>      // std::chrono
 #include <cstddef>     // std::size_t
-#include <exception>   // std::exception
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr, std::shared_ptr
 #include <optional>    // std::optional
 #include <string>      // std::string
-#include <thread>      // std::this_thread::sleep_for
 
 #include "fake/fake_session.hpp"
 #include "ncclkit/core/error.hpp"

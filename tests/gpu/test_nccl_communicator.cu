@@ -11,7 +11,7 @@
 #include <algorithm>  // std::max
 #include <chrono>   // std::chrono
 #include <cmath>    // std::nearbyint
-#include <cstdio>   // std::printf
+#include <cstdio>   // std::printf, std::fopen, std::fgets, std::fclose
 #include <cstdlib>  // setenv, unsetenv, std::atoi
 #include <limits>   // std::numeric_limits
 #include <optional>  // std::optional
@@ -691,7 +691,8 @@ TEST_CASE("collectives captured in a CUDA graph replay with fresh inputs") {
 // ---- options -------------------------------------------------------------------------------------
 
 /// Makes NCCL log its INFO lines of `subsystems` to `path`. Call before NCCL's first log line
-/// in the process (NCCL reads these variables once).
+/// in the process: NCCL reads these variables once. The workers are forked from a test process
+/// that never calls NCCL, so each starts with NCCL's logging not yet set up.
 void nccl_log_to(const std::string& path, const char* subsystems) {
   ::setenv("NCCL_DEBUG", "INFO", 1);
   ::setenv("NCCL_DEBUG_SUBSYS", subsystems, 1);
@@ -740,7 +741,7 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user
       int device = world.local_rank % ncclkit::nccl::visible_device_count();
       ncclkit::nccl::Stream user_stream(device);
       Communicator comm(store, world,
-                        Options{.timeout = std::chrono::seconds(60), .cga_cluster_size = 2, .min_ctas = 1, .max_ctas = 2,
+                        Options{.timeout = std::chrono::seconds(60), .cga_cluster_size = 2, .min_ctas = 2, .max_ctas = 2,
                                 .net_name = "Socket", .stream_priority = -1, .name = "tuned", .stream = user_stream.get()});
       checker.expect(comm.name() == "tuned", "name");
       checker.expect(comm.default_stream() == user_stream.get(), "Options::stream is the default stream");
@@ -749,7 +750,7 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user
       int priority = 0;
       NCCLKIT_CUDA_CHECK(cudaStreamGetPriority(comm.comm_stream(), &priority));
       checker.expect(priority == std::max(-1, greatest), "comm stream priority " + std::to_string(priority));
-      for (const char* line : {"Comm config CGA cluster size set to 2", "Comm config Min CTAs set to 1",
+      for (const char* line : {"Comm config CGA cluster size set to 2", "Comm config Min CTAs set to 2",
                                "Comm config Max CTAs set to 2", "Comm config Net name set to Socket"}) {
         checker.expect(!log_lines(log_path, line).empty(), std::string("NCCL logs \"") + line + "\" (" + log_path + ")");
       }
@@ -807,6 +808,7 @@ TEST_CASE("min_ctas alone makes a working communicator; an unknown net_name fail
         check_reduction<float>(checker, download(comm, a, comm.default_stream()), 43, world.world_size, 0, ReduceOp::kSum,
                                "all_reduce with min_ctas 4 alone");
       }
+      checker.expect(!log_lines(log_path, "Comm config Min CTAs set to 4").empty(), "NCCL took min_ctas 4 (" + log_path + ")");
       // The maximum ncclkit fills in stands for "no limit": NCCL caps it to its channel limit.
       const auto capped = log_lines(log_path, "maxCTAs 1024 is larger than #channels upper limit");
       for (const auto& line : capped) std::printf("INFO rank %d: %s\n", world.rank, line.c_str());

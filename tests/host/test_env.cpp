@@ -20,14 +20,17 @@ TEST_CASE("parse_int accepts whole decimal numbers only") {
   CHECK_FALSE(parse_int(" 1"));
 }
 
-TEST_CASE("parse_timeout_seconds: positive seconds up to 1e9, rounded up to whole milliseconds") {
+TEST_CASE("parse_timeout_seconds: positive seconds up to 1e9, in whole milliseconds") {
   using ncclkit::parse_timeout_seconds;
   using std::chrono::milliseconds;
   CHECK(parse_timeout_seconds("300") == milliseconds(300000));
   CHECK(parse_timeout_seconds("2.5") == milliseconds(2500));
+  CHECK(parse_timeout_seconds("2.007") == milliseconds(2007));  // 2.007 * 1000 is 2007.0000000000002
+  CHECK(parse_timeout_seconds("4.001") == milliseconds(4001));
+  CHECK(parse_timeout_seconds(" 30") == milliseconds(30000));  // leading blanks, as strtod skips them
   CHECK(parse_timeout_seconds("0.0001") == milliseconds(1));  // never 0, which means "the default"
   CHECK(parse_timeout_seconds("1e9") == milliseconds(1000000000000));
-  for (const char* bad : {"", "0", "-1", "1e10", "inf", "nan", "abc", "1x", " 1", "1 "}) {
+  for (const char* bad : {"", " ", "0", "-1", "1e10", "inf", "nan", "abc", "1x", "1 "}) {
     CAPTURE(bad);
     CHECK_FALSE(parse_timeout_seconds(bad));
   }

@@ -8,7 +8,7 @@
 #include <algorithm>           // std::find, std::max
 #include <condition_variable>  // std::condition_variable
 #include <cstdint>             // std::uintptr_t, std::uint64_t
-#include <cstdlib>             // std::malloc, std::free
+#include <cstdlib>             // std::malloc, std::free, std::getenv
 #include <cstring>             // std::memcpy, std::memset
 #include <map>                 // std::map (allocations by address)
 #include <memory>              // std::unique_ptr
@@ -89,6 +89,7 @@ struct State {
   std::map<std::uintptr_t, Allocation> allocations;
   int next_comm_id = 0;
   std::uint64_t next_unique_id = 1;
+  ncclResult_t next_init_error = ncclSuccess;  ///< fail_next_init
   int records_during_capture = 0;
   int capturing_streams = 0;
   std::vector<ncclComm_t> abort_order;
@@ -308,6 +309,7 @@ void reset(int device_count) {
   s.aborts_while_inside = 0;
   s.violations.clear();
   s.use_after_abort = 0;
+  s.next_init_error = ncclSuccess;
   ThreadState& thread = this_thread();
   thread.device = 0;
   thread.last_error = cudaSuccess;
@@ -410,6 +412,11 @@ ncclComm_t parent_of(ncclComm_t comm) {
   std::lock_guard lock(s.mutex);
   const FakeComm* c = known_comm(s, comm, "fake::parent_of");
   return c == nullptr ? nullptr : reinterpret_cast<ncclComm_t>(const_cast<FakeComm*>(c->parent));
+}
+void fail_next_init(ncclResult_t error) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  s.next_init_error = error;
 }
 ConfigSeen config_of(ncclComm_t comm) {
   State& s = state();
@@ -773,6 +780,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int size, ncclUniqueId, in
   std::lock_guard lock(s.mutex);
   if (size < 1 || rank < 0 || rank >= size) return ncclInvalidArgument;
   if (const ncclResult_t bad = fake::check_config(config); bad != ncclSuccess) return bad;
+  if (s.next_init_error != ncclSuccess) {
+    const ncclResult_t error = std::exchange(s.next_init_error, ncclSuccess);
+    if (config == nullptr || config->blocking != 0) return error;
+    fake::FakeComm* failing = fake::new_comm(s, rank, size, config, nullptr);
+    failing->async_error = error;
+    *comm = reinterpret_cast<ncclComm_t>(failing);
+    return ncclInProgress;
+  }
   *comm = reinterpret_cast<ncclComm_t>(fake::new_comm(s, rank, size, config, nullptr));
   return ncclSuccess;
 }
@@ -783,7 +798,8 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int, ncclComm_t* child, n
   fake::FakeComm* parent = fake::usable_comm(s, comm, "ncclCommSplit");
   if (parent == nullptr) return ncclInvalidUsage;
   if (const ncclResult_t bad = fake::check_config(config); bad != ncclSuccess) return bad;
-  if (config != nullptr && config->netName != nullptr &&
+  // NCCL_NET replaces both names inside NCCL (envConfigOverride), so they cannot differ then.
+  if (config != nullptr && config->netName != nullptr && std::getenv("NCCL_NET") == nullptr &&
       (!parent->config.has_net_name || strcasecmp(config->netName, parent->config.net_name.c_str()) != 0)) {
     return ncclInvalidUsage;  // NCCL: "Comm config netName (%s) does not match the parent"
   }

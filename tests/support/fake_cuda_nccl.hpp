@@ -20,7 +20,12 @@
 ///     is stalled, or while every event is held (stall_all_events); the state is read when
 ///     the event is queried, so a release completes everything recorded on the stream.
 ///   - Communicators: init and split complete at once (blocking or not, as the config says);
-///     a child keeps its parent's rank and size. A collective issued inside ncclGroupStart is
+///     a child keeps its parent's rank and size. Both check their config as NCCL 2.28 does
+///     (parseCommConfig): a config not made by NCCL_CONFIG_INITIALIZER, a negative
+///     cgaClusterSize, minCTAs or maxCTAs <= 0, or minCTAs above maxCTAs (compared before
+///     defaults are filled in, so a minimum alone is above the undefined maximum) fail with
+///     ncclInvalidArgument; a split whose netName differs from its parent's fails with
+///     ncclInvalidUsage (at once; real NCCL fails it later, in the split's init job). A collective issued inside ncclGroupStart is
 ///     queued on this thread and launched by the outermost ncclGroupEnd; otherwise it
 ///     launches at once. A launch can block until the communicator is aborted
 ///     (block_launches_until_abort), as connection setup waits for a dead peer.
@@ -120,11 +125,9 @@ struct ConfigSeen {
   std::string comm_name;
 };
 ConfigSeen config_of(ncclComm_t comm);
-/// Init and split check their config as NCCL 2.28 does (parseCommConfig): a config not made
-/// by NCCL_CONFIG_INITIALIZER, a negative cgaClusterSize, minCTAs or maxCTAs <= 0, or minCTAs
-/// above maxCTAs (compared before defaults are filled in, so a minimum alone is above the
-/// undefined maximum) fail with ncclInvalidArgument. A split whose netName differs from its
-/// parent's fails with ncclInvalidUsage.
+/// The next ncclCommInitRankConfig fails with `error`: a blocking one at once, a non-blocking
+/// one through ncclCommGetAsyncError of the communicator it returns (as NCCL's init job does).
+void fail_next_init(ncclResult_t error);
 /// Whether ncclCommAbort was called on `comm`.
 bool aborted(ncclComm_t comm);
 /// Whether ncclCommDestroy was called on `comm`.

@@ -3,7 +3,8 @@
 /// ncclkit's own variables carry the prefix `NCCLKIT_`; docs/environment.md lists them all.
 
 #include <chrono>       // std::chrono::milliseconds
-#include <cmath>        // std::ceil
+#include <algorithm>    // std::max
+#include <cmath>        // std::llround
 #include <cstdint>      // std::int64_t
 #include <cstdlib>      // std::getenv, std::strtod
 #include <optional>     // std::optional
@@ -58,16 +59,17 @@ inline std::optional<std::int64_t> env_int(const char* name) {
 /// stay far from the clock's overflow.
 inline constexpr double kMaxTimeoutSeconds = 1e9;
 
-/// A timeout written in seconds ("300", "2.5"), in milliseconds rounded up (so that 0.0001 s
-/// is 1 ms, never the 0 that means "the default"); nullopt unless it is a number > 0 and at
-/// most kMaxTimeoutSeconds with nothing after it.
+/// A timeout written in seconds ("300", "2.5"), in whole milliseconds (rounded to nearest, and
+/// at least 1 ms: never the 0 that means "the default"); nullopt unless it is a number > 0 and
+/// at most kMaxTimeoutSeconds with nothing after it (leading blanks are skipped, as strtod does).
 inline std::optional<std::chrono::milliseconds> parse_timeout_seconds(std::string_view text) {
   const std::string number(text);
-  if (number.empty() || number.front() == ' ' || number.front() == '\t') return std::nullopt;
   char* end = nullptr;
   const double seconds = std::strtod(number.c_str(), &end);
-  if (end != number.c_str() + number.size() || !(seconds > 0) || seconds > kMaxTimeoutSeconds) return std::nullopt;
-  return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
+  if (end == number.c_str() || end != number.c_str() + number.size() || !(seconds > 0) || seconds > kMaxTimeoutSeconds) {
+    return std::nullopt;
+  }
+  return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(seconds * 1000.0)));
 }
 
 /// A duration in seconds (fractions allowed, e.g. "2.5"); `fallback` when unset.

@@ -185,7 +185,8 @@ class Communicator {
         check_nccl(status, who + " init (ncclCommInitRankConfig)");
       }
     }
-    wait_for_init(control, deadline, *core, "init (ncclCommInitRankConfig)");
+    wait_for_init(control, deadline, *core, "init (ncclCommInitRankConfig)", /*abort_on_failure=*/true,
+                  /*picks_network=*/true);
     ncclComm_t comm = split_working(control, core->rank, deadline, *core);
     adopt(std::move(core), control, comm);
   }
@@ -657,14 +658,19 @@ class Communicator {
     if (child_options.timeout.count() == 0) child_options.timeout = parent.options.timeout;
     // NCCL splits over the parent's network: in its source (2.28) another name fails the
     // split with "does not match the parent", and is compared with the parent's name even
-    // when the parent has none (a null pointer). Neither was tried on a GPU.
+    // when the parent has none (a null pointer). Neither was tried on a GPU. NCCL_NET, where
+    // set, replaces both names inside NCCL, so they cannot differ there.
     if (child_options.net_name.empty()) {
       child_options.net_name = parent.options.net_name;
-    } else if (!same_net_name(child_options.net_name, parent.options.net_name)) {
-      throw ConfigError(parent.who() + " split: Options::net_name '" + child_options.net_name +
-                        "' differs from this communicator's ('" + parent.options.net_name +
-                        "'); a split communicator uses its parent's network, so leave net_name empty or the same");
+    } else if (!same_net_name(child_options.net_name, parent.options.net_name) && !env_string("NCCL_NET")) {
+      const std::string parents = parent.options.net_name.empty()
+                                      ? "this communicator was made without one"
+                                      : "this communicator's is '" + parent.options.net_name + "'";
+      throw ConfigError(parent.who() + " split: Options::net_name is '" + child_options.net_name + "', but " + parents +
+                        "; a split communicator uses its parent's network, so leave net_name empty or the same");
     }
+    // Checked here as well as in make_core, so that the message names the split and this rank.
+    detail::check_nccl_knobs(child_options, parent.who() + " split");
     auto child = make_core(std::move(child_options), 0, 1, 0);
     const std::uint64_t index = parent.splits++;
     const std::string what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
@@ -756,13 +762,13 @@ class Communicator {
                         std::to_string(options.timeout.count()) + " ms is too long (at most 1e9 s); to wait "
                         "practically forever, give a long but finite timeout such as std::chrono::hours(24 * 365)");
     }
+    detail::check_nccl_knobs(options, "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")");
     const int visible = visible_device_count();
     if (visible == 0) {
       throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) +
                         "): no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
                         "use the Gloo backend on machines without GPUs");
     }
-    detail::check_nccl_knobs(options, "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")");
     if (options.device < 0) options.device = local_rank % visible;
     if (options.device >= visible) {
       throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): device " +
@@ -776,6 +782,18 @@ class Communicator {
     return core;
   }
 
+  /// For an init that failed with ncclInvalidUsage, which is what an unknown network name
+  /// gives ("Failed to initialize any NET plugin"): the name NCCL was asked for, if any.
+  static std::string network_hint(const Options& options) {
+    if (auto forced = env_string("NCCL_NET")) {
+      return "; NCCL_NET='" + *forced + "' chooses the network (over Options::net_name): is it one NCCL has here "
+             "(built in: IB, Socket; others come from net plugins)?";
+    }
+    if (options.net_name.empty()) return {};
+    return "; Options::net_name is '" + options.net_name +
+           "': is it a network NCCL has here (built in: IB, Socket; others come from net plugins)?";
+  }
+
   /// Network names as NCCL compares them (strcasecmp).
   static bool same_net_name(const std::string& a, const std::string& b) {
     return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
@@ -784,7 +802,7 @@ class Communicator {
   }
 
   /// maxCTAs that means "NCCL's own limit": above MAXCHANNELS (64 in NCCL 2.28), which NCCL
-  /// caps it to.
+  /// caps it to, saying so in an INFO line (a WARN line before NCCL 2.27).
   static constexpr int kUncappedCtas = 1024;
 
   /// NCCL's config from the options. Non-blocking for the control communicator (init and
@@ -809,7 +827,7 @@ class Communicator {
   /// Polls a communicator being created until NCCL is done with it; aborts it and throws on
   /// an error or at `deadline` (naming, when the store knows, the ranks that never joined).
   static void wait_for_init(ncclComm_t comm, detail::Clock::time_point deadline, const detail::CommCore& core,
-                            const std::string& what, bool abort_on_failure = true) {
+                            const std::string& what, bool abort_on_failure = true, bool picks_network = false) {
     auto pause = std::chrono::microseconds(10);
     while (true) {
       ncclResult_t state = ncclSuccess;
@@ -819,12 +837,8 @@ class Communicator {
       if (state != ncclInProgress) {
         const std::string error = describe_nccl_error(state, comm);
         if (abort_on_failure) (void)ncclCommAbort(comm);
-        // An unknown network name fails here ("Failed to initialize any NET plugin").
-        const std::string net = core.options.net_name.empty()
-                                    ? std::string()
-                                    : "; Options::net_name is '" + core.options.net_name +
-                                          "': is it a network NCCL has here (built in: IB, Socket; others come from net plugins)?";
-        throw NcclError(core.who() + " " + what + " failed: " + error + net +
+        throw NcclError(core.who() + " " + what + " failed: " + error +
+                        (picks_network && state == ncclInvalidUsage ? network_hint(core.options) : std::string()) +
                         "; set NCCL_DEBUG=WARN to see NCCL's account (duplicate GPUs across ranks? a firewall?)");
       }
       if (detail::Clock::now() >= deadline) {

@@ -108,7 +108,7 @@ class LocalGroup {
       grouped("init", [&](int i) { return ncclCommInitRankConfig(&at(controls, i), n, id, i, &at(configs, i)); });
       for (int i = 0; i < n; ++i) {
         Communicator::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group init",
-                                    /*abort_on_failure=*/false);
+                                    /*abort_on_failure=*/false, /*picks_network=*/true);
       }
       grouped("split", [&](int i) { return ncclCommSplit(at(controls, i), 0, i, &at(comms, i), &at(blocking_configs, i)); });
       // The children appear once their non-blocking parents are done.
