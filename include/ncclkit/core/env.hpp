@@ -2,8 +2,8 @@
 /// Reading configuration from environment variables, with errors that name the variable.
 /// ncclkit's own variables carry the prefix `NCCLKIT_`; docs/environment.md lists them all.
 
-#include <chrono>       // std::chrono::milliseconds
 #include <algorithm>    // std::max
+#include <chrono>       // std::chrono::milliseconds
 #include <cmath>        // std::llround
 #include <cstdint>      // std::int64_t
 #include <cstdlib>      // std::getenv, std::strtod

@@ -62,24 +62,26 @@ inline constexpr int kMaxCgaClusterSize = 8;
 /// silently treat as "default": values below -1, 0 CTAs, min_ctas above max_ctas, a cluster
 /// size above 8. `who` names the communicator in the message.
 inline void check_nccl_knobs(const Options& options, const std::string& who) {
-  const auto refuse = [&](const std::string& what) {
-    throw ConfigError(who + ": " + what);
-  };
+  const auto refuse = [&](const std::string& what) { throw ConfigError(who + ": " + what); };
   if (options.cga_cluster_size < -1 || options.cga_cluster_size > kMaxCgaClusterSize) {
     refuse("Options::cga_cluster_size " + std::to_string(options.cga_cluster_size) + " is out of range; give 0.." +
            std::to_string(kMaxCgaClusterSize) + " (0: no clusters), or -1 for NCCL's default");
   }
   if (options.min_ctas == 0 || options.min_ctas < -1) {
-    refuse("Options::min_ctas " + std::to_string(options.min_ctas) + " is out of range; give at least 1 CTA, or -1 for NCCL's default");
+    refuse("Options::min_ctas " + std::to_string(options.min_ctas) +
+           " is out of range; give at least 1 CTA, or -1 for NCCL's default");
   }
   if (options.max_ctas == 0 || options.max_ctas < -1) {
-    refuse("Options::max_ctas " + std::to_string(options.max_ctas) + " is out of range; give at least 1 CTA, or -1 for NCCL's default");
+    refuse("Options::max_ctas " + std::to_string(options.max_ctas) +
+           " is out of range; give at least 1 CTA, or -1 for NCCL's default");
   }
   if (options.min_ctas > 0 && options.max_ctas > 0 && options.min_ctas > options.max_ctas) {
     refuse("Options::min_ctas " + std::to_string(options.min_ctas) + " is above Options::max_ctas " +
            std::to_string(options.max_ctas) + "; give min_ctas <= max_ctas");
   }
-  if (options.net_name.find('\0') != std::string::npos) refuse("Options::net_name contains a NUL character; give the network's name alone, such as \"Socket\"");
+  if (options.net_name.find('\0') != std::string::npos) {
+    refuse("Options::net_name contains a NUL character; give the network's name alone, such as \"Socket\"");
+  }
 }
 
 }  // namespace detail
