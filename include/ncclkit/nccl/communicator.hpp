@@ -669,9 +669,8 @@ class Communicator {
       throw ConfigError(parent.who() + " split: Options::net_name is '" + child_options.net_name + "', but " + parents +
                         "; a split communicator uses its parent's network, so leave net_name empty or the same");
     }
-    // Checked here as well as in make_core, so that the message names the split and this rank.
-    detail::check_nccl_knobs(child_options, parent.who() + " split");
-    auto child = make_core(std::move(child_options), 0, 1, 0);
+    // The child's rank is known only after the split: refusals name the parent and this rank.
+    auto child = make_core(std::move(child_options), 0, 1, 0, parent.who() + " split");
     const std::uint64_t index = parent.splits++;
     const std::string what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
     const auto deadline = detail::Clock::now() + child->options.timeout;
@@ -751,29 +750,30 @@ class Communicator {
 
   void throw_if_failed() const { core().watchdog.throw_if_failed(); }
 
-  /// A fresh core with options resolved: device chosen, timeout filled in.
-  static std::unique_ptr<detail::CommCore> make_core(Options options, int rank, int size, int local_rank) {
+  /// A fresh core with options resolved: device chosen, timeout filled in. `who` opens the
+  /// messages of the options it refuses (default: the communicator's name and rank).
+  static std::unique_ptr<detail::CommCore> make_core(Options options, int rank, int size, int local_rank,
+                                                     std::string who = {}) {
+    if (who.empty()) who = "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")";
     auto core = std::make_unique<detail::CommCore>();
     if (options.timeout.count() <= 0) options.timeout = default_comm_timeout();
     // Deadlines are now + timeout (+ slack): a "forever" such as milliseconds::max() would
     // overflow them.
     if (options.timeout > std::chrono::duration<double>(kMaxTimeoutSeconds)) {
-      throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): Options::timeout of " +
-                        std::to_string(options.timeout.count()) + " ms is too long (at most 1e9 s); to wait "
-                        "practically forever, give a long but finite timeout such as std::chrono::hours(24 * 365)");
+      throw ConfigError(who + ": Options::timeout of " + std::to_string(options.timeout.count()) +
+                        " ms is too long (at most 1e9 s); to wait practically forever, give a long but finite "
+                        "timeout such as std::chrono::hours(24 * 365)");
     }
-    detail::check_nccl_knobs(options, "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")");
+    detail::check_nccl_knobs(options, who);
     const int visible = visible_device_count();
     if (visible == 0) {
-      throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) +
-                        "): no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
-                        "use the Gloo backend on machines without GPUs");
+      throw ConfigError(who + ": no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
+                              "use the Gloo backend on machines without GPUs");
     }
     if (options.device < 0) options.device = local_rank % visible;
     if (options.device >= visible) {
-      throw ConfigError("nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + "): device " +
-                        std::to_string(options.device) + " asked for, but only " + std::to_string(visible) +
-                        " GPU(s) are visible");
+      throw ConfigError(who + ": device " + std::to_string(options.device) + " asked for, but only " +
+                        std::to_string(visible) + " GPU(s) are visible");
     }
     core->rank = rank;
     core->size = size;

@@ -53,6 +53,12 @@ inline void join_group(CommCore& core) {
   core.handle().open_groups.fetch_add(1);
 }
 
+/// Undoes join_group once the group's end has run (its ops launched, or refused).
+inline void leave_group(CommCore& core) {
+  core.joined = false;
+  core.handle().open_groups.fetch_sub(1);
+}
+
 }  // namespace detail
 
 class GroupGuard {
@@ -137,8 +143,7 @@ class GroupGuard {
       }
     } else if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
       for (auto* member : members) {
-        member->joined = false;
-        member->handle().open_groups.fetch_sub(1);
+        detail::leave_group(*member);
         member->pending.clear();
       }
       check_nccl(status, "ncclGroupEnd");
@@ -147,10 +152,7 @@ class GroupGuard {
       failed_member = members.empty() ? nullptr : members.front();
     }
 
-    for (auto* member : members) {
-      member->joined = false;
-      member->handle().open_groups.fetch_sub(1);
-    }
+    for (auto* member : members) detail::leave_group(*member);
     // Every member is committed (or cleared) even when one of them throws (a failed
     // cudaEventRecord): a member left with ops pending would never join a group again.
     // When the launch itself failed, every member fails with it. When it succeeded, only a
