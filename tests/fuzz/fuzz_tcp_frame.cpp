@@ -9,8 +9,10 @@
 // (--write-corpus DIR), or runs random mutations of valid frames (--seconds N [--seed S]),
 // so CI can run a smoke test without clang. tests/fuzz/run-smoke.sh does both.
 //
-// Properties checked on every input, for a tiny and the default value limit:
+// Properties checked on every input, for a tiny and the default value limit, and for the
+// limits a server applies before the hello (hello_only):
 //   - parse_frame never reads out of bounds or crashes (the sanitizers watch);
+//   - with hello_only, only a hello of at most kMaxHelloFrameBytes parses;
 //   - an error has a reason; "need more" never claims a size beyond the limits;
 //   - a parsed frame re-encodes to exactly the bytes it came from (the encoding is canonical),
 //     and its last-byte-short prefix is "need more", never "parsed" or an error.
@@ -78,7 +80,8 @@ Bytes encode(const tcp::Frame& f) {
 
 void fuzz_one(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::uint8_t> all(data, size);
-  for (const tcp::ParseLimits limits : {tcp::ParseLimits{.max_value_bytes = 64}, tcp::ParseLimits{}}) {
+  for (const tcp::ParseLimits limits : {tcp::ParseLimits{.max_value_bytes = 64}, tcp::ParseLimits{},
+                                        tcp::ParseLimits{.hello_only = true}}) {
     std::size_t offset = 0;
     for (int frames = 0; offset < size && frames < 4096; ++frames) {
       const auto rest = all.subspan(offset);
@@ -94,6 +97,9 @@ void fuzz_one(const std::uint8_t* data, std::size_t size) {
         break;
       }
       require(result.frame_bytes >= tcp::kHeaderBytes && result.frame_bytes <= rest.size(), "parsed size is in range");
+      require(!limits.hello_only || (result.frame.type == tcp::MessageType::kHello &&
+                                     result.frame_bytes <= tcp::kMaxHelloFrameBytes),
+              "before authentication only a hello of bounded size parses");
       const Bytes again = encode(result.frame);
       require(again.size() == result.frame_bytes &&
                   std::memcmp(again.data(), rest.data(), result.frame_bytes) == 0,

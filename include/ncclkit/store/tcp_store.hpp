@@ -8,7 +8,14 @@
 /// when the key appears or their deadline passes; the loop itself never blocks. A peer that
 /// sends a malformed frame, a wrong magic or version, or a length over the limits is
 /// disconnected with a logged reason; nothing is allocated from a length a peer claims before
-/// that length is checked against the limits.
+/// that length is checked against the limits. What one peer can make the server hold is
+/// bounded before it is allocated: before its hello only a hello frame (kMaxHelloFrameBytes);
+/// after it, one frame in and, unless the peer reads its replies, one reply out (a second
+/// reply that would queue behind more than kMaxQueuedReplyBytes disconnects it). A connection
+/// that does not finish its hello within the handshake timeout, or stops sending in the
+/// middle of a frame for that long, is closed. Out of file descriptors, the server refuses
+/// new connections (accepting and closing them with a spare descriptor) and keeps serving
+/// those it has. Warnings a peer can provoke are rate-limited.
 ///
 /// Client: one connection, guarded by a mutex (a TcpStore may be shared by threads; their
 /// calls are serialised). Blocking calls send their timeout to the server, which answers
@@ -24,6 +31,7 @@
 
 #include <sys/epoll.h>    // epoll_create1, epoll_ctl, epoll_wait
 #include <sys/eventfd.h>  // eventfd
+#include <sys/resource.h> // getrlimit (the descriptor limit, for the message when it is reached)
 #include <sys/socket.h>   // accept4, send, recv, getsockopt
 #include <fcntl.h>        // open (the spare descriptor)
 #include <unistd.h>       // close, read, write
@@ -51,11 +59,17 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/rate_limiter.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 #include "ncclkit/store/detail/tcp_protocol.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit {
+
+/// Default handshake timeout of a TcpStoreServer: NCCLKIT_STORE_HANDSHAKE_TIMEOUT seconds, else 10 s.
+inline std::chrono::milliseconds default_store_handshake_timeout() {
+  return env_seconds("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", std::chrono::seconds(10));
+}
 
 /// Where and how a TcpStoreServer listens.
 struct TcpStoreServerOptions {
@@ -68,12 +82,23 @@ struct TcpStoreServerOptions {
   std::optional<std::string> token;
   /// Largest value accepted; a peer announcing more is disconnected.
   std::size_t max_value_bytes = detail::tcp::kDefaultMaxValueBytes;
+  /// How long a new connection may take to complete its hello, and how long a client may
+  /// stop sending in the middle of a frame; past it the connection is closed (logged). A
+  /// client idle between requests, or waiting in a get or wait, is never timed out.
+  /// Default NCCLKIT_STORE_HANDSHAKE_TIMEOUT seconds, else 10 s.
+  std::chrono::milliseconds handshake_timeout = default_store_handshake_timeout();
 };
 
-/// The store token to use: the explicit one, else NCCLKIT_STORE_TOKEN, else none ("").
+/// The store token to use: the explicit one, else NCCLKIT_STORE_TOKEN, else none (""). A
+/// token longer than a hello may carry (4096 bytes) is a ConfigError.
 inline std::string resolve_store_token(const std::optional<std::string>& token) {
-  if (token) return *token;
-  return env_string("NCCLKIT_STORE_TOKEN").value_or("");
+  std::string resolved = token ? *token : env_string("NCCLKIT_STORE_TOKEN").value_or("");
+  if (resolved.size() > detail::tcp::kMaxTokenBytes) {
+    throw ConfigError("the TcpStore token (" + std::string(token ? "given in the options" : "NCCLKIT_STORE_TOKEN") +
+                      ") is " + std::to_string(resolved.size()) + " bytes, more than the limit of " +
+                      std::to_string(detail::tcp::kMaxTokenBytes) + "; use a shorter secret (32 random hex digits are plenty)");
+  }
+  return resolved;
 }
 
 namespace detail {
@@ -137,12 +162,19 @@ class TcpStoreServerLoop {
       : listener_(std::move(listener)),
         token_(resolve_store_token(options.token)),
         port_(local_port(listener_.get())),
-        host_(local_host(listener_.get())) {
+        host_(local_host(listener_.get())),
+        handshake_timeout_(options.handshake_timeout) {
     if (options.max_value_bytes == 0 || options.max_value_bytes > (std::size_t{1} << 40)) {
       throw ConfigError("TcpStoreServerOptions::max_value_bytes=" + std::to_string(options.max_value_bytes) +
                         " must be in [1, 2^40]");
     }
+    if (handshake_timeout_ <= std::chrono::milliseconds(0)) {
+      throw ConfigError("TcpStoreServerOptions::handshake_timeout=" + std::to_string(handshake_timeout_.count()) +
+                        " ms must be positive");
+    }
     limits_.max_value_bytes = options.max_value_bytes;
+    hello_limits_.max_value_bytes = options.max_value_bytes;
+    hello_limits_.hello_only = true;
     address_ = format_host_port(host_, port_);
     set_nonblocking(listener_.get());
     epoll_ = Socket(::epoll_create1(EPOLL_CLOEXEC));
@@ -170,6 +202,7 @@ class TcpStoreServerLoop {
 
   int port() const { return port_; }
   const std::string& host() const { return host_; }
+  bool requires_token() const { return !token_.empty(); }
 
   /// Client connections open at the end of the loop's last iteration.
   std::size_t open_connections() const { return open_connections_.load(std::memory_order_acquire); }
@@ -178,6 +211,16 @@ class TcpStoreServerLoop {
   static constexpr std::uint64_t kListenerId = 0;
   static constexpr std::uint64_t kWakeId = 1;
   static constexpr std::size_t kReadChunk = 64 * 1024;
+  /// Connections accepted (or refused) per wake-up, so a flood of them cannot keep the loop
+  /// from serving the connections it has, or from seeing that it must stop.
+  static constexpr int kAcceptBatch = 64;
+  /// Reply bytes that may wait unsent behind a new reply. A TcpStore client reads each reply
+  /// before it sends its next request, so it never has any waiting; one that pipelines
+  /// requests without reading is disconnected before its replies pile up in memory.
+  static constexpr std::size_t kMaxQueuedReplyBytes = std::size_t{1} << 20;
+  /// How long the listener rests when accepting fails for lack of resources.
+  static constexpr std::chrono::milliseconds kListenerRest{100};
+  static constexpr SteadyClock::time_point kNoDeadline = SteadyClock::time_point::max();
 
   /// A get or wait parked until its keys exist or its deadline passes.
   struct PendingWait {
@@ -200,6 +243,8 @@ class TcpStoreServerLoop {
     bool dead = false;
     bool want_write = false;
     std::size_t expected = 0;  // size of the incomplete frame in `in`, once its header is in
+    // Handshake (from accept) or mid-frame stall (from the last byte) deadline; see idle_deadlines_.
+    SteadyClock::time_point idle_deadline = kNoDeadline;
     PendingWait pending;
   };
 
@@ -225,8 +270,11 @@ class TcpStoreServerLoop {
   void loop() {
     epoll_event events[256];
     while (!stop_.load(std::memory_order_relaxed)) {
-      int timeout = -1;
-      if (!deadlines_.empty()) timeout = poll_timeout_ms(deadlines_.begin()->first);
+      SteadyClock::time_point wake_at = kNoDeadline;
+      if (!deadlines_.empty()) wake_at = deadlines_.begin()->first;
+      if (!idle_deadlines_.empty()) wake_at = std::min(wake_at, idle_deadlines_.begin()->first);
+      if (listener_paused_) wake_at = std::min(wake_at, listener_resume_at_);
+      const int timeout = wake_at == kNoDeadline ? -1 : poll_timeout_ms(wake_at);
       const int count = ::epoll_wait(epoll_.get(), events, 256, timeout);
       if (count < 0 && errno != EINTR) {
         log_error("TcpStore server on " + address_ + ": epoll_wait failed: " + errno_text(errno));
@@ -250,6 +298,8 @@ class TcpStoreServerLoop {
         }
       }
       expire_deadlines();
+      expire_idle_connections();
+      resume_listener();
       resume_parked();
       for (std::uint64_t id : dead_) connections_.erase(id);
       dead_.clear();
@@ -258,23 +308,27 @@ class TcpStoreServerLoop {
   }
 
   void accept_all() {
-    for (;;) {
+    for (int attempt = 0; attempt < kAcceptBatch; ++attempt) {
       sockaddr_storage address{};
       socklen_t length = sizeof address;
       const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &length,
                                SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if ((errno == EMFILE || errno == ENFILE) && spare_) {
-          log_warn("TcpStore server on " + address_ + ": out of file descriptors (" + std::to_string(connections_.size()) +
-                   " connections); refusing a connection. Raise the limit (ulimit -n)");
-          spare_.reset();
-          const int refused = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-          if (refused >= 0) ::close(refused);
-          spare_ = Socket(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        const int error = errno;
+        if (error == EAGAIN || error == EWOULDBLOCK) return;
+        if (error == EMFILE || error == ENFILE) return refuse_without_descriptors(error);
+        // The pending connection failed (it was reset, or its network went away): the next.
+        if (error == EINTR || error == ECONNABORTED || error == EPROTO || error == ENETDOWN || error == ENOPROTOOPT ||
+            error == EHOSTDOWN || error == ENONET || error == EHOSTUNREACH || error == ENETUNREACH || error == EPERM) {
           continue;
         }
-        return;  // EAGAIN: none left (other errors: try again at the next wake-up)
+        // Out of kernel memory or another lasting failure: rest rather than spin on it.
+        std::string note;
+        if (resource_log_.admit(note)) {
+          log_warn("TcpStore server on " + address_ + ": accepting a connection failed: " + errno_text(error) +
+                   "; not accepting new connections for " + std::to_string(kListenerRest.count()) + " ms" + note);
+        }
+        return pause_listener();
       }
       set_nodelay(fd);
       const std::uint64_t id = next_id_++;
@@ -289,18 +343,132 @@ class TcpStoreServerLoop {
         connections_.erase(id);
         continue;
       }
+      set_idle_deadline(connection, deadline_after(handshake_timeout_));
       if (log_enabled(LogLevel::kDebug)) log_debug("TcpStore server on " + address_ + ": connection from " + connection.peer);
+    }
+  }
+
+  /// accept failed for lack of descriptors. Accepting takes one even to find the queue empty,
+  /// so the pending connections are accepted with the spare descriptor and closed at once
+  /// (their clients see the connection close and retry), a batch per wake-up, so the loop
+  /// keeps serving the connections it has. When no spare is left (another thread took the
+  /// descriptor it freed), the listener rests a moment rather than wake the loop for nothing.
+  void refuse_without_descriptors(int error) {
+    bool queue_empty = false;
+    std::uint64_t refused = 0;
+    for (int attempt = 0; attempt < kAcceptBatch && spare_; ++attempt) {
+      spare_.reset();
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      const int accept_error = errno;
+      if (fd >= 0) {
+        ::close(fd);
+        ++refused;
+      }
+      spare_ = Socket(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (fd < 0) {
+        queue_empty = accept_error == EAGAIN || accept_error == EWOULDBLOCK;
+        break;
+      }
+    }
+    refused_connections_ += refused;
+    if (!spare_ || (refused == 0 && !queue_empty)) pause_listener();
+    std::string note;
+    if (!descriptor_log_.admit(note)) return;
+    std::string limit;
+    if (error == ENFILE) {
+      limit = "the system's limit on open files (fs.file-max) is reached";
+    } else {
+      rlimit descriptors{};
+      limit = ::getrlimit(RLIMIT_NOFILE, &descriptors) == 0 && descriptors.rlim_cur != RLIM_INFINITY
+                  ? "this process has reached its limit of " + std::to_string(descriptors.rlim_cur) +
+                        " open files (RLIMIT_NOFILE)"
+                  : "this process has reached its limit on open files (RLIMIT_NOFILE)";
+    }
+    log_warn("TcpStore server on " + address_ + ": out of file descriptors: " + limit + ", with " +
+             std::to_string(connections_.size()) + " client connection(s) open. Refusing new connections until some " +
+             "close (" + std::to_string(refused_connections_) + " refused so far); the open ones are still served. " +
+             "Raise the limit (ulimit -n) if the job needs more connections; connections that do not complete " +
+             "their handshake are closed after " + format_duration(handshake_timeout_) +
+             " (NCCLKIT_STORE_HANDSHAKE_TIMEOUT)" + note);
+    refused_connections_ = 0;
+  }
+
+  void pause_listener() {
+    if (listener_paused_) return;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+    listener_paused_ = true;
+    listener_resume_at_ = SteadyClock::now() + kListenerRest;
+  }
+
+  void resume_listener() {
+    if (!listener_paused_ || SteadyClock::now() < listener_resume_at_) return;
+    if (!spare_) spare_ = Socket(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = kListenerId;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &event) == 0) {
+      listener_paused_ = false;
+    } else {
+      listener_resume_at_ = SteadyClock::now() + kListenerRest;
+    }
+  }
+
+  /// "10 s", "300 ms".
+  static std::string format_duration(std::chrono::milliseconds duration) {
+    if (duration.count() % 1000 == 0) return std::to_string(duration.count() / 1000) + " s";
+    return std::to_string(duration.count()) + " ms";
+  }
+
+  /// A warning a peer can provoke: rate-limited, so that no peer can flood the log.
+  void warn_about_peer(const std::string& message) {
+    std::string note;
+    if (peer_log_.admit(note)) log_warn(message + note);
+  }
+
+  // ---- handshake and mid-frame timeouts ---------------------------------------------------
+
+  void set_idle_deadline(Connection& connection, SteadyClock::time_point deadline) {
+    if (connection.idle_deadline == deadline) return;
+    if (connection.idle_deadline != kNoDeadline) idle_deadlines_.erase({connection.idle_deadline, connection.id});
+    connection.idle_deadline = deadline;
+    if (deadline != kNoDeadline) idle_deadlines_.emplace(deadline, connection.id);
+  }
+
+  /// After bytes arrived: an authenticated client in the middle of a frame gets the handshake
+  /// timeout from now to send more; between frames (or parked) it may stay idle for good. Until
+  /// it is authenticated the deadline set at accept stands.
+  void refresh_idle_deadline(Connection& connection) {
+    if (connection.dead || !connection.authenticated) return;
+    const bool mid_frame = connection.in.size() > 0 && !connection.pending.active;
+    set_idle_deadline(connection, mid_frame ? deadline_after(handshake_timeout_) : kNoDeadline);
+  }
+
+  void expire_idle_connections() {
+    const auto now = SteadyClock::now();
+    while (!idle_deadlines_.empty() && idle_deadlines_.begin()->first <= now) {
+      const std::uint64_t id = idle_deadlines_.begin()->second;
+      idle_deadlines_.erase(idle_deadlines_.begin());
+      auto found = connections_.find(id);
+      if (found == connections_.end() || found->second.dead) continue;
+      Connection& connection = found->second;
+      connection.idle_deadline = kNoDeadline;
+      close_connection(connection,
+                       (connection.authenticated ? "it sent part of a frame, then nothing more for "
+                                                 : "it did not complete the hello handshake within ") +
+                           format_duration(handshake_timeout_) + " (the handshake timeout, NCCLKIT_STORE_HANDSHAKE_TIMEOUT)",
+                       true);
     }
   }
 
   void close_connection(Connection& connection, const std::string& reason, bool warn) {
     if (connection.dead) return;
     if (warn) {
-      log_warn("TcpStore server on " + address_ + ": closing the connection from " + connection.peer + ": " + reason);
+      warn_about_peer("TcpStore server on " + address_ + ": closing the connection from " + connection.peer + ": " + reason);
     } else if (log_enabled(LogLevel::kDebug)) {
       log_debug("TcpStore server on " + address_ + ": connection from " + connection.peer + " ended: " + reason);
     }
     if (connection.pending.active) unpark(connection);
+    set_idle_deadline(connection, kNoDeadline);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, connection.socket.get(), nullptr);
     connection.socket.reset();
     connection.dead = true;
@@ -309,8 +477,10 @@ class TcpStoreServerLoop {
 
   void read_from(Connection& connection) {
     // Read what is there; a large frame arrives over several wake-ups, and the buffer grows
-    // with the bytes received, never ahead of them to a size the peer merely announced.
-    std::uint8_t* into = connection.in.prepare(connection.in.next_read_size(connection.expected, kReadChunk));
+    // with the bytes received, never ahead of them to a size the peer merely announced. Before
+    // the hello, reads are no larger than a hello can be.
+    const std::size_t chunk = connection.authenticated ? kReadChunk : tcp::kMaxHelloFrameBytes;
+    std::uint8_t* into = connection.in.prepare(connection.in.next_read_size(connection.expected, chunk));
     ssize_t got;
     do {
       got = ::recv(connection.socket.get(), into, connection.in.writable(), 0);
@@ -338,7 +508,7 @@ class TcpStoreServerLoop {
 
   void parse_all(Connection& connection) {
     while (!connection.dead && !connection.closing && !connection.pending.active) {
-      auto result = tcp::parse_frame(connection.in.readable(), limits_);
+      auto result = tcp::parse_frame(connection.in.readable(), connection.authenticated ? limits_ : hello_limits_);
       if (result.status == tcp::ParseStatus::kNeedMore) {
         connection.expected = result.frame_bytes;  // validated against the limits; 0 if unknown yet
         break;
@@ -351,9 +521,7 @@ class TcpStoreServerLoop {
       connection.in.consume(result.frame_bytes);
     }
     if (!connection.dead && connection.in.size() == 0) connection.in.trim(4 * kReadChunk);
-    if (!connection.dead && connection.out.size() - connection.out_sent > 2 * limits_.max_payload_bytes()) {
-      close_connection(connection, "it does not read the replies to its requests", true);
-    }
+    refresh_idle_deadline(connection);
   }
 
   // ---- replies ----------------------------------------------------------------------------
@@ -388,32 +556,43 @@ class TcpStoreServerLoop {
     connection.want_write = want_write;
   }
 
-  tcp::FrameWriter reply(Connection& connection, tcp::MessageType type) {
+  /// Whether a reply of `payload_bytes` may be queued: always when nothing waits unsent (a
+  /// value reply is as large as the largest value), else while what waits stays within
+  /// kMaxQueuedReplyBytes. Otherwise the peer is not reading its replies: it is disconnected
+  /// before the reply is built, so no peer can make the server hold more than one large reply.
+  bool room_for_reply(Connection& connection, std::size_t payload_bytes) {
+    const std::size_t queued = connection.out.size() - connection.out_sent;
+    const std::size_t frame = tcp::kHeaderBytes + payload_bytes;
+    if (queued == 0 || (queued <= kMaxQueuedReplyBytes && frame <= kMaxQueuedReplyBytes - queued)) return true;
+    close_connection(connection, "it does not read its replies: " + std::to_string(queued) +
+                                     " bytes of them wait unsent and the next needs " + std::to_string(frame) +
+                                     " more (at most " + std::to_string(kMaxQueuedReplyBytes) +
+                                     " may wait behind a new one; a TcpStore client reads each reply before its next request)",
+                     true);
+    return false;
+  }
+
+  /// Appends a reply of `payload_bytes` written by `fill`, then sends what the socket takes.
+  template <class Fill>
+  void send_reply(Connection& connection, tcp::MessageType type, std::size_t payload_bytes, Fill&& fill) {
+    if (connection.dead || !room_for_reply(connection, payload_bytes)) return;
     tcp::FrameWriter writer(connection.out);
     writer.begin(type);
-    return writer;
+    fill(writer);
+    writer.finish();
+    flush(connection);
   }
   void reply_ok(Connection& connection) {
-    reply(connection, tcp::MessageType::kOk).finish();
-    flush(connection);
+    send_reply(connection, tcp::MessageType::kOk, 0, [](tcp::FrameWriter&) {});
   }
   void reply_integer(Connection& connection, std::int64_t value) {
-    auto writer = reply(connection, tcp::MessageType::kInteger);
-    writer.i64(value);
-    writer.finish();
-    flush(connection);
+    send_reply(connection, tcp::MessageType::kInteger, 8, [&](tcp::FrameWriter& w) { w.i64(value); });
   }
   void reply_value(Connection& connection, std::span<const std::uint8_t> value) {
-    auto writer = reply(connection, tcp::MessageType::kValue);
-    writer.bytes(value);
-    writer.finish();
-    flush(connection);
+    send_reply(connection, tcp::MessageType::kValue, 8 + value.size(), [&](tcp::FrameWriter& w) { w.bytes(value); });
   }
   void reply_error(Connection& connection, std::string_view message) {
-    auto writer = reply(connection, tcp::MessageType::kError);
-    writer.bytes(message);
-    writer.finish();
-    flush(connection);
+    send_reply(connection, tcp::MessageType::kError, 8 + message.size(), [&](tcp::FrameWriter& w) { w.bytes(message); });
   }
 
   // ---- requests ---------------------------------------------------------------------------
@@ -426,18 +605,17 @@ class TcpStoreServerLoop {
                                                 "', not the hello handshake", true);
       }
       if (!token_.empty() && !same_secret(frame.value, token_)) {
-        log_warn("TcpStore server on " + address_ + ": rejected a client from " + connection.peer +
-                 (frame.value.empty() ? ": it presented no token" : ": it presented a wrong token") +
-                 " (NCCLKIT_STORE_TOKEN differs between this job's processes, or a stray process tried to connect)");
+        warn_about_peer("TcpStore server on " + address_ + ": rejected a client from " + connection.peer +
+                        (frame.value.empty() ? ": it presented no token" : ": it presented a wrong token") +
+                        " (NCCLKIT_STORE_TOKEN differs between this job's processes, or a stray process tried to connect)");
         connection.closing = true;
         reply_error(connection, "token rejected");
         return;
       }
       connection.authenticated = true;
-      auto writer = reply(connection, MessageType::kHelloOk);
-      writer.u64(limits_.max_value_bytes);
-      writer.finish();
-      return flush(connection);
+      set_idle_deadline(connection, kNoDeadline);
+      return send_reply(connection, MessageType::kHelloOk, 8,
+                        [&](tcp::FrameWriter& w) { w.u64(limits_.max_value_bytes); });
     }
     switch (frame.type) {
       case MessageType::kSet: {
@@ -599,13 +777,13 @@ class TcpStoreServerLoop {
 
   void send_timeout_reply(Connection& connection, const std::vector<std::string>& keys) {
     std::vector<std::string_view> missing;
+    std::size_t payload_bytes = 4;
     for (const std::string& key : keys) {
-      if (data_.find(key) == data_.end()) missing.emplace_back(key);
+      if (data_.find(key) != data_.end()) continue;
+      missing.emplace_back(key);
+      payload_bytes += 4 + key.size();
     }
-    auto writer = reply(connection, tcp::MessageType::kTimeout);
-    writer.keys(missing);
-    writer.finish();
-    flush(connection);
+    send_reply(connection, tcp::MessageType::kTimeout, payload_bytes, [&](tcp::FrameWriter& w) { w.keys(missing); });
   }
 
   void time_out(Connection& connection) {
@@ -643,7 +821,9 @@ class TcpStoreServerLoop {
   int port_;
   std::string host_;
   std::string address_;
+  std::chrono::milliseconds handshake_timeout_;
   tcp::ParseLimits limits_;
+  tcp::ParseLimits hello_limits_;  // before the hello: only a hello, of bounded size
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> open_connections_{0};
 
@@ -654,6 +834,15 @@ class TcpStoreServerLoop {
   KeyMap<Bytes> data_;
   KeyMap<std::vector<std::uint64_t>> waiters_;
   std::set<std::pair<SteadyClock::time_point, std::uint64_t>> deadlines_;
+  // Handshake and mid-frame deadlines, per connection (Connection::idle_deadline).
+  std::set<std::pair<SteadyClock::time_point, std::uint64_t>> idle_deadlines_;
+
+  bool listener_paused_ = false;  // taken out of epoll after accept failed for lack of resources
+  SteadyClock::time_point listener_resume_at_{};
+  std::uint64_t refused_connections_ = 0;  // refused for lack of descriptors since the last log line
+  RateLimiter peer_log_{10, std::chrono::seconds(10)};      // warnings about what peers did
+  RateLimiter descriptor_log_{1, std::chrono::seconds(10)}; // out of file descriptors
+  RateLimiter resource_log_{1, std::chrono::seconds(10)};   // other accept failures
 
   std::thread thread_;  // last: starts after everything above exists
 };
@@ -696,6 +885,9 @@ class TcpStoreServer {
 
   /// Client connections currently open (updated by the server thread after each event).
   std::size_t open_connections() const { return loop_->open_connections(); }
+
+  /// Whether clients must present a token (TcpStoreServerOptions::token, NCCLKIT_STORE_TOKEN).
+  bool requires_token() const { return loop_->requires_token(); }
 
   /// Waits until no client is connected or `limit` has passed; returns whether none is left.
   /// Lets the process that hosts the store outlive the other ranks' last requests.

@@ -18,7 +18,7 @@
 ///     bytes  = u64 length (<= limits.max_value_bytes) + bytes
 ///     keys   = u32 count + count * key
 ///
-///     kHello      bytes token                      -> kHelloOk u64 server max_value_bytes | kError
+///     kHello      bytes token (<= kMaxTokenBytes)  -> kHelloOk u64 server max_value_bytes | kError
 ///     kSet        key, bytes value                 -> kOk
 ///     kGet        u64 timeout_ms, key              -> kValue bytes | kTimeout keys
 ///     kWait       u64 timeout_ms, keys             -> kOk | kTimeout keys (those still missing)
@@ -54,6 +54,11 @@ inline constexpr std::size_t kHeaderBytes = 16;
 inline constexpr std::size_t kMaxKeyBytes = 64 * 1024;
 /// Default longest value, in bytes (TcpStoreServerOptions::max_value_bytes).
 inline constexpr std::size_t kDefaultMaxValueBytes = std::size_t{64} << 20;
+/// Longest store token, in bytes: what a server buffers from a peer before it has proven it
+/// knows the token is bounded by the hello frame this allows (kMaxHelloFrameBytes).
+inline constexpr std::size_t kMaxTokenBytes = 4096;
+/// Largest hello frame: header, token length, token.
+inline constexpr std::size_t kMaxHelloFrameBytes = kHeaderBytes + 8 + kMaxTokenBytes;
 
 enum class MessageType : std::uint8_t {
   // Requests (client -> server).
@@ -100,10 +105,18 @@ inline std::string message_type_name(std::uint8_t type) {
 /// What a reader accepts. Both sides validate against these before buffering a frame.
 struct ParseLimits {
   std::size_t max_value_bytes = kDefaultMaxValueBytes;
+  /// Only a hello may come (a server reading a peer that has not yet presented its token):
+  /// any other type is an error from its type byte, and a payload longer than a hello can
+  /// need (kMaxHelloFrameBytes) from the header, so nothing large is buffered from a peer
+  /// before it is authenticated.
+  bool hello_only = false;
 
   /// Largest payload a frame may declare: two values (compare_set) and room for keys. A wait
   /// on many keys must fit in this too (with the default: about 128 MiB of key names).
-  std::size_t max_payload_bytes() const { return 2 * max_value_bytes + 2 * (kMaxKeyBytes + 4) + 64; }
+  std::size_t max_payload_bytes() const {
+    if (hello_only) return kMaxHelloFrameBytes - kHeaderBytes;
+    return 2 * max_value_bytes + 2 * (kMaxKeyBytes + 4) + 64;
+  }
 };
 
 /// One parsed frame. The views point into the bytes given to parse_frame, so they are valid
@@ -264,6 +277,9 @@ inline ParseResult parse_frame(std::span<const std::uint8_t> bytes, const ParseL
     const std::uint8_t type = bytes[5];
     const bool known = (type >= 1 && type <= 9) || (type >= 64 && type <= 69);
     if (!known) return error("unknown message type " + std::to_string(type));
+    if (limits.hello_only && type != static_cast<std::uint8_t>(MessageType::kHello)) {
+      return error("its first frame is '" + message_type_name(type) + "', not the hello handshake");
+    }
   }
   if (bytes.size() >= 8 && (bytes[6] != 0 || bytes[7] != 0)) {
     return error("reserved header bytes are not zero");
@@ -273,6 +289,11 @@ inline ParseResult parse_frame(std::span<const std::uint8_t> bytes, const ParseL
   const std::uint64_t payload_bytes = wire::load_u64(bytes.data() + 8);
   const std::size_t max_payload = limits.max_payload_bytes();
   if (payload_bytes > max_payload) {
+    if (limits.hello_only) {
+      return error("hello frame declares a payload of " + std::to_string(payload_bytes) + " bytes, more than the " +
+                   std::to_string(max_payload) + " a token of at most " + std::to_string(kMaxTokenBytes) +
+                   " bytes needs");
+    }
     return error("frame declares a payload of " + std::to_string(payload_bytes) + " bytes, more than the limit of " +
                  std::to_string(max_payload) + " bytes (max_value_bytes=" + std::to_string(limits.max_value_bytes) + ")");
   }
@@ -289,7 +310,7 @@ inline ParseResult parse_frame(std::span<const std::uint8_t> bytes, const ParseL
   std::uint64_t raw = 0;
   switch (frame.type) {
     case MessageType::kHello:
-      reader.bytes(frame.value, kMaxKeyBytes, "token");
+      reader.bytes(frame.value, kMaxTokenBytes, "token");
       break;
     case MessageType::kSet:
       if (reader.key(key)) frame.keys.push_back(key);
