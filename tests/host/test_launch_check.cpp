@@ -167,11 +167,12 @@ TEST_CASE("--check on one node: healthy, and with an NCCL_SOCKET_IFNAME that mat
   CHECK(contains(broken.out(), "Set NCCL_SOCKET_IFNAME="));
 }
 
-TEST_CASE("--check with two local launchers, over a TCP store and over a folder") {
+TEST_CASE("--check with two local launchers, over a TCP store (with and without a token) and over a folder") {
   TempDir dir;
   const int port = free_port();
-  for (bool folder : {false, true}) {
-    CAPTURE(folder);
+  for (const std::string mode : {"tcp", "tcp+token", "folder"}) {
+    CAPTURE(mode);
+    const bool folder = mode == "folder";
     std::vector<Process> nodes;
     for (int node = 0; node < 2; ++node) {
       std::vector<std::string> argv{kLauncher, "--check", "--nnodes", "2", "--rdzv-timeout", "20"};
@@ -181,7 +182,8 @@ TEST_CASE("--check with two local launchers, over a TCP store and over a folder"
         argv.insert(argv.end(), {"--node-rank", std::to_string(node), "--master-addr", "127.0.0.1", "--master-port",
                                  std::to_string(port)});
       }
-      nodes.push_back(start(argv, dir.path(), "node" + std::to_string(node) + (folder ? "f" : "t"), {"NCCL_SOCKET_IFNAME"}));
+      const std::string token = mode == "tcp+token" ? "NCCLKIT_STORE_TOKEN=check-token" : "NCCLKIT_STORE_TOKEN";
+      nodes.push_back(start(argv, dir.path(), "node" + std::to_string(node) + mode, {"NCCL_SOCKET_IFNAME", token}));
     }
     for (auto& node : nodes) {
       REQUIRE(node.wait(60s));
@@ -193,6 +195,14 @@ TEST_CASE("--check with two local launchers, over a TCP store and over a folder"
       CHECK(contains(lines_starting_with(out, "0 ").front(), "node 1 ok"));
       CHECK(contains(lines_starting_with(out, "1 ").front(), "node 0 ok"));
       CHECK(contains(out, "problems: none found"));
+      // A TCP store without a token is a warning on every node (the exit status stays 0).
+      CHECK(contains(out, "warnings (1):") == (mode == "tcp"));
+      CHECK(contains(out, "Set NCCLKIT_STORE_TOKEN") == (mode == "tcp"));
+    }
+    if (mode == "tcp") {
+      CHECK(contains(nodes[0].out(), "[node 0] the launchers' store listens on "));
+      CHECK(contains(nodes[0].out(), std::to_string(port) + " (every address of this host) without a token"));
+      CHECK(contains(nodes[1].out(), "[node 1] joined the launchers' store without a token"));
     }
   }
 }

@@ -407,9 +407,11 @@ inline std::vector<std::string> cross_node_problems(const LaunchOptions& options
   return problems;
 }
 
-/// The report: a header, one row per node, the connections, then the problems.
+/// The report: a header, one row per node, the connections, then warnings (things to fix that
+/// do not stop a job, so they leave the exit status alone) and the problems.
 inline std::string format_check_report(const std::string& store_text, const std::vector<NodeReport>& nodes,
-                                       const std::vector<ReachResult>& reach, const std::vector<std::string>& problems) {
+                                       const std::vector<ReachResult>& reach, const std::vector<std::string>& problems,
+                                       const std::vector<std::string>& warnings = {}) {
   std::vector<std::vector<std::string>> rows;
   rows.push_back({"node", "host", "GPUs", "driver", "CUDA (driver/runtime)", "NCCL", "NCCL interface", "reaches"});
   for (const auto& node : nodes) {
@@ -443,6 +445,10 @@ inline std::string format_check_report(const std::string& store_text, const std:
   }
   std::string text = "ncclkit-run --check: " + std::to_string(nodes.size()) + " node(s); store: " + store_text + "\n";
   text += detail::format_table(rows);
+  if (!warnings.empty()) {
+    text += "warnings (" + std::to_string(warnings.size()) + "):\n";
+    for (const auto& warning : warnings) text += "  - " + warning + "\n";
+  }
   if (problems.empty()) {
     text += "problems: none found\n";
   } else {
@@ -482,6 +488,15 @@ inline int run_check(const LaunchOptions& options) {
   const std::string prefix = "ncclkit-check/";
   int node_rank = known_rank;
   if (node_rank < 0) node_rank = static_cast<int>(store.add(prefix + "next_node", 1) - 1);
+  std::vector<std::string> warnings;
+  if (opened.server != nullptr) {
+    if (auto warning = store_token_warning(*opened.server)) warnings.push_back("[node " + std::to_string(node_rank) + "] " + *warning);
+  } else if (options.rendezvous() == RendezvousKind::kTcp && resolve_store_token(std::nullopt).empty()) {
+    warnings.push_back("[node " + std::to_string(node_rank) + "] joined the launchers' store without a token "
+                       "(NCCLKIT_STORE_TOKEN is unset here), so node 0's store asks for none: any process that can "
+                       "reach it can read and change the job's keys. Set NCCLKIT_STORE_TOKEN to the same secret on "
+                       "every node");
+  }
   std::vector<std::string> extra_problems;
   if (node_rank >= options.nnodes) {
     print("ncclkit-run --check: more launchers than --nnodes " + std::to_string(options.nnodes) +
@@ -595,7 +610,7 @@ inline int run_check(const LaunchOptions& options) {
   if (!missing_reach.empty() && missing.empty()) {
     problems.push_back("[all] some nodes did not finish their connection tests in time; run the check again");
   }
-  print(format_check_report(store_text, nodes, reach, problems));
+  print(format_check_report(store_text, nodes, reach, problems, warnings));
 
   // Leave; node 0 keeps serving a TCP store until the others have read everything.
   store.set(prefix + "left/" + std::to_string(node_rank), "1");

@@ -8,6 +8,7 @@
 #include <string>      // std::string
 
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/launch/interfaces.hpp"
 #include "ncclkit/launch/options.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
@@ -23,6 +24,21 @@ struct LauncherStore {
   std::string worker_folder;               ///< --rdzv-dir: <dir>/workers, the workers' store
   std::optional<int> node_rank;            ///< known before joining (--node-rank, or one node)
 };
+
+/// The warning ncclkit-run gives at start and in --check when the launchers' store it hosts
+/// can be reached from other hosts and asks for no token (any process that reaches the port
+/// could read and change the job's keys); nullopt when it asks for one or listens on loopback.
+inline std::optional<std::string> store_token_warning(const TcpStoreServer& server) {
+  const std::string host = server.host();
+  if (server.requires_token() || is_loopback_address(host)) return std::nullopt;
+  const bool everywhere = host == "::" || host == "0.0.0.0";
+  return "the launchers' store listens on " + ncclkit::detail::format_host_port(host, server.port()) +
+         (everywhere ? " (every address of this host)" : "") +
+         " without a token: any process that can reach this port can read and change the job's keys. Set "
+         "NCCLKIT_STORE_TOKEN to the same secret on every node before starting ncclkit-run (e.g. "
+         "NCCLKIT_STORE_TOKEN=$(openssl rand -hex 16), exported by the job script to all nodes); the workers' "
+         "store takes it from there too";
+}
 
 /// Opens (node 0 with --master-addr: serves, then connects to) the launchers' store for
 /// `options`. ConfigError when node 0 cannot serve on --master-port or the folder cannot be

@@ -44,6 +44,7 @@
 
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/launch/coordinator.hpp"
+#include "ncclkit/launch/launcher_store.hpp"
 #include "ncclkit/launch/options.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
@@ -110,10 +111,14 @@ inline std::string join_ints(const std::vector<int>& values) {
 class StoreCoordinator final : public NodeCoordinator {
  public:
   /// `store` is the launchers' store; `server`, when given, is the TCP server this launcher
-  /// hosts for it (node 0), kept alive until leave() lets the others finish.
+  /// hosts for it (node 0), kept alive until leave() lets the others finish. A server that
+  /// other hosts can reach without a token is reported (store_token_warning).
   StoreCoordinator(std::shared_ptr<Store> store, StoreCoordinatorOptions options,
                    std::unique_ptr<TcpStoreServer> server = nullptr)
       : server_(std::move(server)), store_(std::move(store)), options_(std::move(options)) {
+    if (server_ != nullptr) {
+      if (auto warning = store_token_warning(*server_)) report("warning: " + *warning);
+    }
     // Requests that do not wait for other nodes (set, add, check, compare_set) must fail fast
     // when the store is unreachable, since the supervision loop makes them; every wait for
     // other nodes passes the rendezvous timeout explicitly.
