@@ -292,3 +292,35 @@ TEST_CASE("zero-length keys and values are valid") {
   CHECK(result.frame.keys[0].empty());
   CHECK(result.frame.value.empty());
 }
+
+TEST_CASE("before authentication (hello_only) only a hello of at most kMaxHelloFrameBytes parses") {
+  const tcp::ParseLimits hello_only{.hello_only = true};
+  // Any other type is refused from its type byte, before its length is known.
+  const Bytes set_prefix = {'N', 'K', 'T', 'S', 1, 2};
+  auto refused = parse(set_prefix, hello_only);
+  REQUIRE(refused.status == tcp::ParseStatus::kError);
+  CHECK(refused.error.find("'set', not the hello handshake") != std::string::npos);
+  CHECK(parse(set_prefix).status == tcp::ParseStatus::kNeedMore);  // fine once authenticated
+
+  // A hello announcing more than a token of kMaxTokenBytes needs is refused from its header.
+  Bytes big_hello = {'N', 'K', 'T', 'S', 1, 1, 0, 0};
+  put_u64(big_hello, std::uint64_t{100} << 20);
+  auto too_big = parse(big_hello, hello_only);
+  REQUIRE(too_big.status == tcp::ParseStatus::kError);
+  CHECK(too_big.error.find("a token of at most 4096 bytes needs") != std::string::npos);
+
+  // The largest token fits exactly; one byte more does not, whatever the limits.
+  Bytes largest;
+  put_u64(largest, tcp::kMaxTokenBytes);
+  largest.resize(largest.size() + tcp::kMaxTokenBytes, 't');
+  const Bytes frame = hand_frame(1, largest);
+  CHECK(frame.size() == tcp::kMaxHelloFrameBytes);
+  auto parsed = parse(frame, hello_only);
+  REQUIRE(parsed.status == tcp::ParseStatus::kParsed);
+  CHECK(parsed.frame.value.size() == tcp::kMaxTokenBytes);
+  Bytes longer;
+  put_u64(longer, tcp::kMaxTokenBytes + 1);
+  longer.resize(longer.size() + tcp::kMaxTokenBytes + 1, 't');
+  CHECK(parse(hand_frame(1, longer), hello_only).status == tcp::ParseStatus::kError);
+  CHECK(parse(hand_frame(1, longer)).status == tcp::ParseStatus::kError);
+}

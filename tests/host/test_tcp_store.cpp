@@ -448,6 +448,19 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
   ncclkit::set_log_level(ncclkit::LogLevel::kWarn);
 }
 
+TEST_CASE("a token longer than a hello may carry is a ConfigError naming the limit, for clients and servers") {
+  const std::string long_token(tcp::kMaxTokenBytes + 1, 't');
+  CHECK_THROWS_WITH_AS(TcpStoreServer({.token = long_token}), doctest::Contains("more than the limit of 4096"),
+                       ncclkit::ConfigError);
+  TcpStoreServer server({.token = std::string(tcp::kMaxTokenBytes, 't')});
+  CHECK_THROWS_AS(TcpStore({.port = server.port(), .timeout = 5s, .token = long_token}), ncclkit::ConfigError);
+  TcpStore longest({.port = server.port(), .timeout = 5s, .token = std::string(tcp::kMaxTokenBytes, 't')});
+  longest.set("k", "v");
+  ::setenv("NCCLKIT_STORE_TOKEN", long_token.c_str(), 1);
+  CHECK_THROWS_WITH_AS(TcpStoreServer(), doctest::Contains("NCCLKIT_STORE_TOKEN"), ncclkit::ConfigError);
+  ::unsetenv("NCCLKIT_STORE_TOKEN");
+}
+
 TEST_CASE("a value over the server's limit is refused by the client with a clear error") {
   TcpStoreServer server({.max_value_bytes = 1000});
   TcpStore store(client_of(server));
