@@ -386,7 +386,7 @@ class TcpStoreServerLoop {
     }
     log_warn("TcpStore server on " + address_ + ": out of file descriptors: " + limit + ", with " +
              std::to_string(connections_.size()) + " client connection(s) open. Refusing new connections until some " +
-             "close (" + std::to_string(refused_connections_) + " refused so far); the open ones are still served. " +
+             "close (" + std::to_string(refused_connections_) + " refused since the last such message); the open ones are still served. " +
              "Raise the limit (ulimit -n) if the job needs more connections; connections that do not complete " +
              "their handshake are closed after " + format_duration(handshake_timeout_) +
              " (NCCLKIT_STORE_HANDSHAKE_TIMEOUT)" + note);
