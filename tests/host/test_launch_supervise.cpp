@@ -152,8 +152,9 @@ TEST_CASE("a rank that exits 0 early is named first as the likely cause, not the
 
 TEST_CASE("a rank that hangs while another fails is listed as still running, with how long it was silent") {
   TempDir dir;
-  // Rank 1 prints one line and then sleeps forever; rank 0 exits 2.
-  Process launcher = run_with_failure(2, {"r1/stderr=rank 1 is about to hang", "r1/hang", "r0/exit=2"}, dir);
+  // Rank 1 prints one line, then hangs; rank 0 exits 2 once every worker is up (so after that
+  // line was written).
+  Process launcher = run_with_failure(2, {"r1/hang", "r0/exit=2"}, dir, {}, {"r1/stderr=rank 1 is about to hang"});
   CHECK_MESSAGE(launcher.status == 2, launcher.output());
   const std::string err = launcher.err();
   const auto [failure, failure_at] = report_line(launcher, 0);

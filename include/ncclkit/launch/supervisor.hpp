@@ -361,6 +361,12 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
       }
       worker.stopped_by_launcher = stopping;
       if (!worker.ok() && !stopping) {
+        // What the workers wrote before this failure is in their pipes now: read it first, so
+        // that it counts as their last progress and comes out before the failure's report.
+        for (std::size_t i = 0; i < count; ++i) {
+          if (slots[i].out_pipe >= 0) read_pipe(slots[i].out_pipe, *slots[i].out_lines, result.workers[i]);
+          if (slots[i].err_pipe >= 0) read_pipe(slots[i].err_pipe, *slots[i].err_lines, result.workers[i]);
+        }
         result.outcome = GroupOutcome::kWorkerFailed;
         result.failed = static_cast<int>(it->second);
         std::string message = result.failure_summary();
