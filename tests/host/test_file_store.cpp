@@ -418,7 +418,8 @@ TEST_CASE("two jobs in one folder stay apart by the identity their environment g
       {"NCCLKIT_RUN_ID", {{"NCCLKIT_RUN_ID", "a"}, {"SLURM_JOB_ID", "7"}}, {{"NCCLKIT_RUN_ID", "b"}, {"SLURM_JOB_ID", "7"}}},
   };
   for (const auto& source : sources) {
-    CAPTURE(source.name);
+    const std::string source_name = source.name;
+    CAPTURE(source_name);
     TempDir dir;
     // Arrivals interleave: a1, b1, a2, b2. Each second member must find its own job's run.
     auto a1 = open_with(dir.path, source.job_a);
