@@ -2,6 +2,7 @@
 // signals, and that nothing outlives the launcher (launch/supervisor.hpp, launch/launcher.hpp).
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <regex>
 #include <set>
 
@@ -186,6 +187,27 @@ TEST_CASE("two ranks that die are reported in the order they died, each with its
   CHECK(time_in(first) <= time_in(second));
   CHECK(contains(silent, "(it wrote no output at all)"));
   CHECK(contains(launcher.err(), "job failed: rank 2 (local rank 2, pid "));
+}
+
+TEST_CASE("a job stopped by hand after a rank exited 0 early names that exit as the likely cause of the hang") {
+  TempDir dir;
+  // Rank 1 leaves with code 0; rank 0 waits forever for it. The user then stops the launcher.
+  Process launcher = start_launcher({"--nproc-per-node", "2"}, {"pidfile=" + dir.path(), "waitpids=" + dir.path(), "r1/exit=0", "hang"},
+                                    dir.path());
+  REQUIRE_MESSAGE(wait_until([&] { return read_pids(dir.path()).size() == 2; }, 30s), launcher.output());
+  const pid_t rank1 = read_pids(dir.path()).at("rank_1.pid");
+  REQUIRE(wait_until([&] { return ::kill(rank1, 0) != 0 && errno == ESRCH; }, 30s));  // reaped by the launcher
+  ::kill(launcher.pid, SIGTERM);
+  REQUIRE(launcher.wait(30s));
+  CHECK_MESSAGE(launcher.status == 128 + SIGTERM, launcher.output());
+  const auto [early, early_at] = report_line(launcher, 1);
+  const auto [hung, hung_at] = report_line(launcher, 0);
+  CHECK(early_at < hung_at);
+  CHECK(contains(early, ") exited with code 0 at "));
+  CHECK(contains(early, "while 1 other rank still ran: an early exit, the first event"));
+  CHECK(contains(hung, "; it was still running when the group was stopped at "));
+  CHECK(contains(launcher.err(), "likely cause: rank 1 exited (code 0) at "));
+  CHECK(contains(launcher.err(), "if the others were waiting for it, that is why they had not finished"));
 }
 
 TEST_CASE("a worker that calls abort() gives 128 + SIGABRT") {

@@ -201,6 +201,8 @@ struct GroupResult {
                  "its connection). If rank " +
                  std::to_string(first.rank) + " was meant to finish first, look at rank " +
                  std::to_string(failure.rank) + "'s output";
+      } else {
+        cause += "; if the others were waiting for it, that is why they had not finished";
       }
       lines.push_back(cause);
     }
