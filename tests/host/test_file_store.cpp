@@ -13,8 +13,11 @@
 #include <cstdint>     // std::uint64_t
 #include <cstring>     // std::memcpy
 #include <filesystem>  // std::filesystem
+#include <memory>      // std::unique_ptr
+#include <optional>    // std::optional
 #include <string>      // std::string
 #include <thread>      // std::thread
+#include <utility>     // std::pair
 #include <vector>      // std::vector
 
 #include "support/store_values.hpp"
@@ -42,6 +45,8 @@ mode_t mode_of(const std::string& path) {
   REQUIRE(::stat(path.c_str(), &info) == 0);
   return info.st_mode & 07777;
 }
+
+bool contains_text(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -327,26 +332,171 @@ TEST_CASE("files that are not FileStore's are left alone") {
   CHECK(entries(dir.path) == std::vector<std::string>{"lock", "notes.txt", "r-0123456789abcdef0123456789abcdeg", "r-not-a-run"});
 }
 
-TEST_CASE("two jobs sharing a folder at once stay apart when each has its own NCCLKIT_RUN_ID") {
-  TempDir dir;
-  auto open_as = [&](const char* job) {
-    ::setenv("NCCLKIT_RUN_ID", job, 1);
-    auto store = std::make_unique<FileStore>(dir.path, ncclkit::FileStoreOptions{.world_size = 2});
-    ::unsetenv("NCCLKIT_RUN_ID");
-    return store;
+// ---- job identities: two jobs in one folder --------------------------------------------------
+
+namespace {
+
+/// Sets the variables a job identity is read from (a value of nullptr: unset) for the scope,
+/// and restores them after.
+class IdentityEnvironment {
+ public:
+  explicit IdentityEnvironment(std::vector<std::pair<const char*, const char*>> values) {
+    for (const char* name : kNames) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old == nullptr ? std::nullopt : std::optional<std::string>(old));
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : values)
+      if (value != nullptr) ::setenv(name, value, 1);
+  }
+  ~IdentityEnvironment() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        ::setenv(name, value->c_str(), 1);
+      } else {
+        ::unsetenv(name);
+      }
+    }
+  }
+  IdentityEnvironment(const IdentityEnvironment&) = delete;
+  IdentityEnvironment& operator=(const IdentityEnvironment&) = delete;
+
+ private:
+  static constexpr const char* kNames[] = {"NCCLKIT_RUN_ID", "NCCLKIT_LAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID",
+                                           "SLURM_JOB_ID", "SLURM_STEP_ID"};
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_;
+};
+
+/// A FileStore opened with `values` as the identity variables.
+std::unique_ptr<FileStore> open_with(const std::string& dir, std::vector<std::pair<const char*, const char*>> values,
+                                     int world_size = 2) {
+  IdentityEnvironment environment(std::move(values));
+  return std::make_unique<FileStore>(dir, ncclkit::FileStoreOptions{.world_size = world_size});
+}
+
+}  // namespace
+
+TEST_CASE("the job identity comes from NCCLKIT_RUN_ID, ncclkit-run, torchrun or SLURM, first found wins") {
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> values;
+    std::string tag, source;
   };
-  // Arrivals interleave: a1, b1, a2, b2. Each second member must find its own job's run.
-  auto a1 = open_as("job-a");
-  auto b1 = open_as("job-b");
-  auto a2 = open_as("job-a");
-  auto b2 = open_as("job-b");
-  CHECK(a1->run_id() != b1->run_id());
-  CHECK(a2->run_id() == a1->run_id());
-  CHECK(b2->run_id() == b1->run_id());
-  a1->set("k", "a");
-  b1->set("k", "b");
-  CHECK(a2->get_string("k") == "a");
-  CHECK(b2->get_string("k") == "b");
+  const std::vector<Case> cases = {
+      {{}, "", ""},
+      {{{"SLURM_JOB_ID", "77"}}, "slurm:77", "SLURM_JOB_ID=77"},
+      {{{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}}, "slurm:77.3", "SLURM_JOB_ID=77, SLURM_STEP_ID=3"},
+      {{{"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}}, "torchrun:t-1", "TORCHELASTIC_RUN_ID=t-1 (set by torchrun)"},
+      // torchrun's default run id is the same for every job without --rdzv-id: not an identity.
+      {{{"TORCHELASTIC_RUN_ID", "none"}, {"SLURM_JOB_ID", "77"}}, "slurm:77", "SLURM_JOB_ID=77"},
+      {{{"TORCHELASTIC_RUN_ID", "none"}}, "", ""},
+      {{{"NCCLKIT_LAUNCH_RUN_ID", "abc"}, {"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}},
+       "ncclkit-run:abc", "NCCLKIT_LAUNCH_RUN_ID=abc (set by ncclkit-run)"},
+      {{{"NCCLKIT_RUN_ID", "mine"}, {"NCCLKIT_LAUNCH_RUN_ID", "abc"}, {"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}},
+       "mine", "NCCLKIT_RUN_ID=mine"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.tag);
+    TempDir dir;
+    auto store = open_with(dir.path, c.values, 1);
+    CHECK(store->identity().tag == c.tag);
+    CHECK(store->identity().source == c.source);
+  }
+}
+
+TEST_CASE("two jobs in one folder stay apart by the identity their environment gives, from every source") {
+  using Values = std::vector<std::pair<const char*, const char*>>;
+  struct Source {
+    const char* name;
+    Values job_a, job_b;
+  };
+  const std::vector<Source> sources = {
+      {"SLURM_JOB_ID", {{"SLURM_JOB_ID", "101"}}, {{"SLURM_JOB_ID", "202"}}},
+      {"SLURM_STEP_ID", {{"SLURM_JOB_ID", "101"}, {"SLURM_STEP_ID", "0"}}, {{"SLURM_JOB_ID", "101"}, {"SLURM_STEP_ID", "1"}}},
+      {"TORCHELASTIC_RUN_ID", {{"TORCHELASTIC_RUN_ID", "a"}}, {{"TORCHELASTIC_RUN_ID", "b"}}},
+      {"NCCLKIT_LAUNCH_RUN_ID", {{"NCCLKIT_LAUNCH_RUN_ID", "a"}}, {{"NCCLKIT_LAUNCH_RUN_ID", "b"}}},
+      // An explicit NCCLKIT_RUN_ID wins over what the environment says.
+      {"NCCLKIT_RUN_ID", {{"NCCLKIT_RUN_ID", "a"}, {"SLURM_JOB_ID", "7"}}, {{"NCCLKIT_RUN_ID", "b"}, {"SLURM_JOB_ID", "7"}}},
+  };
+  for (const auto& source : sources) {
+    const std::string source_name = source.name;
+    CAPTURE(source_name);
+    TempDir dir;
+    // Arrivals interleave: a1, b1, a2, b2. Each second member must find its own job's run.
+    auto a1 = open_with(dir.path, source.job_a);
+    auto b1 = open_with(dir.path, source.job_b);
+    auto a2 = open_with(dir.path, source.job_a);
+    auto b2 = open_with(dir.path, source.job_b);
+    CHECK(a1->run_id() != b1->run_id());
+    CHECK(a2->run_id() == a1->run_id());
+    CHECK(b2->run_id() == b1->run_id());
+    a1->set("k", "a");
+    b1->set("k", "b");
+    CHECK(a2->get_string("k") == "a");
+    CHECK(b2->get_string("k") == "b");
+  }
+}
+
+TEST_CASE("an explicit NCCLKIT_RUN_ID joins processes whose environments disagree") {
+  TempDir dir;
+  auto first = open_with(dir.path, {{"NCCLKIT_RUN_ID", "one-job"}, {"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}});
+  auto second = open_with(dir.path, {{"NCCLKIT_RUN_ID", "one-job"}, {"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "1"}});
+  CHECK(first->run_id() == second->run_id());
+  CHECK(second->member() == 1);
+}
+
+TEST_CASE("a timeout names the live runs of other jobs in the folder and says how to join them") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  TempDir dir;
+  auto other = open_with(dir.path, {{"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}});
+  auto mine = open_with(dir.path, {{"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "1"}});
+  CHECK(mine->run_id() != other->run_id());
+  const std::vector<std::string> keys{"peer"};
+  for (int op = 0; op < 2; ++op) {
+    CAPTURE(op);
+    try {
+      if (op == 0) (void)mine->get("peer", 50ms);
+      if (op == 1) mine->wait(keys, 50ms);
+      FAIL("no timeout");
+    } catch (const ncclkit::TimeoutError& e) {
+      const std::string text = e.what();
+      CHECK_MESSAGE(contains_text(text, "of job slurm:1.1, member 0 of 2)"), text);
+      CHECK_MESSAGE(contains_text(text, "The folder also holds live runs of other jobs, which this store never joins: run " +
+                                            other->run_id().substr(0, 8) + " of job slurm:1.0 (started by "),
+                    text);
+      CHECK(contains_text(text, "this process is job slurm:1.1 (from SLURM_JOB_ID=1, SLURM_STEP_ID=1)"));
+      CHECK(contains_text(text, "give every process of the job the same NCCLKIT_RUN_ID"));
+    }
+  }
+  // Without another job in the folder, the message has no such note.
+  other.reset();
+  try {
+    (void)mine->get("peer", 50ms);
+    FAIL("no timeout");
+  } catch (const ncclkit::TimeoutError& e) {
+    CHECK_FALSE(contains_text(e.what(), "other jobs"));
+  }
+}
+
+TEST_CASE("a dead run of another job is removed by the next job, and a job's restart starts fresh") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  TempDir dir;
+  std::string dead_run;
+  {
+    auto lone = open_with(dir.path, {{"SLURM_JOB_ID", "1"}});  // world 2: its run never completes
+    lone->set("k", "old");
+    dead_run = lone->run_id();
+  }
+  CHECK(std::filesystem::exists(dir.path + "/r-" + dead_run));
+  auto next_job = open_with(dir.path, {{"SLURM_JOB_ID", "2"}});
+  CHECK(next_job->run_id() != dead_run);
+  CHECK_FALSE(std::filesystem::exists(dir.path + "/r-" + dead_run));
+  next_job->set("k2", "before the restart");
+  const std::string before_restart = next_job->run_id();
+  next_job.reset();
+  // The same job again (a restart): a fresh run, none of the old keys.
+  auto restarted = open_with(dir.path, {{"SLURM_JOB_ID", "2"}});
+  CHECK(restarted->run_id() != before_restart);
+  CHECK_FALSE(restarted->check({"k2"}));
 }
 
 // ---- stale folders left by killed runs (real processes) ---------------------------------------

@@ -15,7 +15,9 @@
 #include <sstream>     // std::istringstream
 #include <stdexcept>   // std::runtime_error
 #include <string>      // std::string
+#include <thread>      // std::this_thread::sleep_for
 #include <vector>      // std::vector
+#include <fstream>     // std::ofstream
 
 #include "support/store_values.hpp"
 #include "support/temp_dir.hpp"
@@ -253,4 +255,38 @@ TEST_CASE("world_size 0 (unknown): processes share one run; the next run removes
   CHECK("r-" + next.run_id() != left_behind[1]);
   CHECK_FALSE(next.check({"run/0"}));
   CHECK(entries(dir.path) == std::vector<std::string>{"lock", "r-" + next.run_id()});
+}
+
+TEST_CASE("two jobs with different SLURM_JOB_IDs in one folder rendezvous separately, never with each other") {
+  TempDir shared, markers;
+  // Four processes: job 101's two ranks and job 202's two ranks, none with NCCLKIT_RUN_ID,
+  // arriving interleaved (101, 202, 101, 202; each waits for the previous one to have joined).
+  // Without job identities the second arrival joins the first one's run and both jobs read
+  // each other's keys.
+  auto result = ncclkit::spawn(4, [&](const ncclkit::WorldInfo& world) {
+    ::signal(SIGTERM, SIG_DFL);
+    const std::string job = world.rank % 2 == 0 ? "101" : "202";
+    for (const char* name : {"NCCLKIT_RUN_ID", "NCCLKIT_LAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"})
+      ::unsetenv(name);
+    ::setenv("SLURM_JOB_ID", job.c_str(), 1);
+    auto marker = [&](int rank) { return markers.path + "/joined-" + std::to_string(rank); };
+    if (world.rank > 0) {
+      const auto deadline = Clock::now() + 30s;
+      while (!std::filesystem::exists(marker(world.rank - 1))) {
+        require(Clock::now() < deadline, "the previous process never joined");
+        std::this_thread::sleep_for(1ms);
+      }
+    }
+    FileStore store(shared.path, {.world_size = 2, .timeout = 20s});
+    { std::ofstream(marker(world.rank)) << "1"; }
+    store.set("job/" + std::to_string(store.member()), job);
+    for (int member = 0; member < 2; ++member) {
+      const std::string seen = store.get_string("job/" + std::to_string(member));
+      require(seen == job, "job " + job + " (rank " + std::to_string(world.rank) + ") read job " + seen +
+                               "'s key: the two jobs mixed in one run");
+    }
+    ncclkit::barrier(store, store.member(), 2, "done", 20s);
+  }, {.timeout = 60s, .grace = 200ms});
+  CHECK_MESSAGE(result.ok(), result.describe());
+  CHECK(entries(shared.path) == std::vector<std::string>{"lock"});  // both runs complete, both removed
 }

@@ -63,6 +63,7 @@ TEST_CASE("two nodes share node 0's TCP store: uneven workers per node, ranks la
 TEST_CASE("two nodes share a rendezvous folder, twice in the same folder, node ranks taken in arrival order") {
   TempDir dir;
   const std::string rdzv = dir / "rdzv";
+  std::set<std::string> job_ids;  // NCCLKIT_LAUNCH_RUN_ID: one per job, the same on both nodes
   for (int run = 0; run < 2; ++run) {
     CAPTURE(run);
     const std::vector<std::string> args{"--nnodes", "2", "--rdzv-dir", rdzv, "--nproc-per-node", "2", "--rdzv-timeout", "30"};
@@ -80,7 +81,17 @@ TEST_CASE("two nodes share a rendezvous folder, twice in the same folder, node r
     all.insert(ranks_b.begin(), ranks_b.end());
     CHECK(all == std::set<int>{0, 1, 2, 3});
     CHECK_FALSE(contains(a.out(), "MASTER_ADDR=127"));  // a folder rendezvous sets no address
+    std::set<std::string> ids;
+    for (const std::string& out : {a.out(), b.out()}) {
+      for (const auto& line : lines_starting_with(out, "[rank ")) {
+        const auto at = line.find(" NCCLKIT_LAUNCH_RUN_ID=");
+        if (at != std::string::npos) ids.insert(line.substr(at + 23));
+      }
+    }
+    CHECK_MESSAGE(ids.size() == 1, a.output(), b.output());
+    job_ids.insert(ids.begin(), ids.end());
   }
+  CHECK(job_ids.size() == 2);
 }
 
 TEST_CASE("a failure on one node stops every node, and all exit with the failed worker's status") {

@@ -2,7 +2,9 @@
 // signals, and that nothing outlives the launcher (launch/supervisor.hpp, launch/launcher.hpp).
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <regex>
+#include <set>
 
 #include "launch/launch_test_support.hpp"
 
@@ -55,6 +57,7 @@ TEST_CASE("N = 1, 2 and 8 workers get their place in the job, and other variable
                                      "LAUNCH_TEST_MARKER=kept as it is"});
     REQUIRE_MESSAGE(launcher.status == 0, launcher.output());
     const std::string out = launcher.out();
+    std::set<std::string> run_ids;  // the job's identity for FileStores: one per job
     for (int r = 0; r < n; ++r) {
       const std::string prefix = "[rank " + std::to_string(r) + "] ";
       auto env_lines = lines_starting_with(out, prefix + "env ");
@@ -69,9 +72,13 @@ TEST_CASE("N = 1, 2 and 8 workers get their place in the job, and other variable
       CHECK(std::regex_search(env, std::regex(" NCCLKIT_INIT_URL=tcp://127\\.0\\.0\\.1:[1-9][0-9]* ")));
       CHECK(contains(env, " NCCLKIT_RESTART_COUNT=0 NCCLKIT_MAX_RESTARTS=0 "));
       CHECK(contains(env, " CUDA_VISIBLE_DEVICES=3,1 NCCL_DEBUG=INFO LAUNCH_TEST_MARKER=kept as it is"));
+      std::smatch id;
+      CHECK_MESSAGE(std::regex_search(env, id, std::regex(" NCCLKIT_LAUNCH_RUN_ID=([0-9a-f]{32})$")), env);
+      if (!id.empty()) run_ids.insert(id[1]);
       CHECK(lines_starting_with(out, prefix + "rank " + std::to_string(r) + " rendezvous ok " + std::to_string(n)).size() == 1);
       CHECK(lines_starting_with(out, prefix + "rank " + std::to_string(r) + " line ").size() == 3);
     }
+    CHECK(run_ids.size() == 1);
   }
 }
 
@@ -80,8 +87,127 @@ TEST_CASE("a worker that exits 3 stops the others; the launcher exits 3 and name
   Process launcher = run_with_failure(4, {"r2/exit=3"}, dir);
   CHECK_MESSAGE(launcher.status == 3, launcher.output());
   CHECK_MESSAGE(contains(launcher.err(), "rank 2 (local rank 2, pid "), launcher.output());
-  CHECK(contains(launcher.err(), ") exited with code 3; stopping the other 3 workers"));
+  CHECK(std::regex_search(launcher.err(), std::regex("\\) exited with code 3 at [0-9.]+ s; stopping the other 3 workers")));
   CHECK(contains(launcher.err(), "job failed: rank 2"));
+}
+
+// ---- the failure report: who ended when, and who is to blame ---------------------------------
+
+namespace {
+
+/// The launcher's report line about `rank` ("ncclkit-run:   rank R (local rank ..."), and its
+/// position among the report's lines; fails the test when there is not exactly one.
+std::pair<std::string, std::size_t> report_line(const Process& launcher, int rank) {
+  const auto lines = lines_starting_with(launcher.err(), "ncclkit-run:   rank ");
+  std::pair<std::string, std::size_t> found{"", 0};
+  int matches = 0;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].rfind("ncclkit-run:   rank " + std::to_string(rank) + " (", 0) == 0) {
+      found = {lines[i], i};
+      ++matches;
+    }
+  }
+  CHECK_MESSAGE(matches == 1, "report lines about rank ", rank, ": ", matches, "\n", launcher.output());
+  return found;
+}
+
+/// The time in "... at 1.25 s", the first one in `line`.
+double time_in(const std::string& line) {
+  std::smatch match;
+  REQUIRE_MESSAGE(std::regex_search(line, match, std::regex(" at ([0-9]+(\\.[0-9]+)?) s")), line);
+  return std::stod(match[1]);
+}
+
+}  // namespace
+
+TEST_CASE("a rank that exits 0 early is named first as the likely cause, not the rank that fails after it") {
+  TempDir dir;
+  // Rank 1 leaves at once with code 0; rank 0 "times out waiting for it" once the launcher has
+  // reaped it, and exits 1; rank 2 runs on until it is stopped.
+  Process launcher = run_with_failure(3,
+                                      {"r1/exit=0", "r0/waitgone=" + (dir / "rank_1.pid"),
+                                       "r0/stderr=rank 0: timed out waiting for rank 1", "r0/exit=1"},
+                                      dir);
+  CHECK_MESSAGE(launcher.status == 1, launcher.output());  // the failed worker's status, as documented
+  const std::string err = launcher.err();
+  CHECK_MESSAGE(contains(err, "how this node's ranks ended, in order (times since the workers started):"), err);
+  const auto [early, early_at] = report_line(launcher, 1);
+  const auto [failure, failure_at] = report_line(launcher, 0);
+  const auto [stopped, stopped_line_at] = report_line(launcher, 2);
+  CHECK_MESSAGE(early_at < failure_at, err);  // the early exit is named first
+  CHECK(contains(early, ") exited with code 0 at "));
+  CHECK(contains(early, "while 2 other ranks still ran: an early exit, the first event"));
+  CHECK(contains(failure, ") exited with code 1 at "));
+  CHECK(contains(failure, ": the first failure, "));
+  CHECK(contains(failure, " after rank 1 exited early"));
+  CHECK(time_in(early) <= time_in(failure));
+  CHECK(contains(stopped, "; it was still running when the group was stopped at "));
+  CHECK(contains(err, "likely cause: rank 1 exited (code 0) at "));
+  // The verdict leads with rank 1's early exit; rank 0 is not presented as the cause.
+  CHECK_MESSAGE(contains(err, "job failed: rank 1 (local rank 1, pid "), err);
+  CHECK(contains(err, " exited early, with code 0 at "));
+  CHECK(contains(err, "; then rank 0 (local rank 0, pid "));
+  CHECK_FALSE(contains(err, "job failed: rank 0"));
+  CHECK_FALSE(contains(err, "likely cause: rank 0"));
+}
+
+TEST_CASE("a rank that hangs while another fails is listed as still running, with how long it was silent") {
+  TempDir dir;
+  // Rank 1 prints one line, then hangs; rank 0 exits 2 once every worker is up (so after that
+  // line was written).
+  Process launcher = run_with_failure(2, {"r1/hang", "r0/exit=2"}, dir, {}, {"r1/stderr=rank 1 is about to hang"});
+  CHECK_MESSAGE(launcher.status == 2, launcher.output());
+  const std::string err = launcher.err();
+  const auto [failure, failure_at] = report_line(launcher, 0);
+  const auto [hung, hung_at] = report_line(launcher, 1);
+  CHECK(failure_at < hung_at);
+  CHECK(contains(failure, ") exited with code 2 at "));
+  CHECK(contains(failure, ": the first failure"));
+  CHECK_MESSAGE(contains(hung, "was killed by signal 15 (SIGTERM"), hung);
+  CHECK(contains(hung, "; it was still running when the group was stopped at "));
+  CHECK_MESSAGE(std::regex_search(hung, std::regex("\\(last output at [0-9.]+ s, silent for [0-9.]+ s by then\\)")), hung);
+  CHECK(contains(err, "job failed: rank 0 (local rank 0, pid "));
+  CHECK_FALSE(contains(err, "likely cause"));  // nothing the launcher can see explains it better
+}
+
+TEST_CASE("two ranks that die are reported in the order they died, each with its time") {
+  TempDir dir;
+  // Rank 2 exits 3 first; rank 1 ignores the SIGTERM that follows and exits 4 once rank 2 is
+  // gone; rank 0 writes nothing and is stopped.
+  Process launcher = run_with_failure(
+      3, {"r2/exit=3", "r1/waitgone=" + (dir / "rank_2.pid"), "r1/exit=4"}, dir, {}, {"r1/ignoreterm"});
+  CHECK_MESSAGE(launcher.status == 3, launcher.output());
+  const auto [first, first_at] = report_line(launcher, 2);
+  const auto [second, second_at] = report_line(launcher, 1);
+  const auto [silent, silent_at] = report_line(launcher, 0);
+  CHECK_MESSAGE(first_at < second_at, launcher.err());
+  CHECK(contains(first, ") exited with code 3 at "));
+  CHECK(contains(first, ": the first failure"));
+  CHECK(contains(second, ") exited with code 4 at "));
+  CHECK(time_in(first) <= time_in(second));
+  CHECK(contains(silent, "(it wrote no output at all)"));
+  CHECK(contains(launcher.err(), "job failed: rank 2 (local rank 2, pid "));
+}
+
+TEST_CASE("a job stopped by hand after a rank exited 0 early names that exit as the likely cause of the hang") {
+  TempDir dir;
+  // Rank 1 leaves with code 0; rank 0 waits forever for it. The user then stops the launcher.
+  Process launcher = start_launcher({"--nproc-per-node", "2"}, {"pidfile=" + dir.path(), "waitpids=" + dir.path(), "r1/exit=0", "hang"},
+                                    dir.path());
+  REQUIRE_MESSAGE(wait_until([&] { return read_pids(dir.path()).size() == 2; }, 30s), launcher.output());
+  const pid_t rank1 = read_pids(dir.path()).at("rank_1.pid");
+  REQUIRE(wait_until([&] { return ::kill(rank1, 0) != 0 && errno == ESRCH; }, 30s));  // reaped by the launcher
+  ::kill(launcher.pid, SIGTERM);
+  REQUIRE(launcher.wait(30s));
+  CHECK_MESSAGE(launcher.status == 128 + SIGTERM, launcher.output());
+  const auto [early, early_at] = report_line(launcher, 1);
+  const auto [hung, hung_at] = report_line(launcher, 0);
+  CHECK(early_at < hung_at);
+  CHECK(contains(early, ") exited with code 0 at "));
+  CHECK(contains(early, "while 1 other rank still ran: an early exit, the first event"));
+  CHECK(contains(hung, "; it was still running when the group was stopped at "));
+  CHECK(contains(launcher.err(), "likely cause: rank 1 exited (code 0) at "));
+  CHECK(contains(launcher.err(), "if the others were waiting for it, that is why they had not finished"));
 }
 
 TEST_CASE("a worker that calls abort() gives 128 + SIGABRT") {

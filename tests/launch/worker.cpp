@@ -27,6 +27,9 @@
 //   sleepms=N       sleep N ms
 //   touch=PATH      create PATH.<R>
 //   waitfile=PATH   wait until PATH exists (30 s, then exit 98)
+//   waitgone=PATH   wait until the process whose pid PATH holds is gone, reaped by the
+//                   launcher (30 s, then exit 96)
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -74,6 +77,11 @@ void write_pid_file(const std::string& path, pid_t pid) {
   const std::string temporary = path + ".tmp";
   std::ofstream(temporary) << pid << "\n";
   std::filesystem::rename(temporary, path);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
 }
 
 bool wait_until(const std::function<bool()>& done, std::chrono::seconds limit) {
@@ -172,7 +180,7 @@ int main(int argc, char** argv) {
       for (const char* variable : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                                    "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NCCLKIT_INIT_URL",
                                    "NCCLKIT_RESTART_COUNT", "NCCLKIT_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES",
-                                   "NCCL_DEBUG", "LAUNCH_TEST_MARKER"}) {
+                                   "NCCL_DEBUG", "LAUNCH_TEST_MARKER", "NCCLKIT_LAUNCH_RUN_ID"}) {
         line += std::string(" ") + variable + "=" + env_text(variable);
       }
       write_all(1, line + "\n");
@@ -214,6 +222,11 @@ int main(int argc, char** argv) {
       std::ofstream(arg + "." + std::to_string(g_rank)) << "1\n";
     } else if (name == "waitfile") {
       if (!wait_until([&] { return std::filesystem::exists(arg); }, std::chrono::seconds(30))) return 98;
+    } else if (name == "waitgone") {
+      const pid_t pid = std::atoi(read_text(arg).c_str());
+      if (pid <= 0) return 96;
+      // kill(pid, 0) succeeds on a zombie: ESRCH means the launcher has reaped it.
+      if (!wait_until([&] { return ::kill(pid, 0) != 0 && errno == ESRCH; }, std::chrono::seconds(30))) return 96;
     } else {
       write_all(2, "launch_test_worker: unknown step '" + step + "'\n");
       return 90;

@@ -13,6 +13,7 @@
 
 #include "ncclkit/launch/supervisor.hpp"
 #include "ncclkit/store/detail/socket.hpp"
+#include "ncclkit/store/file_store.hpp"  // detail::file_store::random_hex_id
 
 namespace ncclkit::launch {
 
@@ -33,6 +34,9 @@ struct JobLayout {
   int first_rank = 0;  ///< global rank of local rank 0
   int world_size = 1;
   std::vector<NodeInfo> nodes;  ///< every node, by node rank
+  /// The job's id, the same on every node: the workers get it as NCCLKIT_LAUNCH_RUN_ID, their
+  /// job identity (store/run_identity.hpp), so that FileStores of two jobs never mix.
+  std::string run_id;
 };
 
 /// Where one attempt's workers rendezvous (their store; rank 0 hosts a TCP one).
@@ -63,7 +67,8 @@ class NodeCoordinator {
   /// While workers run (called every ~200 ms): a reason to stop them, when another node asked.
   virtual std::optional<std::string> check_stop(int attempt) = 0;
   /// At a local worker's failure, at once: tells the other nodes to stop theirs.
-  virtual void announce_failure(int attempt, const WorkerExit& failed) = 0;
+  /// `so_far` is the group's result at that moment (`failed` set).
+  virtual void announce_failure(int attempt, const GroupResult& so_far) = 0;
   /// After this node's group ended: the job's verdict for this attempt (waiting, when this
   /// node succeeded, until every node has succeeded or one has failed).
   virtual AttemptEnd finish_attempt(int attempt, const GroupResult& result) = 0;
@@ -93,9 +98,8 @@ inline AttemptEnd local_verdict(const GroupResult& result, int attempt, int max_
     case GroupOutcome::kSucceeded:
       return end;
     case GroupOutcome::kWorkerFailed: {
-      const auto& failed = result.workers[static_cast<std::size_t>(result.failed)];
-      end.message = failed.describe();
-      end.exit_status = failed.shell_status();
+      end.message = result.failure_summary();
+      end.exit_status = result.exit_status();
       end.kind = attempt < max_restarts ? AttemptEnd::Kind::kRestart : AttemptEnd::Kind::kFailed;
       return end;
     }
@@ -124,6 +128,7 @@ class StandaloneCoordinator final : public NodeCoordinator {
     layout.local_world_size = nproc_;
     layout.world_size = nproc_;
     layout.nodes.push_back(NodeInfo{0, nproc_, "localhost", 0, 0});
+    layout.run_id = ncclkit::detail::file_store::random_hex_id();
     return layout;
   }
   WorkerStoreInfo prepare_attempt(int) override {
@@ -131,7 +136,7 @@ class StandaloneCoordinator final : public NodeCoordinator {
     return WorkerStoreInfo{"127.0.0.1", port, "tcp://127.0.0.1:" + std::to_string(port)};
   }
   std::optional<std::string> check_stop(int) override { return std::nullopt; }
-  void announce_failure(int, const WorkerExit&) override {}
+  void announce_failure(int, const GroupResult&) override {}
   AttemptEnd finish_attempt(int attempt, const GroupResult& result) override {
     return detail::local_verdict(result, attempt, max_restarts_);
   }

@@ -82,6 +82,7 @@ inline int run_launcher(const LaunchOptions& options, SignalCatcher& signals) {
           .init_url = worker_store.init_url,
           .restart_count = attempt,
           .max_restarts = options.max_restarts,
+          .run_id = layout.run_id,
       };
       specs.push_back(WorkerSpec{placement.rank, local, options.program,
                                  build_worker_environment(base_environment, placement)});
@@ -93,7 +94,7 @@ inline int run_launcher(const LaunchOptions& options, SignalCatcher& signals) {
                                    : "---- ncclkit-run: restart " + std::to_string(attempt) + " of " +
                                          std::to_string(options.max_restarts) + " ----",
         .check_stop = [&]() { return coordinator->check_stop(attempt); },
-        .on_failure = [&](const WorkerExit& failed) { coordinator->announce_failure(attempt, failed); },
+        .on_failure = [&](const GroupResult& so_far) { coordinator->announce_failure(attempt, so_far); },
         .report = report_line,
     };
     const GroupResult result = run_worker_group(specs, signals, supervise);

@@ -188,6 +188,8 @@ class StoreCoordinator final : public NodeCoordinator {
     layout.local_world_size = options_.nproc;
     layout.first_rank = layout.nodes[static_cast<std::size_t>(node_rank)].first_rank;
     layout.world_size = next_rank;
+    // The first launcher to get here picks the job's id; the others read it.
+    layout.run_id = store_->compare_set(key("run_id"), "", ncclkit::detail::file_store::random_hex_id());
     layout_ = layout;
     layout_joined_ = true;
     return layout;
@@ -233,9 +235,9 @@ class StoreCoordinator final : public NodeCoordinator {
     }
   }
 
-  void announce_failure(int attempt, const WorkerExit& failed) override {
+  void announce_failure(int attempt, const GroupResult& so_far) override {
     try {
-      announce(attempt, failed.shell_status(), true, failed.describe() + " on node " + std::to_string(node_rank_));
+      announce(attempt, so_far.exit_status(), true, so_far.failure_summary() + " on node " + std::to_string(node_rank_));
     } catch (const std::exception& e) {
       report("could not tell the other nodes about the failure: " + std::string(e.what()));
     }
@@ -247,8 +249,7 @@ class StoreCoordinator final : public NodeCoordinator {
       case GroupOutcome::kSucceeded:
         return wait_for_success(attempt);
       case GroupOutcome::kWorkerFailed: {
-        const auto& failed = result.workers[static_cast<std::size_t>(result.failed)];
-        announce(attempt, failed.shell_status(), true, failed.describe() + " on node " + std::to_string(node_rank_));
+        announce(attempt, result.exit_status(), true, result.failure_summary() + " on node " + std::to_string(node_rank_));
         break;
       }
       case GroupOutcome::kInterrupted:

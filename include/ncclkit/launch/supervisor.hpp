@@ -15,6 +15,10 @@
 /// - Output: each worker's stdout and stderr are pipes, read by this loop into whole lines
 ///   (LinePrefixer), written to the launcher's stdout/stderr with the rank prefix and to the
 ///   rank's log file.
+/// - Blame: when the group did not succeed, a report lists every worker in the order it ended,
+///   with its exit code or signal and the time since the start, the ones still running at the
+///   stop with the time since their last output, and a worker that exited 0 while the others
+///   still ran (before the first failure) first, as the likely cause (launch/group_result.hpp).
 /// - Signals: SIGINT/SIGTERM/SIGHUP/SIGQUIT to the launcher are forwarded to every worker's
 ///   process group and stop the group (SIGKILL after the grace period, or at a second one);
 ///   SIGUSR1/SIGUSR2 are forwarded only.
@@ -35,7 +39,7 @@
 #include <cerrno>      // errno
 #include <chrono>      // std::chrono
 #include <climits>     // INT_MAX
-#include <cstring>     // std::strerror, strsignal
+#include <cstring>     // std::strerror
 #include <filesystem>  // std::filesystem::create_directories
 #include <functional>  // std::function
 #include <map>         // std::map
@@ -46,6 +50,7 @@
 
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/launch/detail/process_tree.hpp"
+#include "ncclkit/launch/group_result.hpp"
 #include "ncclkit/launch/output.hpp"
 #include "ncclkit/launch/signals.hpp"
 
@@ -57,64 +62,6 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> argv;         ///< argv[0] is looked up in PATH
   std::vector<std::string> environment;  ///< "NAME=value" entries (build_worker_environment)
-};
-
-/// How one worker ended.
-struct WorkerExit {
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = -1;
-  bool exited = false;  ///< exited normally with `exit_code`; else killed by `signal`
-  int exit_code = 0;
-  int signal = 0;
-  bool stopped_by_launcher = false;  ///< the launcher was stopping the group when it ended
-
-  bool ok() const { return exited && exit_code == 0; }
-  /// The status a shell would report: the exit code, or 128 + the signal.
-  int shell_status() const { return exited ? exit_code : 128 + signal; }
-  /// "exited with code 3", "was killed by signal 6 (SIGABRT: Aborted)".
-  std::string how() const {
-    if (exited) return "exited with code " + std::to_string(exit_code);
-    return "was killed by signal " + std::to_string(signal) + " (" + signal_name(signal) + ": " +
-           ::strsignal(signal) + ")";
-  }
-  /// "rank 3 (local rank 3, pid 4242) exited with code 3".
-  std::string describe() const {
-    return "rank " + std::to_string(rank) + " (local rank " + std::to_string(local_rank) + ", pid " +
-           std::to_string(pid) + ") " + how();
-  }
-};
-
-/// Why run_worker_group() returned.
-enum class GroupOutcome {
-  kSucceeded,           ///< every worker exited with code 0
-  kWorkerFailed,        ///< a worker failed (non-zero exit or a signal); the others were stopped
-  kInterrupted,         ///< the launcher got SIGINT/SIGTERM/SIGHUP/SIGQUIT and stopped the group
-  kStoppedFromOutside,  ///< SuperviseOptions::check_stop asked for a stop (another node failed)
-  kStartFailed,         ///< a worker could not be started (fork or exec failed)
-};
-
-/// How the group ended.
-struct GroupResult {
-  GroupOutcome outcome = GroupOutcome::kSucceeded;
-  std::vector<WorkerExit> workers;  ///< in the order of the specs
-  int failed = -1;                  ///< index of the first failed worker (kWorkerFailed)
-  int launcher_signal = 0;          ///< the signal that stopped the group (kInterrupted)
-  std::string message;              ///< the stop reason or start failure, for reports
-  int start_status = 0;             ///< kStartFailed: 127 (not found) or 126 (not executable)
-
-  /// The launcher's exit status for this outcome: 0; the failed worker's shell status;
-  /// 128 + the launcher's signal; 1 for a stop from outside (the caller knows better).
-  int exit_status() const {
-    switch (outcome) {
-      case GroupOutcome::kSucceeded: return 0;
-      case GroupOutcome::kWorkerFailed: return workers[static_cast<std::size_t>(failed)].shell_status();
-      case GroupOutcome::kInterrupted: return 128 + launcher_signal;
-      case GroupOutcome::kStoppedFromOutside: return 1;
-      case GroupOutcome::kStartFailed: return start_status;
-    }
-    return 1;
-  }
 };
 
 /// Knobs of run_worker_group().
@@ -134,8 +81,9 @@ struct SuperviseOptions {
   std::function<std::optional<std::string>()> check_stop;
   std::chrono::milliseconds check_interval = std::chrono::milliseconds(200);
   /// Called once, at the first worker failure, right after SIGTERM went to the others (to
-  /// tell the other nodes quickly). Must not block for long.
-  std::function<void(const WorkerExit&)> on_failure;
+  /// tell the other nodes quickly), with the result so far (`failed` set, failure_summary()
+  /// ready). Must not block for long.
+  std::function<void(const GroupResult&)> on_failure;
   /// The launcher's own messages ("rank 3 ... failed; stopping ..."); default: a line
   /// "ncclkit-run: <message>" on err_fd.
   std::function<void(const std::string&)> report;
@@ -185,18 +133,6 @@ struct WorkerSlot {
   std::optional<LinePrefixer> out_lines;
   std::optional<LinePrefixer> err_lines;
 };
-
-/// "5 s", "0.25 s".
-inline std::string format_seconds(std::chrono::milliseconds duration) {
-  const auto ms = duration.count();
-  std::string text = std::to_string(ms / 1000);
-  if (ms % 1000 != 0) {
-    std::string fraction = std::to_string(1000 + ms % 1000).substr(1);
-    while (fraction.back() == '0') fraction.pop_back();
-    text += "." + fraction;
-  }
-  return text + " s";
-}
 
 inline void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -277,6 +213,11 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
   }
 
   SignalCatcher::set_workers_running(true);
+  // Times in the report count from here.
+  const Clock::time_point started = Clock::now();
+  auto since_start = [&]() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+  };
   for (std::size_t i = 0; i < count; ++i) {
     auto& slot = slots[i];
     auto& worker = result.workers[i];
@@ -350,6 +291,7 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
   Clock::time_point kill_at{};
   auto stop_group = [&](int sig) {
     stopping = true;
+    if (!result.stopped_at) result.stopped_at = since_start();
     kill_at = Clock::now() + options.grace;
     for (auto& slot : slots)
       if (slot.running) detail::signal_worker(slot.pid, sig);
@@ -359,11 +301,14 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
     stop_group(SIGKILL);
   }
 
-  auto read_pipe = [&](int& fd, LinePrefixer& lines) {
+  auto read_pipe = [&](int& fd, LinePrefixer& lines, WorkerExit& worker) {
     char buffer[65536];
     for (int rounds = 0; rounds < 16; ++rounds) {  // bounded: other pipes get their turn
       const ssize_t n = ::read(fd, buffer, sizeof buffer);
       if (n > 0) {
+        // Output is the only sign of progress the launcher sees; what comes after the stop
+        // (a worker reporting its SIGTERM) is not progress.
+        if (!stopping) worker.last_output_at = since_start();
         lines.feed(std::string_view(buffer, static_cast<std::size_t>(n)));
         continue;
       }
@@ -405,6 +350,8 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
       auto& worker = result.workers[it->second];
       slot.running = false;
       --running;
+      worker.ended_at = since_start();
+      result.end_order.push_back(it->second);
       if (WIFEXITED(status)) {
         worker.exited = true;
         worker.exit_code = WEXITSTATUS(status);
@@ -414,9 +361,15 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
       }
       worker.stopped_by_launcher = stopping;
       if (!worker.ok() && !stopping) {
+        // What the workers wrote before this failure is in their pipes now: read it first, so
+        // that it counts as their last progress and comes out before the failure's report.
+        for (std::size_t i = 0; i < count; ++i) {
+          if (slots[i].out_pipe >= 0) read_pipe(slots[i].out_pipe, *slots[i].out_lines, result.workers[i]);
+          if (slots[i].err_pipe >= 0) read_pipe(slots[i].err_pipe, *slots[i].err_lines, result.workers[i]);
+        }
         result.outcome = GroupOutcome::kWorkerFailed;
         result.failed = static_cast<int>(it->second);
-        std::string message = worker.describe();
+        std::string message = result.failure_summary();
         if (running > 0) {
           message += "; stopping the other " + std::to_string(running) + " worker" + (running == 1 ? "" : "s") +
                      " (SIGTERM now, SIGKILL after " + detail::format_seconds(options.grace) + ")";
@@ -424,7 +377,7 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
         report(message);
         // Local workers first: telling the other nodes goes through the store, which may be slow.
         stop_group(SIGTERM);
-        if (options.on_failure) options.on_failure(worker);
+        if (options.on_failure) options.on_failure(result);
       }
     }
   };
@@ -529,10 +482,11 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
       for (std::size_t k = 1; k < fds.size(); ++k) {
         if (fds[k].revents == 0) continue;
         auto& slot = slots[owners[k - 1].first];
+        auto& worker = result.workers[owners[k - 1].first];
         if (owners[k - 1].second) {
-          read_pipe(slot.err_pipe, *slot.err_lines);
+          read_pipe(slot.err_pipe, *slot.err_lines, worker);
         } else {
-          read_pipe(slot.out_pipe, *slot.out_lines);
+          read_pipe(slot.out_pipe, *slot.out_lines, worker);
         }
       }
     }
@@ -547,6 +501,7 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
   close_everything();
   reap();
   SignalCatcher::set_workers_running(false);
+  for (const std::string& line : result.report_lines()) report(line);
   return result;
 }
 

@@ -12,6 +12,7 @@
 /// | MASTER_ADDR, MASTER_PORT | the workers' TCP store (only where there is one) |
 /// | NCCLKIT_INIT_URL | the workers' store as an init URL: tcp://host:port or file:///dir |
 /// | NCCLKIT_RESTART_COUNT, NCCLKIT_MAX_RESTARTS | this attempt (0 first), the restart budget |
+/// | NCCLKIT_LAUNCH_RUN_ID | the job's id, the same on every node (the workers' job identity) |
 ///
 /// CUDA_VISIBLE_DEVICES is deliberately left alone (as torchrun does): the communicator picks
 /// GPU LOCAL_RANK, and narrowing the variable would break peer access between local GPUs.
@@ -20,6 +21,8 @@
 #include <string_view>  // std::string_view
 #include <utility>      // std::pair
 #include <vector>       // std::vector
+
+#include "ncclkit/store/run_identity.hpp"  // kLaunchRunIdVariable
 
 extern char** environ;  // POSIX: the process environment
 
@@ -38,6 +41,7 @@ struct WorkerPlacement {
   std::string init_url;     ///< NCCLKIT_INIT_URL; empty: removed
   int restart_count = 0;
   int max_restarts = 0;
+  std::string run_id;       ///< NCCLKIT_LAUNCH_RUN_ID; empty: removed
 };
 
 /// The variables the launcher owns: set (or removed) for every worker, whatever the
@@ -46,7 +50,7 @@ inline const std::vector<std::string_view>& launcher_owned_variables() {
   static const std::vector<std::string_view> names = {
       "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
       "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NCCLKIT_INIT_URL", "NCCLKIT_RESTART_COUNT",
-      "NCCLKIT_MAX_RESTARTS"};
+      "NCCLKIT_MAX_RESTARTS", kLaunchRunIdVariable};
   return names;
 }
 
@@ -75,6 +79,7 @@ inline std::vector<std::pair<std::string, std::string>> placement_variables(cons
   if (!placement.init_url.empty()) variables.emplace_back("NCCLKIT_INIT_URL", placement.init_url);
   variables.emplace_back("NCCLKIT_RESTART_COUNT", std::to_string(placement.restart_count));
   variables.emplace_back("NCCLKIT_MAX_RESTARTS", std::to_string(placement.max_restarts));
+  if (!placement.run_id.empty()) variables.emplace_back(kLaunchRunIdVariable, placement.run_id);
   return variables;
 }
 

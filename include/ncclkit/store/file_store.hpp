@@ -10,16 +10,17 @@
 ///                   exclusive to one starting a run or removing dead ones;
 ///                   other bytes: one lock per key (set, add, compare_set, delete_key)
 ///   dir/r-<id>/     one folder per run (id: 128 random bits); every key of the run lives here
-///       record      world size, tag (NCCLKIT_RUN_ID), creator; written once
+///       record      world size, tag (the job's identity), creator; written once
 ///       members     member i holds a lock on byte i for as long as it lives
 ///       m-<i>       slot i was claimed (created while holding byte i; never removed)
 ///       l-<i>       member i has left
 ///       k-<name>    a key (name escaped), h-<hash> for long keys
 ///   dir/.trash-<id> a run's folder being removed by its last member
 ///
-/// A process joins a run that still misses members and has a live member; otherwise it starts
-/// a fresh run with a new random id, so the keys of a run that ended, was killed or is
-/// complete can never be read. The last of `world_size` members to leave removes its run's
+/// A process joins a run of its own job (same identity: NCCLKIT_RUN_ID, or one the environment
+/// gives, see store/run_identity.hpp) that still misses members and has a live member;
+/// otherwise it starts a fresh run with a new random id, so the keys of a run that ended, was
+/// killed, is complete or belongs to another job can never be read. The last of `world_size` members to leave removes its run's
 /// folder; the folders of runs whose members all died are removed by the next process that
 /// starts a run.
 ///
@@ -59,6 +60,7 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/store/run_identity.hpp"
 #include "ncclkit/store/store.hpp"
 
 #if !defined(F_OFD_SETLK)
@@ -266,6 +268,21 @@ inline std::string escape_key(std::string_view key) {
       out.push_back('%');
       out.push_back(kHex[c >> 4]);
       out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+/// The inverse of escape_key, for showing an escaped name (a run's tag) in messages.
+inline std::string unescape_key(std::string_view escaped) {
+  auto digit = [](char c) { return c >= 'a' ? c - 'a' + 10 : c - '0'; };
+  std::string out;
+  for (std::size_t i = 0; i < escaped.size(); ++i) {
+    if (escaped[i] == '%' && i + 2 < escaped.size()) {
+      out.push_back(static_cast<char>(digit(escaped[i + 1]) * 16 + digit(escaped[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(escaped[i]);
     }
   }
   return out;
@@ -634,22 +651,37 @@ class FileStore final : public Store {
   int member() const { return member_; }
   /// The run's world size (0 = unknown), as its first member set it.
   int run_world_size() const { return run_world_size_; }
+  /// The job identity this store's runs are matched by (store/run_identity.hpp): its tag
+  /// ("slurm:77.0"; empty when the environment gives none) and where it came from.
+  const RunIdentity& identity() const { return identity_; }
 
  private:
   using Clock = detail::file_store::Clock;
 
-  /// "FileStore file:///dir (run 1a2b3c4d, member 2 of 8)".
+  /// "FileStore file:///dir (run 1a2b3c4d of job slurm:77, member 2 of 8)".
   std::string where() const {
-    return "FileStore " + describe() + " (run " + run_id_.substr(0, 8) + ", member " + std::to_string(member_) +
+    return "FileStore " + describe() + " (run " + run_id_.substr(0, 8) +
+           (identity_.tag.empty() ? "" : " of job " + identity_.tag) + ", member " + std::to_string(member_) +
            (run_world_size_ > 0 ? " of " + std::to_string(run_world_size_) : "") + ")";
   }
+  /// "This process is job slurm:77 (from SLURM_JOB_ID=77)" / "has no job identity (...)".
+  std::string our_identity() const {
+    if (identity_.tag.empty()) {
+      return "this process has no job identity (no NCCLKIT_RUN_ID, NCCLKIT_LAUNCH_RUN_ID, TORCHELASTIC_RUN_ID or "
+             "SLURM_JOB_ID)";
+    }
+    return "this process is job " + identity_.tag + " (from " + identity_.source + ")";
+  }
+  /// After a timeout: the live runs of other jobs in the folder, which may be the peers this
+  /// process waits for when the processes of one job were given different identities.
+  std::string other_jobs_note();
 
   void join();
   bool join_existing_run(std::string& mismatch);
   int claim_slot(int run_fd, int members_fd, int world_size, const std::string& run_path);
   void start_run();
   void remove_dead_runs();
-  std::vector<std::string> list_runs(std::string_view prefix = "r-");
+  std::vector<std::string> list_runs(std::string_view prefix = "r-") const;
   void leave() noexcept;
 
   detail::file_store::ByteLock lock_folder(short type, Clock::time_point deadline, const char* purpose);
@@ -669,7 +701,7 @@ class FileStore final : public Store {
 
   std::string dir_;
   FileStoreOptions options_;
-  std::string tag_;  ///< NCCLKIT_RUN_ID: a run is joined only by processes with the same tag
+  RunIdentity identity_;  ///< a run is joined only by processes with the same tag
   detail::file_store::Fd lock_fd_;    ///< dir/lock
   detail::file_store::Fd run_fd_;     ///< dir/r-<id>
   detail::file_store::Fd member_fd_;  ///< dir/r-<id>/members, our byte locked while we live
@@ -698,7 +730,7 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options)
     throw ConfigError("FileStore " + describe() + ": the timeout must not be negative");
   }
   set_default_timeout(options_.timeout);
-  tag_ = env_string("NCCLKIT_RUN_ID").value_or("");
+  identity_ = run_identity_from_environment();
 
   if (int err = fs::make_folders(dir_); err != 0) {
     throw StoreError("FileStore " + describe() + ": cannot create or use the rendezvous folder: " +
@@ -733,7 +765,7 @@ inline detail::file_store::ByteLock FileStore::lock_folder(short type, Clock::ti
 
 /// Run ids of the folder's run folders ("r-<id>", or "<prefix><id>"), sorted so that every
 /// process scans them in one order.
-inline std::vector<std::string> FileStore::list_runs(std::string_view prefix) {
+inline std::vector<std::string> FileStore::list_runs(std::string_view prefix) const {
   namespace fs = detail::file_store;
   std::vector<std::string> ids;
   DIR* listing = ::opendir(dir_.c_str());
@@ -752,7 +784,8 @@ inline std::vector<std::string> FileStore::list_runs(std::string_view prefix) {
 
 /// Joins the run this process belongs to, or starts one:
 ///   1. under the folder lock held shared (so joins and leaves run in parallel), join a run
-///      with our tag (NCCLKIT_RUN_ID, usually empty) that has a live member and a free slot;
+///      with our tag (the job identity, see run_identity.hpp) that has a live member and a
+///      free slot;
 ///   2. failing that, under the folder lock held exclusively: remove the folders of runs with
 ///      no live member, try step 1 again (someone may have started our run meanwhile), and
 ///      otherwise start a new run with a fresh random id, as its member 0.
@@ -774,7 +807,7 @@ inline void FileStore::join() {
     throw ConfigError("FileStore " + describe() + ": the folder's " + mismatch + ", but this process was given world_size " +
                       std::to_string(options_.world_size) +
                       "; all processes of a job must pass the same world size, and two jobs must not share a folder "
-                      "at once (use another folder, or give each job its own NCCLKIT_RUN_ID)");
+                      "at once (" + our_identity() + "; use another folder, or give each job its own NCCLKIT_RUN_ID)");
   }
   start_run();
 }
@@ -783,7 +816,7 @@ inline void FileStore::join() {
 /// `mismatch` when a live run with our tag and free slots has another world size.
 inline bool FileStore::join_existing_run(std::string& mismatch) {
   namespace fs = detail::file_store;
-  const std::string my_tag = fs::escape_key(tag_);
+  const std::string my_tag = fs::escape_key(identity_.tag);
   for (const auto& id : list_runs()) {
     const std::string path = dir_ + "/r-" + id;
     refresh(path);
@@ -890,7 +923,7 @@ inline void FileStore::start_run() {
   fs::RunRecord record;
   record.id = fs::random_hex_id();
   record.world_size = options_.world_size;
-  record.tag = tag_;
+  record.tag = identity_.tag;
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
   record.creator = std::string(host) + " pid " + std::to_string(::getpid());
@@ -929,7 +962,7 @@ inline void FileStore::start_run() {
   member_ = 0;
   run_world_size_ = record.world_size;
   key_lock_seed_ = fs::hash64(run_id_, 0);
-  log_info(where() + ": started a new run");
+  log_info(where() + ": started a new run" + (identity_.tag.empty() ? "" : " (job identity from " + identity_.source + ")"));
 }
 
 /// Removes the folders of runs none of whose members is alive: killed runs, runs whose members
@@ -1132,7 +1165,8 @@ inline Bytes FileStore::get(std::string_view key, Duration timeout) {
   }
   throw TimeoutError(where() + ": get of key " + fs::quote_key(key) + " timed out after " +
                      fs::format_seconds(Clock::now() - start) + " (timeout " + fs::format_seconds(timeout) +
-                     "): the key does not exist. Is the process that sets it running, and using " + dir_ + "?");
+                     "): the key does not exist. Is the process that sets it running, and using " + dir_ + "?" +
+                     other_jobs_note());
 }
 
 inline void FileStore::wait(std::span<const std::string> keys, Duration timeout) {
@@ -1172,7 +1206,38 @@ inline void FileStore::wait(std::span<const std::string> keys, Duration timeout)
   throw TimeoutError(where() + ": wait for " + std::to_string(keys.size()) + " key(s) timed out after " +
                      fs::format_seconds(Clock::now() - start) + " (timeout " + fs::format_seconds(timeout) + "); " +
                      std::to_string(missing.size()) + " still missing: " + names +
-                     ". Are the processes that set them running, and using " + dir_ + "?");
+                     ". Are the processes that set them running, and using " + dir_ + "?" + other_jobs_note());
+}
+
+inline std::string FileStore::other_jobs_note() {
+  namespace fs = detail::file_store;
+  try {
+    const std::string my_tag = fs::escape_key(identity_.tag);
+    std::string runs;
+    int count = 0;
+    for (const auto& id : list_runs()) {
+      if (id == run_id_) continue;
+      const std::string path = dir_ + "/r-" + id;
+      int err = 0;
+      auto text = fs::read_text(AT_FDCWD, (path + "/record").c_str(), err);
+      auto record = text ? fs::parse_record(*text) : std::nullopt;
+      if (!record || record->tag == my_tag) continue;
+      fs::Fd members(fs::open_at(AT_FDCWD, (path + "/members").c_str(), O_RDWR));
+      if (!members || fs::any_lock_held(members.get()) != 1) continue;
+      if (++count > 4) continue;
+      const std::string job = record->tag.empty() ? "no job identity" : "job " + fs::unescape_key(record->tag);
+      runs += std::string(runs.empty() ? "" : "; ") + "run " + id.substr(0, 8) + " of " + job + " (started by " +
+              record->creator + ")";
+    }
+    if (count == 0) return {};
+    if (count > 4) runs += "; and " + std::to_string(count - 4) + " more";
+    return " The folder also holds live runs of other jobs, which this store never joins: " + runs + "; " +
+           our_identity() +
+           ". If those are processes of this job, give every process of the job the same NCCLKIT_RUN_ID; "
+           "otherwise give each job its own folder.";
+  } catch (const std::exception&) {
+    return {};  // the timeout is the error to report
+  }
 }
 
 /// Drops from `missing` the names of key files that exist now.
