@@ -18,23 +18,12 @@
 #include <vector>       // std::vector
 
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/rank_list.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit::nccl::detail {
 
-/// "0-2, 5, 7-8" for a sorted list of ranks.
-inline std::string format_ranks(const std::vector<int>& ranks) {
-  std::string text;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!text.empty()) text += ", ";
-    text += std::to_string(ranks[i]);
-    if (j > i) text += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return text;
-}
+using ncclkit::detail::format_ranks;
 
 /// Ranks r in [0, world) for which `prefix + r` is not in the store right now.
 inline std::vector<int> missing_ranks(Store& store, const std::string& prefix, int world) {
