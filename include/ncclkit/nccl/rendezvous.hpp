@@ -55,14 +55,14 @@ inline Bytes init_rendezvous(Store& scope, int rank, int world, const std::strin
     std::map<std::string, std::vector<int>> by_version;
     for (int r = 0; r < world; ++r) by_version[scope.get_string(keys[static_cast<std::size_t>(r)], timeout)].push_back(r);
     if (by_version.size() != 1) {
-      std::string message = who + " init: ranks disagree on versions:";
+      std::string message = who + " init: ranks disagree on versions or settings:";
       for (auto& [text, ranks] : by_version) {
         std::sort(ranks.begin(), ranks.end());
         message += (ranks.size() > 1 ? " ranks " : " rank ") + format_ranks(ranks) + (ranks.size() > 1 ? " run " : " runs ") +
                    text + ";";
       }
       message += " every rank must run the same NCCL, CUDA runtime and ncclkit (check each node's "
-                 "installation, LD_LIBRARY_PATH and container image)";
+                 "installation, LD_LIBRARY_PATH and container image), with the same NCCLKIT_CHECK_COLLECTIVES";
       scope.set("verdict", "error\n" + message);
       throw ConfigError(message);
     }
