@@ -9,11 +9,13 @@
 
 #include <stdlib.h>  // setenv, unsetenv
 
+#include <algorithm>  // std::sort
 #include <chrono>     // std::chrono
+#include <cstdio>     // std::printf
 #include <cstdint>    // std::int32_t
 #include <exception>  // std::exception
 #include <functional>  // std::function
-#include <numeric>    // std::iota
+#include <thread>     // std::this_thread::sleep_for
 #include <span>       // std::span
 #include <string>     // std::string
 #include <vector>     // std::vector
@@ -265,5 +267,51 @@ TEST_CASE("without the variable nothing is compared: mismatched arguments run as
     check.expect(ones[0] == 2, "all_reduce");
     check.expect(comm.sequence() == 2, "sequence");
   });
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+// Not a test: the check's cost, printed, for docs/performance.md. Skipped unless asked for:
+//   build/tests/test_gloo_check --no-skip -tc="*cost*"
+// Two processes, each with a checked and an unchecked communicator; rounds alternate between
+// them (who goes first rotates), so load on the machine hits both alike; per-call time is the
+// median over rounds of each round's mean.
+TEST_CASE("cost of the check: all_reduce with and without it, interleaved (run by hand)" * doctest::skip()) {
+  auto result = ncclkit::spawn(
+      2,
+      [](const WorldInfo& world) {
+        ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
+        auto store = ncclkit::make_store(world.init_url, world);
+        CommunicatorOptions plain_options, checked_options;
+        plain_options.name = "plain";
+        checked_options.name = "checked";
+        checked_options.check_collectives = true;
+        Communicator plain(store, world, plain_options);
+        Communicator checked(store, world, checked_options);
+        constexpr int kRounds = 21;
+        if (world.rank == 0) std::printf("%10s %8s %14s %14s %14s\n", "bytes", "calls", "unchecked_us", "checked_us", "overhead_us");
+        for (std::size_t bytes : {std::size_t{4}, std::size_t{1024}, std::size_t{64} << 10, std::size_t{1} << 20}) {
+          const int calls = bytes >= (std::size_t{1} << 20) ? 20 : 200;
+          std::vector<float> data(bytes / sizeof(float), 1.0f);
+          std::vector<double> times[2];
+          for (int round = -1; round < kRounds; ++round) {  // round -1: warm-up
+            for (int k = 0; k < 2; ++k) {
+              const int which = (round + k) % 2 == 0 ? 0 : 1;
+              Communicator& comm = which == 0 ? plain : checked;
+              comm.barrier();
+              const auto start = std::chrono::steady_clock::now();
+              for (int i = 0; i < calls; ++i) comm.all_reduce(std::span<float>(data), ReduceOp::kMax);
+              const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+              if (round >= 0) times[which].push_back(us / calls);
+            }
+          }
+          for (auto& t : times) std::sort(t.begin(), t.end());
+          const double unchecked = times[0][kRounds / 2], with_check = times[1][kRounds / 2];
+          if (world.rank == 0) {
+            std::printf("%10zu %8d %14.1f %14.1f %14.1f\n", bytes, calls, unchecked, with_check, with_check - unchecked);
+          }
+        }
+        return 0;
+      },
+      ncclkit::SpawnOptions{.timeout = 600s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }

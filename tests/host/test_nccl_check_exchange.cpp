@@ -5,7 +5,9 @@
 // launcher gives), on machines without a GPU.
 #include <doctest/doctest.h>
 
+#include <algorithm>  // std::sort
 #include <chrono>   // std::chrono
+#include <cstdio>   // std::printf
 #include <cstdint>  // std::uint64_t
 #include <memory>   // std::shared_ptr
 #include <string>   // std::string
@@ -116,4 +118,31 @@ TEST_CASE("when rank 0 never arrives, the others say so after the timeout and a 
     }
   });
   CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+// Not a test: what the NCCL backend's check adds to each collective on the host (the store
+// exchange; nothing runs on the GPU), printed for docs/performance.md. Skipped unless asked:
+//   build/tests/test_nccl_check_exchange --no-skip -tc="*cost*"
+TEST_CASE("cost of one exchange on a TcpStore, 2 and 4 processes (run by hand)" * doctest::skip()) {
+  for (int n : {2, 4}) {
+    auto result = run(n, [n](const WorldInfo& world, ncclkit::Store& scope) {
+      constexpr int kRounds = 21, kCalls = 200;
+      std::vector<double> times;
+      std::uint64_t number = 0;
+      for (int round = -1; round < kRounds; ++round) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int i = 0; i < kCalls; ++i) {
+          ++number;
+          exchange_fingerprints(scope, world.rank, world.world_size, number, all_reduce(number, 1024), 60s, "cost");
+        }
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+        if (round >= 0) times.push_back(us / kCalls);
+      }
+      std::sort(times.begin(), times.end());
+      if (world.rank == 0) std::printf("%d processes: %.1f us per exchange (median of %d rounds of %d)\n", n,
+                                       times[kRounds / 2], kRounds, kCalls);
+      return 0;
+    });
+    CHECK_MESSAGE(result.ok(), result.describe());
+  }
 }
