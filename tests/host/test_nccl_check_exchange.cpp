@@ -126,7 +126,7 @@ TEST_CASE("when rank 0 never arrives, the others say so after the timeout and a 
 TEST_CASE("cost of one exchange on a TcpStore, 2 and 4 processes (run by hand)" * doctest::skip()) {
   for (int n : {2, 4}) {
     auto result = run(n, [n](const WorldInfo& world, ncclkit::Store& scope) {
-      constexpr int kRounds = 21, kCalls = 200;
+      constexpr int kRounds = 41, kCalls = 50;
       std::vector<double> times;
       std::uint64_t number = 0;
       for (int round = -1; round < kRounds; ++round) {
@@ -139,8 +139,10 @@ TEST_CASE("cost of one exchange on a TcpStore, 2 and 4 processes (run by hand)" 
         if (round >= 0) times.push_back(us / kCalls);
       }
       std::sort(times.begin(), times.end());
-      if (world.rank == 0) std::printf("%d processes: %.1f us per exchange (median of %d rounds of %d)\n", n,
-                                       times[kRounds / 2], kRounds, kCalls);
+      if (world.rank == 0) {
+        std::printf("%d processes: %.1f us per exchange in the fastest round, %.1f in the median one (%d rounds of %d)\n",
+                    n, times[0], times[kRounds / 2], kRounds, kCalls);
+      }
       return 0;
     });
     CHECK_MESSAGE(result.ok(), result.describe());
