@@ -26,7 +26,9 @@
 /// included, throws CommError naming rank, operation, sequence number, bytes, time waited and
 /// every rank's progress. Misuse (root out of range, null or host pointers, buffers of
 /// another GPU, mismatched sizes) throws ConfigError before NCCL sees it; the communicator
-/// stays usable then. Destruction never hangs: pending work gets the timeout to finish, then
+/// stays usable then. Arguments that differ between ranks are not detected unless
+/// Options::check_collectives (NCCLKIT_CHECK_COLLECTIVES) compares them, through the store,
+/// before each collective (detail/check_exchange.hpp). Destruction never hangs: pending work gets the timeout to finish, then
 /// the communicator is aborted.
 ///
 /// Released collectives (NCCL's behaviour): an aborted rank's kernels stop waiting but still
