@@ -65,7 +65,6 @@
 #include <new>          // std::align_val_t
 #include <numeric>      // std::accumulate
 #include <span>         // std::span
-#include <stdexcept>    // std::runtime_error
 #include <string>       // std::string
 #include <type_traits>  // std::type_identity_t
 #include <utility>      // std::move, std::pair
@@ -81,6 +80,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/gloo/comm_queue.hpp"
+#include "ncclkit/gloo/detail/argument_check.hpp"
 #include "ncclkit/gloo/reduce_kernels.hpp"
 #include "ncclkit/gloo/store_adapter.hpp"
 #include "ncclkit/store/prefix_store.hpp"
@@ -289,7 +289,9 @@ struct CommunicatorState {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + options.timeout;
     try {
-      if (options.check_collectives && size > 1) check_arguments(op, deadline);
+      if (options.check_collectives && size > 1) {
+        check_arguments(context, op.fingerprint, op.sequence, check_scratch, remaining(deadline), who());
+      }
       body(deadline);
     } catch (const CollectiveMismatchError&) {
       throw;  // nothing ran on any rank: the communicator stays usable
@@ -306,65 +308,6 @@ struct CommunicatorState {
   static std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     return std::max(left, std::chrono::milliseconds(1));
-  }
-
-  // ---- the argument check (CommunicatorOptions::check_collectives) ----------------------------
-
-  /// Every rank's fingerprint of collective `op`, gathered by one allgather on this context
-  /// (under the lock, in the order collectives run, so the allgathers of all ranks pair up
-  /// whatever collective each is about to run). Every rank compares the same fingerprints,
-  /// so either all go on or all throw CollectiveMismatchError, before anything ran.
-  void check_arguments(const OpInfo& op, std::chrono::steady_clock::time_point deadline) {
-    CollectiveFingerprint mine = op.fingerprint;
-    mine.sequence = op.sequence;
-    auto encoded = ncclkit::detail::encode(mine);
-    check_scratch.resize(encoded.size() * static_cast<std::size_t>(size));
-    ::gloo::AllgatherOptions opts(context);
-    opts.setInput(encoded.data(), encoded.size());
-    opts.setOutput(check_scratch.data(), check_scratch.size());
-    opts.setTimeout(remaining(deadline));
-    try {
-      ::gloo::allgather(opts);
-    } catch (const ::gloo::Exception& e) {
-      throw std::runtime_error(std::string("comparing its arguments with the other ranks' (NCCLKIT_CHECK_COLLECTIVES), "
-                                           "before anything ran: Gloo: ") + e.what());
-    }
-    std::vector<CollectiveFingerprint> all;
-    all.reserve(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) {
-      const auto decoded = ncclkit::detail::decode(
-          std::span<const std::uint8_t>(check_scratch).subspan(static_cast<std::size_t>(r) * encoded.size(), encoded.size()));
-      if (!decoded) {
-        throw std::runtime_error("rank " + std::to_string(r) + " sent no valid argument fingerprint "
-                                 "(NCCLKIT_CHECK_COLLECTIVES); the ranks' streams of collectives are out of step");
-      }
-      all.push_back(*decoded);
-    }
-    if (auto mismatch = ncclkit::detail::find_mismatch(all)) {
-      const std::string message = who() + ": " + *mismatch + ". The communicator is still usable.";
-      log_error(message);
-      throw CollectiveMismatchError(message);
-    }
-  }
-
-  /// Run once at creation, by every rank whatever its setting: the argument check only works
-  /// when every rank makes it (a rank without it would run the collective against the
-  /// others' allgather). ConfigError on every rank when the ranks' settings differ.
-  void agree_on_argument_check(std::chrono::steady_clock::time_point deadline) {
-    std::uint8_t mine = options.check_collectives ? 1 : 0;
-    std::vector<std::uint8_t> all(static_cast<std::size_t>(size));
-    ::gloo::AllgatherOptions opts(context);
-    opts.setInput(&mine, 1);
-    opts.setOutput(all.data(), all.size());
-    opts.setTimeout(remaining(deadline));
-    ::gloo::allgather(opts);
-    std::vector<int> on, off;
-    for (int r = 0; r < size; ++r) (all[static_cast<std::size_t>(r)] ? on : off).push_back(r);
-    if (!on.empty() && !off.empty()) {
-      throw ConfigError(who() + ": the collective argument check (NCCLKIT_CHECK_COLLECTIVES, "
-                        "CommunicatorOptions::check_collectives) is on for " + ncclkit::detail::rank_or_ranks(on) +
-                        " but off for " + ncclkit::detail::rank_or_ranks(off) + "; set it alike on every rank");
-    }
   }
 
   // ---- collective bodies (called under the lock, world size > 1) ----------------------------
@@ -1026,7 +969,7 @@ class Communicator {
     detail::SigpipeBlock no_sigpipe;
     const auto start = std::chrono::steady_clock::now();
     try {
-      s.agree_on_argument_check(start + s.options.timeout);
+      detail::agree_on_argument_check(s.context, s.options.check_collectives, s.options.timeout, s.who());
     } catch (const ncclkit::Error&) {
       throw;
     } catch (const std::exception& e) {
