@@ -41,7 +41,7 @@ if("${_fake_nccl_major}.${_fake_nccl_minor}" VERSION_LESS 2.18)
   return()
 endif()
 
-foreach(_fake_test test_nccl_fake_watchdog test_nccl_fake_options)
+foreach(_fake_test test_nccl_fake_watchdog test_nccl_fake_options test_nccl_fake_check)
   set(_fake_test_source ${CMAKE_CURRENT_LIST_DIR}/fake/${_fake_test}.cpp)
   add_executable(${_fake_test} ${_fake_test_source} ${CMAKE_CURRENT_LIST_DIR}/support/fake_cuda_nccl.cpp)
   target_include_directories(${_fake_test} SYSTEM PRIVATE

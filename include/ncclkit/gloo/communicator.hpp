@@ -72,6 +72,7 @@
 
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
@@ -79,6 +80,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/gloo/comm_queue.hpp"
+#include "ncclkit/gloo/detail/argument_check.hpp"
 #include "ncclkit/gloo/reduce_kernels.hpp"
 #include "ncclkit/gloo/store_adapter.hpp"
 #include "ncclkit/store/prefix_store.hpp"
@@ -110,6 +112,11 @@ struct CommunicatorOptions {
   /// Name in logs and errors, and the scope of its store keys: every rank must create its
   /// communicators of one name in the same order.
   std::string name = "gloo";
+  /// Compare every collective's arguments across ranks before it runs (sequence number,
+  /// collective, element type, count, op, root), through one small allgather on this
+  /// communicator; a difference is a CollectiveMismatchError on every rank. Default:
+  /// NCCLKIT_CHECK_COLLECTIVES. Every rank must set it alike (checked at creation).
+  bool check_collectives = default_check_collectives();
 };
 
 /// Names one of a communicator's two work queues. Cheap to copy; compare with ==.
@@ -189,6 +196,7 @@ struct OpInfo {
   DataType dtype = DataType::kFloat32;
   std::size_t bytes = 0;
   std::string detail;  ///< "sum", "root 3", ...
+  CollectiveFingerprint fingerprint;  ///< what CommunicatorOptions::check_collectives compares
 };
 
 /// Calls `fn` with a pointer of an unsigned type as wide as `type`'s elements (Gloo's typed
@@ -232,6 +240,8 @@ struct CommunicatorState {
   /// page-fault a fresh allocation every time (guarded by context_mutex).
   std::unique_ptr<std::byte[]> pair_scratch;
   std::size_t pair_scratch_bytes = 0;
+  /// Every rank's encoded fingerprint, for check_arguments (guarded by context_mutex).
+  std::vector<std::uint8_t> check_scratch;
 
   std::string who() const {
     return "ncclkit::gloo::Communicator '" + options.name + "' rank " + std::to_string(rank) + " of " +
@@ -279,7 +289,12 @@ struct CommunicatorState {
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + options.timeout;
     try {
+      if (options.check_collectives && size > 1) {
+        check_arguments(context, op.fingerprint, op.sequence, check_scratch, remaining(deadline), who());
+      }
       body(deadline);
+    } catch (const CollectiveMismatchError&) {
+      throw;  // nothing ran on any rank: the communicator stays usable
     } catch (const ::gloo::Exception& e) {
       fail(op, std::chrono::steady_clock::now() - start, std::string("Gloo: ") + e.what());
     } catch (const CommError&) {
@@ -622,6 +637,7 @@ class Communicator {
     s.store_description = store->describe();
     s.queue = std::make_unique<CommQueue>(s.options.name);
     if (s.size > 1) connect(*state_, store);
+    if (s.size > 1) agree_on_argument_check(s);
   }
 
   /// Drains nothing: work still queued on the comm stream is cancelled (with a warning; call
@@ -696,6 +712,7 @@ class Communicator {
     if (in.count != out.count) mismatch("all_reduce", "in.count == out.count", in.count, out.count);
     check_alias("all_reduce", in, out);
     auto op_info = info("all_reduce", in.count, in.dtype, std::string(name_of(op)));
+    op_info.fingerprint = CollectiveFingerprint::of("all_reduce", in.count, in.dtype).with_op(op);
     submit(stream, std::move(op_info), [in, out, op](detail::CommunicatorState& s, auto deadline) {
       if (s.size == 1) return local_reduce(s, in, out, op);
       s.all_reduce_now(in.data, out.data, in.count, in.dtype, op, deadline);
@@ -710,6 +727,7 @@ class Communicator {
     if (rank() == root && in.count != out.count) mismatch("broadcast", "in.count == out.count on the root", in.count, out.count);
     if (rank() == root) check_alias("broadcast", in, out);
     auto op_info = info("broadcast", out.count, out.dtype, "root " + std::to_string(root));
+    op_info.fingerprint = CollectiveFingerprint::of("broadcast", out.count, out.dtype).with_root(root);
     submit(stream, std::move(op_info), [in, out, root](detail::CommunicatorState& s, auto deadline) {
       if (s.size == 1) return copy_view(in, out);
       s.broadcast_now(in.data, out.data, out.count, out.dtype, root, deadline);
@@ -726,6 +744,7 @@ class Communicator {
     if (has_out && in.count != out.count) mismatch("reduce", "in.count == out.count", in.count, out.count);
     if (has_out) check_alias("reduce", in, out);
     auto op_info = info("reduce", in.count, in.dtype, std::string(name_of(op)) + ", root " + std::to_string(root));
+    op_info.fingerprint = CollectiveFingerprint::of("reduce", in.count, in.dtype).with_op(op).with_root(root);
     submit(stream, std::move(op_info), [in, out, op, root, has_out](detail::CommunicatorState& s, auto deadline) {
       if (s.size == 1) return local_reduce(s, in, out, op);
       s.reduce_now(in.data, has_out ? out.data : nullptr, in.count, in.dtype, op, root, deadline);
@@ -742,6 +761,7 @@ class Communicator {
     const bool in_place = in.data == detail::byte_ptr(out.data) + in.bytes() * static_cast<std::size_t>(rank());
     if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gather");
     auto op_info = info("all_gather", out.count, out.dtype, "");
+    op_info.fingerprint = CollectiveFingerprint::of("all_gather", in.count, in.dtype);
     std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
     submit(stream, std::move(op_info), [in, out, in_place, counts = std::move(counts)](detail::CommunicatorState& s, auto deadline) {
       if (s.size == 1) return copy_view(in, out);
@@ -767,6 +787,7 @@ class Communicator {
     const bool in_place = in.data == detail::byte_ptr(out.data) + before * size_of(out.dtype);
     if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gatherv");
     auto op_info = info("all_gatherv", out.count, out.dtype, "");
+    op_info.fingerprint = CollectiveFingerprint::of("all_gatherv", out.count, out.dtype).with_counts(counts);
     std::vector<std::size_t> copy(counts.begin(), counts.end());
     submit(stream, std::move(op_info), [in, out, in_place, counts = std::move(copy)](detail::CommunicatorState& s, auto deadline) {
       if (s.size == 1) return copy_view(in, out);
@@ -785,6 +806,7 @@ class Communicator {
     const bool in_place = out.data == detail::byte_ptr(in.data) + out.bytes() * static_cast<std::size_t>(rank());
     if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("reduce_scatter");
     auto op_info = info("reduce_scatter", in.count, in.dtype, std::string(name_of(op)));
+    op_info.fingerprint = CollectiveFingerprint::of("reduce_scatter", out.count, out.dtype).with_op(op);
     submit(stream, std::move(op_info), [in, out, op](detail::CommunicatorState& s, auto deadline) {
       if (s.size == 1) return local_reduce(s, in, out, op);
       s.reduce_scatter_now(in.data, out.data, out.count, in.dtype, op, deadline);
@@ -794,6 +816,7 @@ class Communicator {
   /// Returns (or, on the comm stream, completes) once every rank has reached it.
   void barrier(Stream stream = {}) {
     auto op_info = info("barrier", 0, DataType::kUint8, "");
+    op_info.fingerprint = CollectiveFingerprint::of("barrier");
     submit(stream, std::move(op_info), [](detail::CommunicatorState& s, auto deadline) {
       if (s.size > 1) s.barrier_now(deadline);
     });
@@ -941,6 +964,20 @@ class Communicator {
              "; reductions: " + std::string(name_of(s.isa)));
   }
 
+  /// Compares the ranks' CommunicatorOptions::check_collectives right after connecting.
+  static void agree_on_argument_check(detail::CommunicatorState& s) {
+    detail::SigpipeBlock no_sigpipe;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      detail::agree_on_argument_check(s.context, s.options.check_collectives, s.options.timeout, s.who());
+    } catch (const ncclkit::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(s.who() + ": comparing the ranks' settings after connecting failed after " +
+                      detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " + e.what());
+    }
+  }
+
   void destroy() noexcept {
     if (!state_) return;
     auto& s = *state_;
@@ -988,9 +1025,13 @@ class Communicator {
   template <class Body>
   void submit(Stream stream, detail::OpInfo op, Body body) {
     auto* s = &state();
-    if (op.count == 0 && std::string_view(op.name) != "barrier") return;  // same on every rank
-    auto task = [s, op = std::move(op), body = std::move(body)] {
-      s->execute(op, [&](std::chrono::steady_clock::time_point deadline) { body(*s, deadline); });
+    // Nothing to move (the same on every rank, unless the argument check finds otherwise).
+    const bool empty = op.count == 0 && std::string_view(op.name) != "barrier";
+    if (empty && !s->options.check_collectives) return;
+    auto task = [s, op = std::move(op), body = std::move(body), empty] {
+      s->execute(op, [&](std::chrono::steady_clock::time_point deadline) {
+        if (!empty) body(*s, deadline);
+      });
     };
     if (stream.queue == Stream::Queue::kInline) {
       task();

@@ -26,7 +26,9 @@
 /// included, throws CommError naming rank, operation, sequence number, bytes, time waited and
 /// every rank's progress. Misuse (root out of range, null or host pointers, buffers of
 /// another GPU, mismatched sizes) throws ConfigError before NCCL sees it; the communicator
-/// stays usable then. Destruction never hangs: pending work gets the timeout to finish, then
+/// stays usable then. Arguments that differ between ranks are not detected unless
+/// Options::check_collectives (NCCLKIT_CHECK_COLLECTIVES) compares them, through the store,
+/// before each collective (detail/check_exchange.hpp). Destruction never hangs: pending work gets the timeout to finish, then
 /// the communicator is aborted.
 ///
 /// Released collectives (NCCL's behaviour): an aborted rank's kernels stop waiting but still
@@ -69,12 +71,14 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/bounded_call.hpp"
+#include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/check_exchange.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/detail/driver_calls.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
@@ -157,8 +161,10 @@ class Communicator {
     const std::int64_t index = store->add(base + "/instances/" + std::to_string(world.rank), 1);
     core->scope = std::make_shared<PrefixStore>(base + "/" + std::to_string(index), store);
 
+    // The argument check works only if every rank makes it: the setting is compared here too.
+    const std::string compared = version_text() + (core->options.check_collectives ? ", collective argument check on" : "");
     Bytes id_bytes = detail::init_rendezvous(
-        *core->scope, core->rank, core->size, version_text(), core->options.timeout,
+        *core->scope, core->rank, core->size, compared, core->options.timeout,
         [] {
           ncclUniqueId id;
           NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -270,6 +276,7 @@ class Communicator {
     const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_op(kOp, op);
     check_pair(kOp, in, out, in.count, "in.count == out.count");
+    check_collective(kOp, CollectiveFingerprint::of(kOp, in.count, in.dtype).with_op(op));
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclAllReduce(in.data, out.data, in.count, to_nccl(in.dtype), to_nccl(op), comm, s);
     });
@@ -284,6 +291,7 @@ class Communicator {
     check_buffer(kOp, "output", out, true);
     if (rank() == root) check_pair(kOp, in, out, out.count, "in.count == out.count on the root");
     const void* send = rank() == root ? in.data : out.data;
+    check_collective(kOp, CollectiveFingerprint::of(kOp, out.count, out.dtype).with_root(root));
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
       return ncclBroadcast(send, out.data, out.count, to_nccl(out.dtype), root, comm, s);
     });
@@ -297,6 +305,7 @@ class Communicator {
     check_root(kOp, root);
     check_buffer(kOp, "input", in, true);
     if (rank() == root) check_pair(kOp, in, out, in.count, "in.count == out.count on the root");
+    check_collective(kOp, CollectiveFingerprint::of(kOp, in.count, in.dtype).with_op(op).with_root(root));
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.count, to_nccl(in.dtype), to_nccl(op),
                         root, comm, s);
@@ -309,6 +318,7 @@ class Communicator {
     static constexpr const char* kOp = "all_gather";
     const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_pair(kOp, in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size()");
+    check_collective(kOp, CollectiveFingerprint::of(kOp, in.count, in.dtype));
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
       return ncclAllGather(in.data, out.data, in.count, to_nccl(in.dtype), comm, s);
     });
@@ -334,6 +344,7 @@ class Communicator {
     check_pair(kOp, in, out, total, "out.count == sum of counts");
     const ncclDataType_t type = to_nccl(out.dtype);
     const std::size_t element = size_of(out.dtype);
+    check_collective(kOp, CollectiveFingerprint::of(kOp, out.count, out.dtype).with_counts(counts));
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
       ncclResult_t status = ncclGroupStart();
       if (status != ncclSuccess) return status;
@@ -359,6 +370,7 @@ class Communicator {
     const cudaStream_t s = checked_stream(kOp, stream);  // first: it learns whether s is capturing
     check_op(kOp, op);
     check_pair(kOp, out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size()");
+    check_collective(kOp, CollectiveFingerprint::of(kOp, out.count, out.dtype).with_op(op));
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
       return ncclReduceScatter(in.data, out.data, out.count, to_nccl(in.dtype), to_nccl(op), comm, s);
     });
@@ -376,6 +388,7 @@ class Communicator {
     if (in.count != 0 && in.data == out.data) misuse(kOp, "in and out are the same buffer; all_to_all is out of place only");
     const std::size_t per_peer = in.count / static_cast<std::size_t>(size());
     const ncclDataType_t type = to_nccl(in.dtype);
+    check_collective(kOp, CollectiveFingerprint::of(kOp, in.count, in.dtype));
     issue(kOp, in.bytes(), s, [&](ncclComm_t comm) {
 #if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclAlltoAll(in.data, out.data, per_peer, type, comm, s);
@@ -397,6 +410,7 @@ class Communicator {
     if (rank() == root) check_pair(kOp, in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size() on the root");
     const ncclDataType_t type = to_nccl(in.dtype);
     void* receive = rank() == root ? out.data : nullptr;
+    check_collective(kOp, CollectiveFingerprint::of(kOp, in.count, in.dtype).with_root(root));
     issue(kOp, rank() == root ? out.bytes() : in.bytes(), s, [&](ncclComm_t comm) {
 #if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclGather(in.data, receive, in.count, type, root, comm, s);
@@ -426,6 +440,7 @@ class Communicator {
     if (rank() == root) check_pair(kOp, out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size() on the root");
     const ncclDataType_t type = to_nccl(out.dtype);
     const void* send = rank() == root ? in.data : nullptr;
+    check_collective(kOp, CollectiveFingerprint::of(kOp, out.count, out.dtype).with_root(root));
     issue(kOp, out.bytes(), s, [&](ncclComm_t comm) {
 #if NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
       return ncclScatter(send, out.data, out.count, type, root, comm, s);
@@ -480,6 +495,7 @@ class Communicator {
                   "cannot wait for the other ranks; call it after the group's end");
     }
     if (core().capturing) refuse_capture(kOp);
+    check_collective(kOp, CollectiveFingerprint::of(kOp));
     auto& c = core();
     issue(kOp, sizeof(std::int32_t), s, [&](ncclComm_t comm) {
       return ncclAllReduce(c.scratch, c.scratch, 1, ncclInt32, ncclSum, comm, s);
@@ -1125,6 +1141,26 @@ class Communicator {
     auto& c = core();
     c.watchdog.request_failure(reason, seq != 0 ? seq : c.watchdog.next_seq(), operation, bytes);
     c.watchdog.throw_failure(detail::group_state().depth == 0);
+  }
+
+  /// Options::check_collectives: compares this call's arguments with every rank's through the
+  /// store before it is issued (detail/check_exchange.hpp), inside an open group too (each call
+  /// before it is queued). A mismatch throws CollectiveMismatchError on every rank, with
+  /// nothing issued: the communicator stays usable. A rank that does not arrive within the
+  /// timeout fails the communicator (CommError), as a collective that never completes would.
+  void check_collective(const char* operation, CollectiveFingerprint fingerprint) {
+    auto& c = core();
+    if (!c.options.check_collectives || c.size == 1 || !c.scope) return;
+    c.watchdog.throw_if_failed(detail::group_state().depth == 0);
+    fingerprint.sequence = ++c.checks;
+    try {
+      detail::exchange_fingerprints(*c.scope, c.rank, c.size, c.checks, fingerprint, c.options.timeout, c.who());
+    } catch (const CollectiveMismatchError& e) {
+      log_error(e.what());
+      throw;
+    } catch (const std::exception& e) {
+      fail_issue(operation, 0, e.what());
+    }
   }
 
   // ---- argument checks (before NCCL sees anything) -----------------------------------------

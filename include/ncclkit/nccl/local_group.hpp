@@ -27,6 +27,7 @@
 #include <vector>   // std::vector
 
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/stream.hpp"
@@ -42,6 +43,12 @@ class LocalGroup {
     if (devices.empty())
       for (int d = 0; d < visible; ++d) devices.push_back(d);
     if (devices.empty()) throw ConfigError("LocalGroup: no GPU is visible to this process");
+    if (options.check_collectives) {
+      // One thread issues every member's call in turn: a blocking comparison per call cannot
+      // work, and the members have no store to compare through.
+      log_warn("LocalGroup: the collective argument check (NCCLKIT_CHECK_COLLECTIVES) does not cover a LocalGroup's "
+               "members; their collectives run unchecked");
+    }
     for (std::size_t i = 0; i < devices.size(); ++i) {
       if (devices[i] < 0 || devices[i] >= visible) {
         throw ConfigError("LocalGroup: device " + std::to_string(devices[i]) + " is not one of the " +

@@ -10,6 +10,7 @@
 #include <chrono>  // std::chrono::milliseconds
 #include <string>  // std::string
 
+#include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 
@@ -51,6 +52,12 @@ struct Options {
   /// ncclkit forgets them), so a loop over the same buffers pays for the query once; a new
   /// buffer costs a few hundred nanoseconds. NCCLKIT_CHECK_POINTERS=0 turns it off by default.
   bool check_pointers = detail::default_check_pointers();
+  /// Compare every collective's arguments across ranks before it is issued (collective,
+  /// element type, count, op, root, and the call's number), through the store; a difference
+  /// is a CollectiveMismatchError on every rank. Costs store round trips per collective
+  /// (docs/collectives.md). Default: NCCLKIT_CHECK_COLLECTIVES. Every rank must set it alike
+  /// (compared at creation). Members of a LocalGroup are not checked (they have no store).
+  bool check_collectives = default_check_collectives();
 };
 
 namespace detail {

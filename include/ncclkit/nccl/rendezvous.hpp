@@ -18,23 +18,12 @@
 #include <vector>       // std::vector
 
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/rank_list.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit::nccl::detail {
 
-/// "0-2, 5, 7-8" for a sorted list of ranks.
-inline std::string format_ranks(const std::vector<int>& ranks) {
-  std::string text;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!text.empty()) text += ", ";
-    text += std::to_string(ranks[i]);
-    if (j > i) text += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return text;
-}
+using ncclkit::detail::format_ranks;
 
 /// Ranks r in [0, world) for which `prefix + r` is not in the store right now.
 inline std::vector<int> missing_ranks(Store& store, const std::string& prefix, int world) {
@@ -66,14 +55,14 @@ inline Bytes init_rendezvous(Store& scope, int rank, int world, const std::strin
     std::map<std::string, std::vector<int>> by_version;
     for (int r = 0; r < world; ++r) by_version[scope.get_string(keys[static_cast<std::size_t>(r)], timeout)].push_back(r);
     if (by_version.size() != 1) {
-      std::string message = who + " init: ranks disagree on versions:";
+      std::string message = who + " init: ranks disagree on versions or settings:";
       for (auto& [text, ranks] : by_version) {
         std::sort(ranks.begin(), ranks.end());
         message += (ranks.size() > 1 ? " ranks " : " rank ") + format_ranks(ranks) + (ranks.size() > 1 ? " run " : " runs ") +
                    text + ";";
       }
       message += " every rank must run the same NCCL, CUDA runtime and ncclkit (check each node's "
-                 "installation, LD_LIBRARY_PATH and container image)";
+                 "installation, LD_LIBRARY_PATH and container image), with the same NCCLKIT_CHECK_COLLECTIVES";
       scope.set("verdict", "error\n" + message);
       throw ConfigError(message);
     }

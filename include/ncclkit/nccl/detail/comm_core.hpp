@@ -47,6 +47,7 @@ struct CommCore {
   cudaStream_t comm_stream = nullptr;
   std::shared_ptr<Store> scope;  ///< this communicator's keys; null for single-process groups
   std::uint64_t splits = 0;      ///< split() calls so far (scopes the children's keys)
+  std::uint64_t checks = 0;      ///< collectives compared by Options::check_collectives so far
   std::vector<PendingOp> pending;
   /// Has ops (watched or captured) queued in this thread's open group (set under the
   /// handle's lock by the issue path, cleared by GroupGuard::end): the group's end must hold
