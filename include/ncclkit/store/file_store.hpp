@@ -59,6 +59,7 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/store.hpp"
 
 #if !defined(F_OFD_SETLK)
@@ -106,12 +107,7 @@ inline std::string describe_errno(int err) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
 }
 
-/// "1.234 s".
-inline std::string format_seconds(Clock::duration d) {
-  char text[48];
-  std::snprintf(text, sizeof text, "%.3f s", std::chrono::duration<double>(d).count());
-  return text;
-}
+using ncclkit::format_seconds;  // "1.234 s", as every store message writes times
 
 /// A key as it appears in messages: quoted, bytes outside printable ASCII as \xNN, long keys cut.
 inline std::string quote_key(std::string_view key) {
@@ -701,6 +697,11 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options)
   tag_ = env_string("NCCLKIT_RUN_ID").value_or("");
 
   if (int err = fs::make_folders(dir_); err != 0) {
+    if (struct stat info {}; err == ENOTDIR && ::stat(dir_.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
+      throw ConfigError("FileStore " + describe() + ": " + dir_ + " is a regular file, but a FileStore (and a " +
+                        "file:// init URL) names a folder, in which it keeps one file per key (unlike PyTorch's " +
+                        "FileStore, whose file:// names a file); give a folder path, e.g. file://" + dir_ + ".d");
+    }
     throw StoreError("FileStore " + describe() + ": cannot create or use the rendezvous folder: " +
                      fs::describe_errno(err) + "; choose a folder this user can write");
   }
