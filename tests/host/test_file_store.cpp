@@ -316,7 +316,7 @@ TEST_CASE("bad arguments and unusable folders are clear errors") {
   const std::string file = dir.path + "/plain-file";
   { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
   // A regular file where the folder should be: PyTorch's file:// names a file, ours a folder.
-  CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains(file + " is a regular file, but a FileStore (and a file:// init URL) names a folder"),
+  CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains((file + " is a regular file, but a FileStore (and a file:// init URL) names a folder").c_str()),
                        ncclkit::ConfigError);
   CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains("unlike PyTorch's FileStore, whose file:// names a file"),
                        ncclkit::ConfigError);
