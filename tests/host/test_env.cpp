@@ -53,6 +53,26 @@ TEST_CASE("env_int and env_seconds name the variable on bad values") {
   CHECK(ncclkit::default_store_timeout().count() == 300000);
 }
 
+TEST_CASE("NCCLKIT_STORE_LINGER takes seconds >= 0, and 0 means no linger") {
+  using std::chrono::milliseconds;
+  ::unsetenv("NCCLKIT_STORE_LINGER");
+  CHECK(ncclkit::default_store_linger() == milliseconds(30000));
+  for (const char* zero : {"0", "0.0", "0e0"}) {
+    CAPTURE(zero);
+    ::setenv("NCCLKIT_STORE_LINGER", zero, 1);
+    CHECK(ncclkit::default_store_linger() == milliseconds(0));
+  }
+  ::setenv("NCCLKIT_STORE_LINGER", "2.5", 1);
+  CHECK(ncclkit::default_store_linger() == milliseconds(2500));
+  for (const char* bad : {"-1", "abc", "1x"}) {
+    CAPTURE(bad);
+    ::setenv("NCCLKIT_STORE_LINGER", bad, 1);
+    CHECK_THROWS_WITH_AS(ncclkit::default_store_linger(), doctest::Contains("NCCLKIT_STORE_LINGER=0 for none"),
+                         ncclkit::ConfigError);
+  }
+  ::unsetenv("NCCLKIT_STORE_LINGER");
+}
+
 TEST_CASE("WorldInfo::validate lists every problem") {
   ncclkit::WorldInfo world;
   world.rank = 4;

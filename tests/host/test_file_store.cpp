@@ -320,7 +320,14 @@ TEST_CASE("bad arguments and unusable folders are clear errors") {
   CHECK_THROWS_WITH_AS(FileStore(dir.path, {.world_size = -1}), doctest::Contains("world_size=-1"), ncclkit::ConfigError);
   const std::string file = dir.path + "/plain-file";
   { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
-  CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains("cannot create or use the rendezvous folder"), ncclkit::StoreError);
+  // A regular file where the folder should be: PyTorch's file:// names a file, ours a folder.
+  CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains((file + " is a regular file, but a FileStore (and a file:// init URL) names a folder").c_str()),
+                       ncclkit::ConfigError);
+  CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains("unlike PyTorch's FileStore, whose file:// names a file"),
+                       ncclkit::ConfigError);
+  // Below a regular file nothing can be created: that stays a StoreError about the folder.
+  CHECK_THROWS_WITH_AS(FileStore{file + "/below"}, doctest::Contains("cannot create or use the rendezvous folder"),
+                       ncclkit::StoreError);
 }
 
 TEST_CASE("files that are not FileStore's are left alone") {

@@ -9,6 +9,7 @@
 
 #include <chrono>      // std::chrono::milliseconds
 #include <cstdint>     // std::int64_t
+#include <cstdio>      // std::fopen
 #include <cstdlib>     // setenv, unsetenv, mkdtemp
 #include <filesystem>  // std::filesystem::remove_all
 #include <memory>      // std::shared_ptr
@@ -355,4 +356,20 @@ TEST_CASE("make_store refuses what cannot work, saying why") {
   CHECK_THROWS_WITH_AS(ncclkit::make_store("file:///tmp/never-created", broken),
                        doctest::Contains("rank=3 must be in [0, world_size=2)"), ConfigError);
   CHECK_FALSE(std::filesystem::exists("/tmp/never-created"));
+  // Times in the message are seconds, as in every store message.
+  CHECK_THROWS_WITH_AS(ncclkit::make_store("file:///tmp/never-created", one, {.timeout = -1500ms}),
+                       doctest::Contains("the timeout must be positive, got -1.500 s"), ConfigError);
+}
+
+TEST_CASE("file:// naming an existing regular file says that file:// names a folder here") {
+  char pattern[] = "/tmp/ncclkit-init-url-XXXXXX";
+  REQUIRE(::mkdtemp(pattern) != nullptr);
+  const std::string dir = pattern;
+  const std::string file = dir + "/store-file";  // what PyTorch's init_method="file://..." names
+  { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
+  ncclkit::WorldInfo one;
+  CHECK_THROWS_WITH_AS(ncclkit::make_store("file://" + file, one),
+                       doctest::Contains("is a regular file, but a FileStore (and a file:// init URL) names a folder"),
+                       ConfigError);
+  std::filesystem::remove_all(dir);
 }

@@ -641,6 +641,21 @@ TEST_CASE("the lingering host gives up after its linger time when a client never
   CHECK_THROWS_AS(client.get("k", 1s), ncclkit::StoreError);
 }
 
+TEST_CASE("NCCLKIT_STORE_LINGER=0 means the hosting rank does not linger for connected clients") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  ::setenv("NCCLKIT_STORE_LINGER", "0", 1);
+  TcpStoreOptions options{.port = 0, .is_server = true, .timeout = 5s};  // linger from the variable
+  ::unsetenv("NCCLKIT_STORE_LINGER");
+  CHECK(options.linger == 0ms);
+  auto host = std::make_unique<TcpStore>(options);
+  TcpStore client(TcpStoreOptions{.port = host->port(), .timeout = 5s});
+  client.set("k", "v");
+  const auto start = Clock::now();
+  host.reset();  // a client is still connected: with no linger, the server stops at once
+  CHECK(Clock::now() - start < 2s);
+  CHECK_THROWS_AS(client.get("k", 1s), ncclkit::StoreError);
+}
+
 TEST_CASE("a huge timeout (milliseconds::max()) means wait long, not time out at once") {
   // timeout + the reply grace used to overflow, giving a deadline in the past: the get threw
   // TimeoutError "after 0 ms" and dropped the connection instead of waiting for the key.

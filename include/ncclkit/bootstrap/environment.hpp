@@ -55,15 +55,15 @@ inline EnvironmentLookup fixed_environment(std::map<std::string, std::string, st
 /// Values given explicitly by the program. Each one that is set wins over the environment; the
 /// rest still come from it (an override of `rank` alone keeps WORLD_SIZE from the environment).
 struct WorldInfoOverrides {
-  std::optional<int> rank;
-  std::optional<int> world_size;
-  std::optional<int> local_rank;
-  std::optional<int> local_world_size;
-  std::optional<int> node_rank;
-  std::optional<int> num_nodes;
-  std::optional<std::string> master_addr;
-  std::optional<int> master_port;
-  std::optional<std::string> init_url;
+  std::optional<int> rank{};
+  std::optional<int> world_size{};
+  std::optional<int> local_rank{};
+  std::optional<int> local_world_size{};
+  std::optional<int> node_rank{};
+  std::optional<int> num_nodes{};
+  std::optional<std::string> master_addr{};
+  std::optional<int> master_port{};
+  std::optional<std::string> init_url{};
 };
 
 namespace detail {

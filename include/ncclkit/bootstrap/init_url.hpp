@@ -26,6 +26,7 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
@@ -38,12 +39,12 @@ enum class InitUrlScheme { kEnv, kTcp, kFile };
 /// An init URL, taken apart by parse_init_url().
 struct InitUrl {
   InitUrlScheme scheme = InitUrlScheme::kEnv;
-  std::string host;  ///< tcp://: host name, IPv4 or IPv6 address (without the brackets)
+  std::string host{};  ///< tcp://: host name, IPv4 or IPv6 address (without the brackets)
   int port = 0;      ///< tcp://: 0 to 65535 (0: the server picks a free port; single process only)
-  std::string path;  ///< file://: the absolute folder
-  std::optional<std::chrono::milliseconds> timeout;  ///< from ?timeout=SECONDS, if given
+  std::string path{};  ///< file://: the absolute folder
+  std::optional<std::chrono::milliseconds> timeout{};  ///< from ?timeout=SECONDS, if given
   bool external_server = false;  ///< ?server=external: the TCP server runs elsewhere, rank 0 only connects
-  std::string text;  ///< the URL as given, for messages
+  std::string text{};  ///< the URL as given, for messages
 };
 
 namespace detail {
@@ -215,9 +216,9 @@ inline InitUrl parse_init_url(std::string_view url) {
 struct MakeStoreOptions {
   /// Default timeout of the store's blocking calls (and how long a TcpStore client retries
   /// connecting). Unset: the URL's ?timeout=SECONDS, else NCCLKIT_STORE_TIMEOUT, else 300 s.
-  std::optional<std::chrono::milliseconds> timeout;
+  std::optional<std::chrono::milliseconds> timeout{};
   /// Shared secret of a TcpStore; unset: NCCLKIT_STORE_TOKEN (read by TcpStore), else none.
-  std::optional<std::string> token;
+  std::optional<std::string> token{};
 };
 
 /// The store that `url` names, for the process described by `world` (which is validated):
@@ -237,8 +238,7 @@ inline std::shared_ptr<Store> make_store(const std::string& url, const WorldInfo
   const std::chrono::milliseconds timeout =
       options.timeout ? *options.timeout : parsed.timeout ? *parsed.timeout : default_store_timeout();
   if (timeout.count() <= 0) {
-    throw ConfigError("make_store('" + url + "'): the timeout must be positive, got " +
-                      std::to_string(timeout.count()) + " ms");
+    throw ConfigError("make_store('" + url + "'): the timeout must be positive, got " + format_seconds(timeout));
   }
 
   if (parsed.scheme == InitUrlScheme::kFile) {

@@ -72,7 +72,7 @@ struct SpawnOptions {
   std::chrono::milliseconds grace = std::chrono::seconds(2);
   /// Rendezvous folder for the workers' FileStore; empty: a fresh temporary folder, removed at
   /// the end.
-  std::string rendezvous_dir;
+  std::string rendezvous_dir{};
   /// The workers' store. kTcp: the socket is bound (127.0.0.1, a free port) before forking and
   /// served by a TcpStoreServer thread started only after the last fork, so no process is
   /// forked while it runs threads; the server lives until every worker has ended.

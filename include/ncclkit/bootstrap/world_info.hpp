@@ -16,9 +16,9 @@ struct WorldInfo {
   int local_world_size = 1;  ///< processes on this node
   int node_rank = 0;         ///< index of this node
   int num_nodes = 1;         ///< number of nodes
-  std::string master_addr;   ///< host of the TCP store (torchrun's MASTER_ADDR), if any
+  std::string master_addr{};  ///< host of the TCP store (torchrun's MASTER_ADDR), if any
   int master_port = 0;       ///< port of the TCP store (MASTER_PORT), if any
-  std::string init_url;      ///< rendezvous store: "env://", "tcp://host:port" or "file:///dir"
+  std::string init_url{};     ///< rendezvous store: "env://", "tcp://host:port" or "file:///dir"
   std::string source = "arguments";  ///< where the values came from, for error messages
 
   /// Throws ConfigError listing every inconsistent field, e.g. rank >= world_size.

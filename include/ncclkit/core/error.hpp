@@ -1,6 +1,15 @@
 #pragma once
 /// Exception types. Every failure ncclkit reports is an `ncclkit::Error`; its message says
 /// what failed (rank, operation, sizes, time waited where relevant) and what to do about it.
+///
+/// Every ncclkit header that needs C++20 includes this one first, so an older language mode
+/// stops here with one message instead of hundreds of errors about std::span and std::bit_cast.
+
+#if __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
+#error "ncclkit needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike). In CMake, link ncclkit::ncclkit (it asks for C++20, for CUDA sources too) and do not set CMAKE_CXX_STANDARD or CMAKE_CUDA_STANDARD below 20."
+// A missing header is a fatal error: the compiler stops after the message above.
+#include <ncclkit-stops-here-it-needs-c++20>
+#endif
 
 #include <stdexcept>  // std::runtime_error
 #include <string>     // std::string

@@ -7,6 +7,8 @@
 #include <bit>      // std::bit_cast
 #include <cstdint>  // std::uint16_t, std::uint32_t
 
+#include "ncclkit/core/error.hpp"  // (stops a pre-C++20 build with one message)
+
 namespace ncclkit {
 
 /// IEEE 754 binary16.

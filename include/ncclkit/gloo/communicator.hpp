@@ -101,11 +101,11 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout = default_comm_timeout();
   /// Network interface whose address this rank binds and advertises ("eth0", "lo"). Empty:
   /// NCCLKIT_GLOO_SOCKET_IFNAME if set, else `hostname` is used.
-  std::string interface;
+  std::string interface{};
   /// Host name or IP address to bind and advertise when no interface is given. Empty:
   /// NCCLKIT_GLOO_HOSTNAME if set, else this machine's host name (which must resolve to an
   /// address the peers can reach).
-  std::string hostname;
+  std::string hostname{};
   /// Most elements one Gloo call handles; larger buffers are cut into chunks. Must be in
   /// [1, 2^31 - 1]; tests set it small to exercise the chunked paths.
   std::size_t chunk_elements = kDefaultChunkElements;

@@ -37,7 +37,7 @@ struct Options {
   int cga_cluster_size = -1;  ///< CGA cluster size of NCCL kernels, 0..8 (Hopper and newer)
   int min_ctas = -1;          ///< lower bound on the CTAs (channels) NCCL uses, >= 1
   int max_ctas = -1;          ///< upper bound on the CTAs NCCL uses (leaves SMs to compute), >= min_ctas
-  std::string net_name;       ///< network by name: NCCL's "IB" or "Socket", or a net plugin's
+  std::string net_name{};     ///< network by name: NCCL's "IB" or "Socket", or a net plugin's
   /// Priority of comm_stream() (cudaDeviceGetStreamPriorityRange: lower numbers run first;
   /// -1 or lower lets NCCL kernels overtake compute kernels waiting for SMs).
   int stream_priority = 0;

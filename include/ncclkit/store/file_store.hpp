@@ -60,6 +60,7 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/run_identity.hpp"
 #include "ncclkit/store/store.hpp"
 
@@ -108,12 +109,7 @@ inline std::string describe_errno(int err) {
   return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")";
 }
 
-/// "1.234 s".
-inline std::string format_seconds(Clock::duration d) {
-  char text[48];
-  std::snprintf(text, sizeof text, "%.3f s", std::chrono::duration<double>(d).count());
-  return text;
-}
+using ncclkit::format_seconds;  // "1.234 s", as every store message writes times
 
 /// A key as it appears in messages: quoted, bytes outside printable ASCII as \xNN, long keys cut.
 inline std::string quote_key(std::string_view key) {
@@ -626,7 +622,10 @@ class FileStore final : public Store {
 
   /// Leaves the run; the last of `world_size` members to leave removes the run's files.
   /// Never throws (problems are logged).
-  ~FileStore() override;
+  /// (The virtual members are declared `inline` here, not only where they are defined below:
+  /// otherwise the destructor is the class's key function, and every file that includes this
+  /// header compiles the vtable and all the store's code, about 4 s of g++ -O2 each.)
+  inline ~FileStore() override;
 
   using Store::check;
   using Store::compare_set;
@@ -634,15 +633,15 @@ class FileStore final : public Store {
   using Store::set;
   using Store::wait;
 
-  void set(std::string_view key, std::span<const std::uint8_t> value) override;
-  Bytes get(std::string_view key, Duration timeout) override;
-  void wait(std::span<const std::string> keys, Duration timeout) override;
-  bool check(std::span<const std::string> keys) override;
-  std::int64_t add(std::string_view key, std::int64_t delta) override;
-  Bytes compare_set(std::string_view key, std::span<const std::uint8_t> expected,
-                    std::span<const std::uint8_t> desired) override;
-  bool delete_key(std::string_view key) override;
-  std::int64_t num_keys() override;
+  inline void set(std::string_view key, std::span<const std::uint8_t> value) override;
+  inline Bytes get(std::string_view key, Duration timeout) override;
+  inline void wait(std::span<const std::string> keys, Duration timeout) override;
+  inline bool check(std::span<const std::string> keys) override;
+  inline std::int64_t add(std::string_view key, std::int64_t delta) override;
+  inline Bytes compare_set(std::string_view key, std::span<const std::uint8_t> expected,
+                           std::span<const std::uint8_t> desired) override;
+  inline bool delete_key(std::string_view key) override;
+  inline std::int64_t num_keys() override;
   std::string describe() const override { return "file://" + dir_; }
 
   /// The run this store joined: 32 hex digits, new for every fresh run.
@@ -733,6 +732,11 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options)
   identity_ = run_identity_from_environment();
 
   if (int err = fs::make_folders(dir_); err != 0) {
+    if (struct stat info {}; err == ENOTDIR && ::stat(dir_.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
+      throw ConfigError("FileStore " + describe() + ": " + dir_ + " is a regular file, but a FileStore (and a " +
+                        "file:// init URL) names a folder, in which it keeps one file per key (unlike PyTorch's " +
+                        "FileStore, whose file:// names a file); give a folder path, e.g. file://" + dir_ + ".d");
+    }
     throw StoreError("FileStore " + describe() + ": cannot create or use the rendezvous folder: " +
                      fs::describe_errno(err) + "; choose a folder this user can write");
   }

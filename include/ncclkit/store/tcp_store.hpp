@@ -79,7 +79,7 @@ struct TcpStoreServerOptions {
   /// 0 picks a free port; TcpStoreServer::port() reports it.
   int port = 0;
   /// Shared secret clients must present; default NCCLKIT_STORE_TOKEN when set. "" means none.
-  std::optional<std::string> token;
+  std::optional<std::string> token{};
   /// Largest value accepted; a peer announcing more is disconnected.
   std::size_t max_value_bytes = detail::tcp::kDefaultMaxValueBytes;
   /// How long a new connection may take to complete its hello, and how long a client may
@@ -916,11 +916,11 @@ struct TcpStoreOptions {
   /// How long connecting may take (retried with backoff), and the default of blocking calls.
   std::chrono::milliseconds timeout = default_store_timeout();
   /// Shared secret to present; default NCCLKIT_STORE_TOKEN when set.
-  std::optional<std::string> token;
+  std::optional<std::string> token{};
   /// With is_server: how long the destructor keeps serving while other clients are still
   /// connected, so that ranks reading the last keys (a final barrier) are not cut off when
-  /// the hosting rank finishes first. Default NCCLKIT_STORE_LINGER seconds, else 30 s.
-  std::chrono::milliseconds linger = env_seconds("NCCLKIT_STORE_LINGER", std::chrono::seconds(30));
+  /// the hosting rank finishes first. Default NCCLKIT_STORE_LINGER seconds (0: none), else 30 s.
+  std::chrono::milliseconds linger = default_store_linger();
 };
 
 /// A Store client talking to a TcpStoreServer; with is_server it also hosts the server.

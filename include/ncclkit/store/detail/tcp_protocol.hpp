@@ -45,6 +45,8 @@
 #include <utility>      // std::move
 #include <vector>       // std::vector
 
+#include "ncclkit/core/error.hpp"  // (stops a pre-C++20 build with one message)
+
 namespace ncclkit::detail::tcp {
 
 inline constexpr std::uint32_t kMagic = 0x53544B4Eu;  // "NKTS" as little-endian bytes
