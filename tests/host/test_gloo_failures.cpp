@@ -10,13 +10,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <stdlib.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <thread>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ncclkit/core/env.hpp"
 #include "support/gloo_testing.hpp"
 
 using namespace std::chrono_literals;
@@ -31,6 +36,8 @@ namespace {
 
 constexpr auto kTimeout = 2s;
 constexpr auto kSlack = 5s;
+/// How soon after a peer's death the survivors must know, whatever the timeout.
+constexpr auto kDetectionBound = 2s;
 
 /// Runs `collective`, expects a CommError within kTimeout + kSlack whose message names what
 /// happened; records the time waited.
@@ -234,7 +241,7 @@ TEST_CASE("a failure on the comm stream surfaces at synchronize and on events; l
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("a rank that never creates its communicator makes the others' constructors time out, naming the keys") {
+TEST_CASE("a rank that never creates its communicator makes the others' constructors time out, naming it and the keys") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   auto result = ncclkit::spawn(
       2,
@@ -251,7 +258,8 @@ TEST_CASE("a rank that never creates its communicator makes the others' construc
         } catch (const ncclkit::TimeoutError& e) {
           const std::string message = e.what();
           const bool names_keys = message.find("ncclkit/gloo/lonely/0") != std::string::npos;
-          code = names_keys && Clock::now() - start < 1s + kSlack ? 0 : 2;
+          const bool names_rank = message.find("waiting for rank 1 (of 2)") != std::string::npos;
+          code = names_keys && names_rank && Clock::now() - start < 1s + kSlack ? 0 : 2;
           if (code) ncclkit::log_error(message);
         }
         store->set("rank0_done", "1");
@@ -259,4 +267,105 @@ TEST_CASE("a rank that never creates its communicator makes the others' construc
       },
       {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+namespace {
+
+/// One death trial: `world` ranks with a long timeout run a stream of 8 MiB all_reduces and
+/// broadcasts; the last rank exits abruptly from a second thread after a random few
+/// milliseconds, in the middle of a collective. Every survivor must get CommError naming the
+/// dead rank within kDetectionBound of the call that failed (so of the death: the calls
+/// before it took milliseconds), far below the timeout. Each survivor appends
+/// "<seconds> <ok>" to `log_path` for the statistics.
+ncclkit::SpawnResult death_trial(int world_size, int trial, const std::string& log_path,
+                                 std::chrono::milliseconds timeout) {
+  return ncclkit::spawn(
+      world_size,
+      [&](const WorldInfo& world) {
+        auto store = ncclkit::make_store(world.init_url, world);
+        Checker check(world.rank);
+        Communicator comm(store, world, {.timeout = timeout});
+        std::vector<float> data(std::size_t{2} << 20, 1.0f);
+        const int victim = world.world_size - 1;
+        std::thread killer;
+        if (world.rank == victim) {
+          std::mt19937 rng(static_cast<unsigned>(trial) * 7919u + 13u);
+          const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
+          killer = std::thread([delay] {
+            std::this_thread::sleep_for(delay);
+            ::_exit(0);  // exit code 0: spawn lets the survivors run on
+          });
+        }
+        Clock::time_point call_start{};
+        try {
+          for (int i = 0; i < 10000; ++i) {
+            call_start = Clock::now();
+            if (i % 2 == 0) {
+              comm.all_reduce(std::span<float>(data), ReduceOp::kMax);
+            } else {
+              comm.broadcast(std::span<float>(data), (i / 2) % world.world_size);
+            }
+          }
+          check.expect(false, "the stream of collectives ended without a CommError");
+        } catch (const CommError& e) {
+          const double waited = std::chrono::duration<double>(Clock::now() - call_start).count();
+          const std::string message = e.what();
+          const bool fast = waited < std::chrono::duration<double>(kDetectionBound).count();
+          check.expect(fast, "CommError only after " + std::to_string(waited) + " s: " + message);
+          const std::string blame = "connection to rank " + std::to_string(victim);
+          check.expect(message.find(blame) != std::string::npos, "the message does not say '" + blame + "': " + message);
+          if (std::FILE* log = std::fopen(log_path.c_str(), "a")) {
+            std::fprintf(log, "%.6f %d\n", waited, fast ? 1 : 0);
+            std::fclose(log);
+          }
+        }
+        if (killer.joinable()) killer.join();  // never reached by the victim
+        return check.code();
+      },
+      {.timeout = timeout + 30s});
+}
+
+}  // namespace
+
+TEST_CASE("a peer that dies mid-collective is detected within a second or two at world 2 and 3, in every trial") {
+  // NCCLKIT_TEST_DEATH_TRIALS (per world size, default 10) raises the count for a soak run;
+  // NCCLKIT_TEST_DEATH_TIMEOUT (seconds, default 30) is the communicators' timeout.
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  const auto trials = static_cast<int>(ncclkit::env_int("NCCLKIT_TEST_DEATH_TRIALS").value_or(10));
+  const auto timeout = ncclkit::env_seconds("NCCLKIT_TEST_DEATH_TIMEOUT", 30s);
+  char folder[] = "/tmp/ncclkit-death-XXXXXX";
+  REQUIRE(::mkdtemp(folder) != nullptr);
+  for (int world_size : {2, 3}) {
+    const std::string log_path = std::string(folder) + "/world" + std::to_string(world_size);
+    const auto start = Clock::now();
+    int failed_trials = 0;
+    for (int trial = 0; trial < trials; ++trial) {
+      auto result = death_trial(world_size, trial, log_path, timeout);
+      if (!result.ok()) {
+        ++failed_trials;
+        MESSAGE("world " << world_size << " trial " << trial << ": " << result.describe());
+      }
+    }
+    std::vector<double> waits;
+    int slow = 0;
+    if (std::FILE* log = std::fopen(log_path.c_str(), "r")) {
+      double seconds = 0;
+      int fast = 0;
+      while (std::fscanf(log, "%lf %d", &seconds, &fast) == 2) {
+        waits.push_back(seconds);
+        slow += fast ? 0 : 1;
+      }
+      std::fclose(log);
+      std::remove(log_path.c_str());
+    }
+    std::sort(waits.begin(), waits.end());
+    std::printf("death trials, world %d: %d trials (%.1f s), %zu survivor reports, %d slower than %.1f s; "
+                "detection median %.3f s, max %.3f s\n",
+                world_size, trials, std::chrono::duration<double>(Clock::now() - start).count(), waits.size(), slow,
+                std::chrono::duration<double>(kDetectionBound).count(), waits.empty() ? 0.0 : waits[waits.size() / 2],
+                waits.empty() ? 0.0 : waits.back());
+    CHECK_MESSAGE(failed_trials == 0, failed_trials << " of " << trials << " trials at world " << world_size << " failed");
+    CHECK(waits.size() == static_cast<std::size_t>(trials * (world_size - 1)));
+  }
+  ::rmdir(folder);
 }
