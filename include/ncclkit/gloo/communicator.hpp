@@ -20,7 +20,9 @@
 /// its context is unusable afterwards. The communicator turns it into `CommError` naming rank,
 /// operation, sequence number, size and time waited, and refuses every later call with
 /// `CommError`. Every collective is bounded by `CommunicatorOptions::timeout` (Gloo's own 30 s
-/// default is never used); a collective split into chunks shares one deadline.
+/// default is never used); a collective split into chunks shares one deadline. A peer whose
+/// connection fails (it exited, crashed, was killed) is caught at once, whatever the timeout,
+/// and named by rank: see detail/peer_monitor.hpp (one watcher thread per communicator).
 ///
 /// What this Gloo snapshot (Debian 0.0~git20220518) lacks, and how it is provided:
 ///   - bfloat16, and a fast float16: reductions are ncclkit's (reduce_kernels.hpp), for every
@@ -949,12 +951,12 @@ class Communicator {
                       detail::format_seconds(std::chrono::steady_clock::now() - start) + " (device " +
                       s.device->str() + "): " + e.what());
     }
-    s.monitor = std::make_unique<detail::PeerMonitor>(*context, s.who());
-    // connectFullMesh is not a barrier: a rank may return before its peers have connected.
     try {
+      s.monitor = std::make_unique<detail::PeerMonitor>(*context, s.who());
+      // connectFullMesh is not a barrier: a rank may return before its peers have connected.
       s.barrier_now(start + s.options.timeout);
     } catch (const std::exception& e) {
-      throw CommError(s.who() + ": the barrier after connecting failed after " +
+      throw CommError(s.who() + ": starting the peer monitor or the barrier after connecting failed after " +
                       detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " +
                       s.failure_cause(e.what()));
     }

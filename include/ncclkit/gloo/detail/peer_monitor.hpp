@@ -165,6 +165,8 @@ class PeerMonitor {
   static constexpr std::uint8_t kSentinelSlotPrefix = 0x43;
   /// How long after a peer's failure this rank closes its other connections.
   static constexpr std::chrono::milliseconds kCloseDelay{100};
+  /// How long after seeing one failed connection the monitor looks for others.
+  static constexpr std::chrono::milliseconds kSettle{20};
 
   /// `context` must outlive the monitor.
   PeerMonitor(MonitoredContext& context, std::string who)
@@ -209,13 +211,19 @@ class PeerMonitor {
 
   /// "the connection to rank 1 failed (<Gloo's words>)", one clause per failed peer, or empty
   /// when no connection failed by a peer's doing. Waits up to `grace` for a failing pair to
-  /// reach the sentinels: a collective can see the failure a moment before they do.
+  /// reach the sentinels (a collective can see the failure a moment before they do), then
+  /// kSettle more for other failures of the same moment: when a rank dies every survivor's
+  /// connection to it fails at once, but one survivor's event loop may get to another
+  /// survivor's closing first, and naming only that one would blame a victim.
   std::string peer_failure(std::chrono::milliseconds grace) {
     if (peer_failed()) return state_->failure();
     const auto deadline = std::chrono::steady_clock::now() + grace;
     for (;;) {
-      std::string found = failed_peers();
-      if (!found.empty() || std::chrono::steady_clock::now() >= deadline) return found;
+      if (!failed_peers().empty()) {
+        std::this_thread::sleep_for(kSettle);
+        return failed_peers();
+      }
+      if (std::chrono::steady_clock::now() >= deadline) return "";
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
