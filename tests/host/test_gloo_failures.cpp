@@ -89,18 +89,28 @@ void expect_refused(Checker& check, Communicator& comm) {
 TEST_CASE("a peer that exits mid-run makes every other rank raise CommError naming it, promptly, and refuse later calls") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   const auto start = Clock::now();
-  auto result = ncclkit::testing::run_gloo(
+  auto result = ncclkit::spawn(
       4,
-      [](Communicator& comm, const WorldInfo& world, Checker& check) {
+      [](const WorldInfo& world) {
+        auto store = ncclkit::make_store(world.init_url, world);
+        Checker check(world.rank);
+        Communicator comm(store, world, {.timeout = kTimeout});
         std::vector<float> data(1 << 16, 1.0f);
         for (int i = 0; i < 3; ++i) comm.all_reduce(std::span<float>(data));
         check.expect(data[0] == 64.0f, "the first all_reduces worked");
-        if (world.rank == 2) ::_exit(0);  // gone, without a word (exit code 0: spawn lets the others run)
+        if (world.rank == 2) {
+          // Gone, without a word, once the others have finished the three (a death fails the
+          // collective in flight on every rank); exit code 0: spawn lets the others run on.
+          store->wait({std::string("done/0"), std::string("done/1"), std::string("done/3")}, 30s);
+          ::_exit(0);
+        }
+        store->set("done/" + std::to_string(world.rank), "1");
         expect_comm_error(check, "all_reduce after a peer exited", [&] { comm.all_reduce(std::span<float>(data)); },
                           /*expect_timeout_in_message=*/false, /*blame=*/2);
         expect_refused(check, comm);
+        return check.code();
       },
-      {.timeout = kTimeout}, 60s);
+      {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
   CHECK(Clock::now() - start < 30s);
 }
@@ -302,7 +312,13 @@ ncclkit::SpawnResult death_trial(int world_size, int trial, const std::string& l
         std::vector<float> data(std::size_t{2} << 20, 1.0f);
         const int victim = (trial + 1) % world.world_size;
         std::thread killer;
+        if (world.rank != victim) store->set("ready/" + std::to_string(world.rank), "1");
         if (world.rank == victim) {
+          // The clock starts once every survivor has its communicator: this drill is about
+          // collectives, not construction.
+          for (int r = 0; r < world.world_size; ++r) {
+            if (r != victim) store->wait({"ready/" + std::to_string(r)}, 30s);
+          }
           std::mt19937 rng(static_cast<unsigned>(trial) * 7919u + 13u);
           const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
           killer = std::thread([delay] {

@@ -17,8 +17,9 @@
 /// sentinel per peer tells which pairs failed. (2) Every unbound buffer the communicator's
 /// context creates (ncclkit's algorithms and Gloo's alike: they all call
 /// `Context::createUnboundBuffer`) is a `WatchedBuffer`, which forwards to Gloo's buffer and is
-/// registered here. On a peer failure the watcher aborts the waits of every registered buffer,
-/// and from then on each wait on any of them throws `gloo::IoException` naming the rank.
+/// registered here. On a peer failure the watcher aborts the waits of every registered buffer
+/// (and of any created later): a wait that would block from then on throws `gloo::IoException`
+/// naming the rank; a transfer that had completed still counts.
 /// (3) A little later (kCloseDelay) it closes every connection of the context, as Gloo does on
 /// a timeout: peers waiting on this rank then fail at once instead of at their timeout, and no
 /// transfer of an abandoned buffer stays queued. The delay lets every peer see the dead rank's
@@ -77,6 +78,10 @@ class WatchedBuffer final : public ::gloo::transport::UnboundBuffer {
       : ::gloo::transport::UnboundBuffer(inner->ptr, inner->size), inner_(std::move(inner)), state_(std::move(state)) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     state_->buffers.insert(inner_.get());
+    if (state_->failed.load(std::memory_order_relaxed)) {
+      inner_->abortWaitRecv();
+      inner_->abortWaitSend();
+    }
   }
   ~WatchedBuffer() override {
     std::lock_guard<std::mutex> lock(state_->mutex);
@@ -85,14 +90,15 @@ class WatchedBuffer final : public ::gloo::transport::UnboundBuffer {
   WatchedBuffer(const WatchedBuffer&) = delete;
   WatchedBuffer& operator=(const WatchedBuffer&) = delete;
 
+  // A transfer that completed (its bytes arrived before the peer's connection closed, or left
+  // before) still completes: Gloo counts completions first and looks at an abort only when
+  // there is none. A wait that would block throws.
   bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
-    throw_if_failed();
     const bool done = inner_->waitRecv(rank, timeout);
     if (!done) throw_if_failed();
     return done;
   }
   bool waitSend(int* rank, std::chrono::milliseconds timeout) override {
-    throw_if_failed();
     const bool done = inner_->waitSend(rank, timeout);
     if (!done) throw_if_failed();
     return done;
