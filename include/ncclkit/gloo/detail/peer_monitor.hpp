@@ -268,10 +268,13 @@ class PeerMonitor {
     }
   }
 
-  /// The clauses of peer_failure, from the per-peer sentinels as they are now.
+  /// The clauses of peer_failure, from the per-peer sentinels as they are now; past
+  /// kMostNamed failed peers, only their number.
   std::string failed_peers() {
+    constexpr int kMostNamed = 8;
     std::lock_guard<std::mutex> lock(probe_mutex_);
     std::string text;
+    int named = 0, unnamed = 0;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       auto& sentinel = *per_peer_[static_cast<std::size_t>(peer)];
@@ -283,10 +286,15 @@ class PeerMonitor {
       } catch (const std::exception& e) {
         const std::string what = e.what();
         if (what.find(kOwnTimeout) != std::string::npos) continue;
-        if (!text.empty()) text += "; ";
+        if (named == kMostNamed) {
+          ++unnamed;
+          continue;
+        }
+        if (named++ > 0) text += "; ";
         text += "the connection to rank " + std::to_string(peer) + " failed (" + what + ")";
       }
     }
+    if (unnamed > 0) text += "; and the connections to " + std::to_string(unnamed) + " more ranks";
     return text;
   }
 
