@@ -1,22 +1,29 @@
 // Failure drills for ncclkit::gloo::Communicator with real processes: a peer that exits
 // mid-run, a peer stopped with SIGSTOP, a peer that skips a collective, a failure under work
-// queued on the comm stream, and a rank that never shows up at the rendezvous. Every other
-// rank must raise CommError (TimeoutError for the rendezvous) within its timeout + 5 s, refuse
-// later calls, and end; nothing may hang (spawn's own limit would kill a hung rank, and the
-// test would fail on its exit status).
+// queued on the comm stream, a rank that never shows up at the rendezvous, and repeated trials
+// of a peer dying in the middle of large collectives. Every other rank must raise CommError
+// (TimeoutError for the rendezvous) within its timeout + 5 s (within 2 s of a death, whatever
+// the timeout), naming the rank to blame where there is one, refuse later calls, and end;
+// nothing may hang (spawn's own limit would kill a hung rank, and the test would fail on its
+// exit status).
 // ncclkit-test: timeout=300
 #include <doctest/doctest.h>
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <stdlib.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <thread>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ncclkit/core/env.hpp"
 #include "support/gloo_testing.hpp"
 
 using namespace std::chrono_literals;
@@ -31,11 +38,14 @@ namespace {
 
 constexpr auto kTimeout = 2s;
 constexpr auto kSlack = 5s;
+/// How soon after a peer's death the survivors must know, whatever the timeout.
+constexpr auto kDetectionBound = 2s;
 
 /// Runs `collective`, expects a CommError within kTimeout + kSlack whose message names what
-/// happened; records the time waited.
+/// happened (and, given `blame`, says "connection to rank <blame>"); records the time waited.
 template <class Fn>
-void expect_comm_error(Checker& check, const char* what, Fn&& collective, bool expect_timeout_in_message = false) {
+void expect_comm_error(Checker& check, const char* what, Fn&& collective, bool expect_timeout_in_message = false,
+                       int blame = -1) {
   const auto start = Clock::now();
   try {
     collective();
@@ -51,6 +61,11 @@ void expect_comm_error(Checker& check, const char* what, Fn&& collective, bool e
     if (expect_timeout_in_message) {
       check.expect(message.find("imeout") != std::string::npos || message.find("imed out") != std::string::npos,
                    std::string(what) + ": message does not say it timed out: " + message);
+    }
+    if (blame >= 0) {
+      const std::string phrase = "connection to rank " + std::to_string(blame) + " failed";
+      check.expect(message.find(phrase) != std::string::npos,
+                   std::string(what) + ": message does not say '" + phrase + "': " + message);
     }
   }
 }
@@ -71,20 +86,31 @@ void expect_refused(Checker& check, Communicator& comm) {
 
 }  // namespace
 
-TEST_CASE("a peer that exits mid-run makes every other rank raise CommError, promptly, and refuse later calls") {
+TEST_CASE("a peer that exits mid-run makes every other rank raise CommError naming it, promptly, and refuse later calls") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   const auto start = Clock::now();
-  auto result = ncclkit::testing::run_gloo(
+  auto result = ncclkit::spawn(
       4,
-      [](Communicator& comm, const WorldInfo& world, Checker& check) {
+      [](const WorldInfo& world) {
+        auto store = ncclkit::make_store(world.init_url, world);
+        Checker check(world.rank);
+        Communicator comm(store, world, {.timeout = kTimeout});
         std::vector<float> data(1 << 16, 1.0f);
         for (int i = 0; i < 3; ++i) comm.all_reduce(std::span<float>(data));
         check.expect(data[0] == 64.0f, "the first all_reduces worked");
-        if (world.rank == 2) ::_exit(0);  // gone, without a word (exit code 0: spawn lets the others run)
-        expect_comm_error(check, "all_reduce after a peer exited", [&] { comm.all_reduce(std::span<float>(data)); });
+        if (world.rank == 2) {
+          // Gone, without a word, once the others have finished the three (a death fails the
+          // collective in flight on every rank); exit code 0: spawn lets the others run on.
+          store->wait({std::string("done/0"), std::string("done/1"), std::string("done/3")}, 30s);
+          ::_exit(0);
+        }
+        store->set("done/" + std::to_string(world.rank), "1");
+        expect_comm_error(check, "all_reduce after a peer exited", [&] { comm.all_reduce(std::span<float>(data)); },
+                          /*expect_timeout_in_message=*/false, /*blame=*/2);
         expect_refused(check, comm);
+        return check.code();
       },
-      {.timeout = kTimeout}, 60s);
+      {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
   CHECK(Clock::now() - start < 30s);
 }
@@ -108,9 +134,12 @@ TEST_CASE("a rank that resumes after its peers closed gets CommError, not SIGPIP
           if (world.rank == 0) {
             store->set("pid0", std::to_string(::getpid()));
             ::raise(SIGSTOP);
-            expect_comm_error(check, "broadcast after the peer closed", [&] {
-              for (int i = 0; i < 20; ++i) comm.broadcast(std::span<std::uint8_t>(data), 0);
-            });
+            expect_comm_error(
+                check, "broadcast after the peer closed",
+                [&] {
+                  for (int i = 0; i < 20; ++i) comm.broadcast(std::span<std::uint8_t>(data), 0);
+                },
+                /*expect_timeout_in_message=*/false, /*blame=*/1);
             return check.code();
           }
           // Rank 1: wait until rank 0 is stopped, then close everything (the teardown barrier
@@ -213,7 +242,8 @@ TEST_CASE("a failure on the comm stream surfaces at synchronize and on events; l
         auto after_a = comm.record(stream);
         comm.all_reduce(std::span<float>(b), ReduceOp::kSum, stream);
         comm.all_reduce(std::span<float>(c), ReduceOp::kSum, stream);
-        expect_comm_error(check, "synchronize(comm stream)", [&] { comm.synchronize(stream); });
+        expect_comm_error(check, "synchronize(comm stream)", [&] { comm.synchronize(stream); },
+                          /*expect_timeout_in_message=*/false, /*blame=*/1);
         bool event_failed = false;
         try {
           after_a.wait();
@@ -234,7 +264,7 @@ TEST_CASE("a failure on the comm stream surfaces at synchronize and on events; l
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("a rank that never creates its communicator makes the others' constructors time out, naming the keys") {
+TEST_CASE("a rank that never creates its communicator makes the others' constructors time out, naming it and the keys") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   auto result = ncclkit::spawn(
       2,
@@ -251,7 +281,8 @@ TEST_CASE("a rank that never creates its communicator makes the others' construc
         } catch (const ncclkit::TimeoutError& e) {
           const std::string message = e.what();
           const bool names_keys = message.find("ncclkit/gloo/lonely/0") != std::string::npos;
-          code = names_keys && Clock::now() - start < 1s + kSlack ? 0 : 2;
+          const bool names_rank = message.find("waiting for rank 1 (of 2)") != std::string::npos;
+          code = names_keys && names_rank && Clock::now() - start < 1s + kSlack ? 0 : 2;
           if (code) ncclkit::log_error(message);
         }
         store->set("rank0_done", "1");
@@ -259,4 +290,112 @@ TEST_CASE("a rank that never creates its communicator makes the others' construc
       },
       {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+namespace {
+
+/// One death trial: `world` ranks with a long timeout run a stream of 8 MiB all_reduces and
+/// broadcasts; one rank (a different one from trial to trial) exits abruptly from a second
+/// thread after a random few
+/// milliseconds, in the middle of a collective. Every survivor must get CommError naming the
+/// dead rank within kDetectionBound of the call that failed (so of the death: the calls
+/// before it took milliseconds), far below the timeout. Each survivor appends
+/// "<seconds> <ok>" to `log_path` for the statistics.
+ncclkit::SpawnResult death_trial(int world_size, int trial, const std::string& log_path,
+                                 std::chrono::milliseconds timeout) {
+  return ncclkit::spawn(
+      world_size,
+      [&](const WorldInfo& world) {
+        auto store = ncclkit::make_store(world.init_url, world);
+        Checker check(world.rank);
+        Communicator comm(store, world, {.timeout = timeout});
+        std::vector<float> data(std::size_t{2} << 20, 1.0f);
+        const int victim = (trial + 1) % world.world_size;
+        std::thread killer;
+        if (world.rank != victim) store->set("ready/" + std::to_string(world.rank), "1");
+        if (world.rank == victim) {
+          // The clock starts once every survivor has its communicator: this drill is about
+          // collectives, not construction.
+          for (int r = 0; r < world.world_size; ++r) {
+            if (r != victim) store->wait({"ready/" + std::to_string(r)}, 30s);
+          }
+          std::mt19937 rng(static_cast<unsigned>(trial) * 7919u + 13u);
+          const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
+          killer = std::thread([delay] {
+            std::this_thread::sleep_for(delay);
+            ::_exit(0);  // exit code 0: spawn lets the survivors run on
+          });
+        }
+        Clock::time_point call_start{};
+        try {
+          for (int i = 0; i < 10000; ++i) {
+            call_start = Clock::now();
+            if (i % 2 == 0) {
+              comm.all_reduce(std::span<float>(data), ReduceOp::kMax);
+            } else {
+              comm.broadcast(std::span<float>(data), (i / 2) % world.world_size);
+            }
+          }
+          check.expect(false, "the stream of collectives ended without a CommError");
+        } catch (const CommError& e) {
+          const double waited = std::chrono::duration<double>(Clock::now() - call_start).count();
+          const std::string message = e.what();
+          const bool fast = waited < std::chrono::duration<double>(kDetectionBound).count();
+          check.expect(fast, "CommError only after " + std::to_string(waited) + " s: " + message);
+          const std::string blame = "connection to rank " + std::to_string(victim);
+          check.expect(message.find(blame) != std::string::npos, "the message does not say '" + blame + "': " + message);
+          if (std::FILE* log = std::fopen(log_path.c_str(), "a")) {
+            std::fprintf(log, "%.6f %d\n", waited, fast ? 1 : 0);
+            std::fclose(log);
+          }
+        }
+        if (killer.joinable()) killer.join();  // never reached by the victim
+        return check.code();
+      },
+      {.timeout = timeout + 30s});
+}
+
+}  // namespace
+
+TEST_CASE("a peer that dies mid-collective is detected within a second or two at world 2 and 3, in every trial") {
+  // NCCLKIT_TEST_DEATH_TRIALS (per world size, default 20) raises the count for a soak run;
+  // NCCLKIT_TEST_DEATH_TIMEOUT (seconds, default 30) is the communicators' timeout.
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  const auto trials = static_cast<int>(ncclkit::env_int("NCCLKIT_TEST_DEATH_TRIALS").value_or(20));
+  const auto timeout = ncclkit::env_seconds("NCCLKIT_TEST_DEATH_TIMEOUT", 30s);
+  char folder[] = "/tmp/ncclkit-death-XXXXXX";
+  REQUIRE(::mkdtemp(folder) != nullptr);
+  for (int world_size : {2, 3}) {
+    const std::string log_path = std::string(folder) + "/world" + std::to_string(world_size);
+    const auto start = Clock::now();
+    int failed_trials = 0;
+    for (int trial = 0; trial < trials; ++trial) {
+      auto result = death_trial(world_size, trial, log_path, timeout);
+      if (!result.ok()) {
+        ++failed_trials;
+        MESSAGE("world " << world_size << " trial " << trial << ": " << result.describe());
+      }
+    }
+    std::vector<double> waits;
+    int slow = 0;
+    if (std::FILE* log = std::fopen(log_path.c_str(), "r")) {
+      double seconds = 0;
+      int fast = 0;
+      while (std::fscanf(log, "%lf %d", &seconds, &fast) == 2) {
+        waits.push_back(seconds);
+        slow += fast ? 0 : 1;
+      }
+      std::fclose(log);
+      std::remove(log_path.c_str());
+    }
+    std::sort(waits.begin(), waits.end());
+    std::printf("death trials, world %d: %d trials (%.1f s), %zu survivor reports, %d slower than %.1f s; "
+                "detection median %.3f s, max %.3f s\n",
+                world_size, trials, std::chrono::duration<double>(Clock::now() - start).count(), waits.size(), slow,
+                std::chrono::duration<double>(kDetectionBound).count(), waits.empty() ? 0.0 : waits[waits.size() / 2],
+                waits.empty() ? 0.0 : waits.back());
+    CHECK_MESSAGE(failed_trials == 0, failed_trials << " of " << trials << " trials at world " << world_size << " failed");
+    CHECK(waits.size() == static_cast<std::size_t>(trials * (world_size - 1)));
+  }
+  ::rmdir(folder);
 }

@@ -20,7 +20,9 @@
 /// its context is unusable afterwards. The communicator turns it into `CommError` naming rank,
 /// operation, sequence number, size and time waited, and refuses every later call with
 /// `CommError`. Every collective is bounded by `CommunicatorOptions::timeout` (Gloo's own 30 s
-/// default is never used); a collective split into chunks shares one deadline.
+/// default is never used); a collective split into chunks shares one deadline. A peer whose
+/// connection fails (it exited, crashed, was killed) is caught at once, whatever the timeout,
+/// and named by rank: see detail/peer_monitor.hpp (one watcher thread per communicator).
 ///
 /// What this Gloo snapshot (Debian 0.0~git20220518) lacks, and how it is provided:
 ///   - bfloat16, and a fast float16: reductions are ncclkit's (reduce_kernels.hpp), for every
@@ -78,9 +80,11 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/rank_list.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/gloo/comm_queue.hpp"
 #include "ncclkit/gloo/detail/argument_check.hpp"
+#include "ncclkit/gloo/detail/peer_monitor.hpp"
 #include "ncclkit/gloo/reduce_kernels.hpp"
 #include "ncclkit/gloo/store_adapter.hpp"
 #include "ncclkit/store/prefix_store.hpp"
@@ -230,6 +234,8 @@ struct CommunicatorState {
   std::string store_description;
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> context;
+  /// Notices a failed peer connection at once and names the rank (world > 1).
+  std::unique_ptr<PeerMonitor> monitor;
   std::mutex context_mutex;  ///< one collective at a time on the Gloo context
   std::atomic<bool> failed{false};
   std::mutex failure_mutex;
@@ -264,15 +270,27 @@ struct CommunicatorState {
                     failure + "). Destroy it; create a new one with every rank if the job continues.");
   }
 
+  /// Why a collective failed: the failed peer connections when there are any (a collective
+  /// may see the failure a moment before the monitor, hence the grace), else `cause`.
+  std::string failure_cause(const std::string& cause) const {
+    const bool timed_out = cause.find("Timed out") != std::string::npos;
+    const std::string peers =
+        monitor ? monitor->peer_failure(std::chrono::milliseconds(timed_out ? 0 : 200)) : std::string();
+    return peers.empty() ? cause : peers;
+  }
+
   [[noreturn]] void fail(const OpInfo& op, std::chrono::steady_clock::duration waited, const std::string& cause) {
+    const std::string why = failure_cause(cause);
     std::string message = who() + ": " + describe(op) + " failed after " + format_seconds(waited) + " (timeout " +
-                          format_seconds(options.timeout) + "): " + cause +
-                          ". The communicator is unusable now. A peer probably exited, crashed or "
-                          "stalled: look at the other ranks' logs; raise the timeout "
-                          "(CommunicatorOptions::timeout, NCCLKIT_TIMEOUT) if ranks are just slow.";
+                          format_seconds(options.timeout) + "): " + why + ". The communicator is unusable now. ";
+    message += why != cause
+                   ? "The rank named probably exited or crashed (a rank whose own collective failed closes its "
+                     "connections too): look at its log."
+                   : "A peer probably exited, crashed or stalled: look at the other ranks' logs; raise the timeout "
+                     "(CommunicatorOptions::timeout, NCCLKIT_TIMEOUT) if ranks are just slow.";
     {
       std::lock_guard<std::mutex> lock(failure_mutex);
-      if (failure.empty()) failure = describe(op) + " failed: " + cause;
+      if (failure.empty()) failure = describe(op) + " failed: " + why;
     }
     failed.store(true, std::memory_order_release);
     log_error(message);
@@ -288,6 +306,9 @@ struct CommunicatorState {
     check_usable(op.name);
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + options.timeout;
+    // A peer's connection failed since the last collective: fail this one now, naming the
+    // peer, rather than run it into a broken group.
+    if (monitor && monitor->peer_failed()) fail(op, std::chrono::steady_clock::duration::zero(), "");
     try {
       if (options.check_collectives && size > 1) {
         check_arguments(context, op.fingerprint, op.sequence, check_scratch, remaining(deadline), who());
@@ -937,14 +958,16 @@ class Communicator {
                         ". Pick an interface that exists and reaches the other ranks (`ip addr`), with "
                         "CommunicatorOptions::interface or NCCLKIT_GLOO_SOCKET_IFNAME.");
     }
-    s.context = std::make_shared<::gloo::rendezvous::Context>(s.rank, s.size);
+    auto context = std::make_shared<detail::MonitoredContext>(s.rank, s.size);
+    s.context = context;
     s.context->setTimeout(s.options.timeout);
     try {
       s.context->connectFullMesh(adapter, s.device);
     } catch (const TimeoutError& e) {
       throw TimeoutError(s.who() + ": rendezvous through " + s.store_description + " under '" + prefix +
                          "/' timed out after " + detail::format_seconds(std::chrono::steady_clock::now() - start) +
-                         ": " + e.what() + ". Did every rank create this communicator?");
+                         missing_ranks(*scoped, s.rank, s.size) + ": " + e.what() +
+                         ". Did every rank create this communicator?");
     } catch (const ncclkit::Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -952,12 +975,14 @@ class Communicator {
                       detail::format_seconds(std::chrono::steady_clock::now() - start) + " (device " +
                       s.device->str() + "): " + e.what());
     }
-    // connectFullMesh is not a barrier: a rank may return before its peers have connected.
     try {
+      s.monitor = std::make_unique<detail::PeerMonitor>(*context, s.who());
+      // connectFullMesh is not a barrier: a rank may return before its peers have connected.
       s.barrier_now(start + s.options.timeout);
     } catch (const std::exception& e) {
-      throw CommError(s.who() + ": the barrier after connecting failed after " +
-                      detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " + e.what());
+      throw CommError(s.who() + ": starting the peer monitor or the barrier after connecting failed after " +
+                      detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " +
+                      s.failure_cause(e.what()));
     }
     log_info(s.who() + ": connected through " + s.store_description + " ('" + prefix + "/') on " +
              s.device->str() + " in " + detail::format_seconds(std::chrono::steady_clock::now() - start) +
@@ -978,6 +1003,37 @@ class Communicator {
     }
   }
 
+  /// "; waiting for rank 1 (of 2), which never reached it": the ranks whose keys Gloo's
+  /// rendezvous did not find under `scoped` (it writes "rank_<r>" first, then "<r>", the
+  /// addresses of rank r's connections). Empty when every rank got that far or the store
+  /// cannot say.
+  static std::string missing_ranks(ncclkit::Store& scoped, int rank, int size) {
+    std::vector<int> absent, silent;
+    try {
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        const std::string arrived[] = {"rank_" + std::to_string(r)};
+        const std::string published[] = {std::to_string(r)};
+        if (!scoped.check(arrived)) {
+          absent.push_back(r);
+        } else if (!scoped.check(published)) {
+          silent.push_back(r);
+        }
+      }
+    } catch (const std::exception&) {
+      return "";
+    }
+    std::string text;
+    if (!absent.empty()) {
+      text += "; waiting for " + detail::rank_or_ranks(absent) + " (of " + std::to_string(size) + "), which never reached it";
+    }
+    if (!silent.empty()) {
+      text += "; " + detail::rank_or_ranks(silent) + " arrived but never published " + (silent.size() == 1 ? "its" : "their") +
+              " connection addresses";
+    }
+    return text;
+  }
+
   void destroy() noexcept {
     if (!state_) return;
     auto& s = *state_;
@@ -989,6 +1045,8 @@ class Communicator {
                  " collective(s) still queued on its comm stream; they were cancelled. Call "
                  "synchronize(comm_stream()) before destroying it.");
       }
+      // Peers that leave the barrier below close their connections, which is no failure.
+      if (s.monitor) s.monitor->stop();
       if (s.context && !s.failed.load() && cancelled == 0) {
         try {
           std::lock_guard<std::mutex> lock(s.context_mutex);
@@ -998,6 +1056,7 @@ class Communicator {
                    "); closing them anyway");
         }
       }
+      s.monitor.reset();  // its sentinels are buffers of the context
       s.context.reset();
       s.device.reset();
     } catch (const std::exception& e) {
