@@ -22,7 +22,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
-TESTS=(gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_collectives_grouped gpu_test_nccl_watchdog
+TESTS=(gpu_test_nccl_check gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_collectives_grouped gpu_test_nccl_watchdog
   gpu_test_nccl_large)
 BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks)
 
@@ -133,6 +133,13 @@ run_all() {
   all=$(seq -s, 0 $((gpus - 1)))
   local n=$gpus
   echo "GPUs used: $gpus ($all)" >>"$summary"
+  # 0. NCCLKIT_CHECK_COLLECTIVES: mismatches caught on every rank, and what the check costs per
+  #    all_reduce (the same sweep without and with it).
+  CUDA_VISIBLE_DEVICES=$all phase check 120 "$bin/gpu_test_nccl_check"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-check-off 60 "$bin/perf_nccl" -p "$n" -b 8 -e 1M -f 8 -n 400 -w 20 -R 5 \
+    -O all_reduce -d float --csv "$data/perf_p${n}_check_off.csv"
+  NCCLKIT_CHECK_COLLECTIVES=1 CUDA_VISIBLE_DEVICES=$all phase perf-p$n-check-on 60 "$bin/perf_nccl" -p "$n" -b 8 -e 1M \
+    -f 8 -n 400 -w 20 -R 5 -O all_reduce -d float --csv "$data/perf_p${n}_check_on.csv"
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 120 "$bin/gpu_test_nccl_communicator"
   # The matrix runs twice per world (a process per GPU, then one process driving all GPUs

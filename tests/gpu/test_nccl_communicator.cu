@@ -21,6 +21,7 @@
 #include <vector>   // std::vector
 
 #include "gpu/nccl_support.hpp"
+#include "ncclkit/bootstrap/init.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/detail/driver_calls.hpp"
@@ -129,6 +130,28 @@ void expect_misuse(Checker& checker, const std::string& what, const std::string&
   }
 }
 
+TEST_CASE("init() gives world, store and a working NCCL communicator in one call") {
+  if (!have_gpus(2, "init() over NCCL")) return;
+  const auto result = ncclkit::spawn(2, [](const WorldInfo& spawned) -> int {
+    auto [world, store, comm] = ncclkit::init<Communicator>(spawned, Options{.timeout = std::chrono::seconds(60)});
+    Checker checker(world.rank);
+    checker.expect(world.rank == spawned.rank && world.world_size == 2 && comm.rank() == world.rank && comm.size() == 2,
+                   "init's world and communicator agree with the spawned world");
+    checker.expect(store != nullptr, "init returns the store");
+    const cudaStream_t s = comm.default_stream();
+    const auto input = make_input<float>(11, world.rank, 4099);
+    DeviceBuffer<float> buffer(input.size(), comm.device());
+    upload(buffer, input, s);
+    comm.all_reduce(buffer.data(), buffer.data(), buffer.size(), ReduceOp::kSum, s);
+    const auto got = download(comm, buffer, s);
+    const auto other = make_input<float>(11, 1 - world.rank, 4099);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != input[i] + other[i];
+    checker.expect(wrong == 0, "all_reduce after init: " + std::to_string(wrong) + " wrong elements");
+    return checker.finish("init");
+  });
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
 TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
   run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
     Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "misuse"});
