@@ -141,7 +141,7 @@ run_all() {
   NCCLKIT_CHECK_COLLECTIVES=1 CUDA_VISIBLE_DEVICES=$all phase perf-p$n-check-on 60 "$bin/perf_nccl" -p "$n" -b 8 -e 1M \
     -f 8 -n 400 -w 20 -R 5 -O all_reduce -d float --csv "$data/perf_p${n}_check_on.csv"
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
-  CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 120 "$bin/gpu_test_nccl_communicator"
+  CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 200 "$bin/gpu_test_nccl_communicator"
   # The matrix runs twice per world (a process per GPU, then one process driving all GPUs
   # through a LocalGroup, whose host-side checks run one member after another): about 31 s
   # for the process mode alone at worlds 1, 2, 4; about 100 s expected for both.

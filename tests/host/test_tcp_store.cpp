@@ -22,6 +22,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/tcp_store.hpp"
+#include "support/raw_tcp_peer.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -31,6 +32,8 @@ using ncclkit::TcpStoreServer;
 using ncclkit::TcpStoreServerOptions;
 namespace tcp = ncclkit::detail::tcp;
 using Clock = std::chrono::steady_clock;
+
+using namespace ncclkit_test;
 
 namespace {
 
@@ -53,44 +56,10 @@ void check_timeout_bounds(Clock::duration waited, std::chrono::milliseconds time
   CHECK_MESSAGE(waited <= timeout + late, "fired late: " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
 }
 
-/// A raw TCP connection to 127.0.0.1:port, for sending bytes no client would.
-ncclkit::detail::Socket raw_connect(int port) {
-  auto addresses = ncclkit::detail::resolve_addresses("127.0.0.1", port, false);
-  int error = 0;
-  auto socket = ncclkit::detail::connect_once(addresses.at(0), Clock::now() + 5s, error);
-  REQUIRE_MESSAGE(socket, "raw connect failed: " << error);
-  return socket;
-}
-
 void raw_send(const ncclkit::detail::Socket& socket, const Bytes& bytes) {
   int error = 0;
   REQUIRE(ncclkit::detail::send_all(socket.get(), bytes.data(), bytes.size(), Clock::now() + 5s, error) ==
           ncclkit::detail::IoStatus::kDone);
-}
-
-/// Whether the server closes `socket` within 5 s (reads and discards what it sends first).
-bool closed_by_server(const ncclkit::detail::Socket& socket) {
-  const auto deadline = Clock::now() + 5s;
-  std::uint8_t buffer[256];
-  for (;;) {
-    std::size_t got = 0;
-    int error = 0;
-    auto status = ncclkit::detail::receive_some(socket.get(), buffer, sizeof buffer, deadline, got, error);
-    if (status == ncclkit::detail::IoStatus::kClosed) return true;
-    if (status != ncclkit::detail::IoStatus::kDone) return false;
-  }
-}
-
-Bytes hello_frame(const std::string& token = "") {
-  Bytes out;
-  tcp::FrameWriter(out).begin(tcp::MessageType::kHello).bytes(token).finish();
-  return out;
-}
-
-Bytes header(std::uint8_t type, std::uint64_t payload_bytes) {
-  Bytes out = {'N', 'K', 'T', 'S', tcp::kProtocolVersion, type, 0, 0};
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(payload_bytes >> (8 * i)));
-  return out;
 }
 
 bool ipv6_loopback_available() {
@@ -347,7 +316,7 @@ TEST_CASE("a wrong or missing token is rejected with a clear StoreError; the rig
   Bytes frame;
   tcp::FrameWriter(frame).begin(tcp::MessageType::kSet).key("intruder").bytes(std::string_view("x")).finish();
   raw_send(raw, frame);
-  CHECK(closed_by_server(raw));
+  CHECK(closed_within(raw, 5s));
   CHECK_FALSE(env_client.check({"intruder"}));
   ncclkit::set_log_level(ncclkit::LogLevel::kWarn);
 }
@@ -360,7 +329,7 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
   // A peer holding a half-sent frame open must not stall anyone.
   auto idle = raw_connect(server.port());
   raw_send(idle, hello_frame());
-  Bytes partial = header(2, 100);
+  Bytes partial = frame_header(2, 100);
   raw_send(idle, partial);
 
   auto exercise = [&](int round) {
@@ -387,14 +356,14 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
   }
   {
     Bytes huge = hello_frame();
-    Bytes h = header(2, std::uint64_t{1} << 62);
+    Bytes h = frame_header(2, std::uint64_t{1} << 62);
     huge.insert(huge.end(), h.begin(), h.end());
     attacks.emplace_back("a 2^62 payload length", huge);
   }
   {
     // A set whose inner value length says 2^62 while the frame is small.
     Bytes inner = hello_frame();
-    Bytes h = header(2, 4 + 1 + 8 + 4);
+    Bytes h = frame_header(2, 4 + 1 + 8 + 4);
     inner.insert(inner.end(), h.begin(), h.end());
     Bytes fields = {1, 0, 0, 0, 'k'};
     for (int i = 0; i < 8; ++i) fields.push_back(static_cast<std::uint8_t>((std::uint64_t{1} << 62) >> (8 * i)));
@@ -404,7 +373,7 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
   }
   {
     Bytes over = hello_frame();
-    Bytes h = header(2, (2u << 20) * 2 + 200000);  // above this server's limit
+    Bytes h = frame_header(2, (2u << 20) * 2 + 200000);  // above this server's limit
     over.insert(over.end(), h.begin(), h.end());
     attacks.emplace_back("a payload over max_value_bytes", over);
   }
@@ -420,7 +389,7 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
   }
   {
     Bytes count = hello_frame();
-    Bytes h = header(5, 8);
+    Bytes h = frame_header(5, 8);
     count.insert(count.end(), h.begin(), h.end());
     count.insert(count.end(), {0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0});
     attacks.emplace_back("a 2^32 key count", count);
@@ -429,7 +398,7 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
     CAPTURE(name);
     auto raw = raw_connect(server.port());
     raw_send(raw, bytes);
-    CHECK(closed_by_server(raw));
+    CHECK(closed_within(raw, 5s));
     exercise(round++);
   }
   {

@@ -26,6 +26,7 @@
 
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/tcp_store.hpp"
+#include "support/raw_tcp_peer.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -36,6 +37,8 @@ using ncclkit::TcpStoreServerOptions;
 using ncclkit::detail::Socket;
 namespace tcp = ncclkit::detail::tcp;
 using Clock = std::chrono::steady_clock;
+
+using namespace ncclkit_test;
 
 namespace {
 
@@ -51,44 +54,11 @@ TcpStoreOptions client_of(int port, std::chrono::milliseconds timeout = 5s, std:
   return TcpStoreOptions{.host = "127.0.0.1", .port = port, .timeout = timeout, .token = std::move(token)};
 }
 
-Socket raw_connect(int port) {
-  auto addresses = ncclkit::detail::resolve_addresses("127.0.0.1", port, false);
-  int error = 0;
-  auto socket = ncclkit::detail::connect_once(addresses.at(0), Clock::now() + 5s, error);
-  REQUIRE_MESSAGE(socket, "raw connect failed: " << error);
-  return socket;
-}
-
 /// Sends what the socket takes within 2 s; false when the server closed it first.
 bool try_send(const Socket& socket, const Bytes& bytes) {
   int error = 0;
   return ncclkit::detail::send_all(socket.get(), bytes.data(), bytes.size(), Clock::now() + 2s, error) ==
          ncclkit::detail::IoStatus::kDone;
-}
-
-/// Whether the server closes `socket` within `limit` (reads and discards what it sends first).
-bool closed_within(const Socket& socket, std::chrono::milliseconds limit) {
-  const auto deadline = Clock::now() + limit;
-  std::vector<std::uint8_t> buffer(1 << 16);
-  for (;;) {
-    std::size_t got = 0;
-    int error = 0;
-    auto status = ncclkit::detail::receive_some(socket.get(), buffer.data(), buffer.size(), deadline, got, error);
-    if (status == ncclkit::detail::IoStatus::kClosed) return true;
-    if (status != ncclkit::detail::IoStatus::kDone) return false;
-  }
-}
-
-Bytes hello_frame(const std::string& token = "") {
-  Bytes out;
-  tcp::FrameWriter(out).begin(tcp::MessageType::kHello).bytes(token).finish();
-  return out;
-}
-
-Bytes header(tcp::MessageType type, std::uint64_t payload_bytes) {
-  Bytes out = {'N', 'K', 'T', 'S', tcp::kProtocolVersion, static_cast<std::uint8_t>(type), 0, 0};
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(payload_bytes >> (8 * i)));
-  return out;
 }
 
 /// Whether `store` answers a get of `key` with `value` within `limit`.
@@ -301,7 +271,7 @@ TEST_CASE("before its token is proven, a peer can make the server buffer only a 
   for (int i = 0; i < 8; ++i) {
     peers.push_back(raw_connect(server.port()));
     const auto type = i < 4 ? tcp::MessageType::kHello : tcp::MessageType::kSet;
-    try_send(peers.back(), header(type, std::uint64_t{120} << 20));
+    try_send(peers.back(), frame_header(type, std::uint64_t{120} << 20));
     try_send(peers.back(), filler);  // fails early once the server has closed the connection
   }
   for (auto& peer : peers) CHECK(closed_within(peer, 2s));
@@ -330,7 +300,7 @@ TEST_CASE("a connection that does not finish its handshake, or stalls mid-frame,
   try_send(half_hello, Bytes(hello.begin(), hello.begin() + 10));
   Socket stalled = raw_connect(server.port());
   Bytes partial = hello;
-  const Bytes set_header = header(tcp::MessageType::kSet, 100);
+  const Bytes set_header = frame_header(tcp::MessageType::kSet, 100);
   partial.insert(partial.end(), set_header.begin(), set_header.end());
   try_send(stalled, partial);
   Socket authenticated_idle = raw_connect(server.port());

@@ -18,23 +18,17 @@ endforeach()
 file(READ "${README}" text)
 string(REPLACE ";" "<semicolon>" text "${text}")  # CMake lists split on ';'
 
+include(${CMAKE_CURRENT_LIST_DIR}/../readme_blocks.cmake)
 # The blocks of one language, joined; fails when there is none.
-function(readme_blocks lang out)
-  string(REGEX MATCHALL "```${lang}\n[^`]*```" blocks "${text}")
-  if(NOT blocks)
+function(readme_code lang out)
+  readme_blocks("${text}" ${lang} code)
+  if(code STREQUAL "")
     message(FATAL_ERROR "README.md has no ```${lang} block")
   endif()
-  set(code "")
-  foreach(block IN LISTS blocks)
-    string(REGEX REPLACE "^```${lang}\n" "" block "${block}")
-    string(REGEX REPLACE "```$" "" block "${block}")
-    string(APPEND code "${block}\n")
-  endforeach()
-  string(REPLACE "<semicolon>" ";" code "${code}")
   set(${out} "${code}" PARENT_SCOPE)
 endfunction()
 
-readme_blocks(cmake cmake_code)
+readme_code(cmake cmake_code)
 set(subdirectory_line "add_subdirectory(ncclkit)")
 set(package_line "find_package(ncclkit CONFIG REQUIRED)")
 foreach(line IN ITEMS subdirectory_line package_line)
@@ -55,11 +49,11 @@ else()
 endif()
 file(WRITE "${OUT}/CMakeLists.txt" "${cmake_code}")
 
-readme_blocks(cpp cpp_code)
+readme_code(cpp cpp_code)
 file(WRITE "${OUT}/main.cpp" "${cpp_code}\n// Added by tests/package/readme_project.cmake: run the tour.\n"
                              "int main() { return run_four_workers() ? 0 : 1; }\n")
 
-readme_blocks(cuda cuda_code)
+readme_code(cuda cuda_code)
 file(WRITE "${OUT}/gpu.cu" "${cuda_code}\n// Added by tests/package/readme_project.cmake: link the GPU tour.\n"
                            "int main(int argc, char**) {\n"
                            "  return argc < 0 ? average_on_gpu(ncclkit::detect_world(), nullptr, 0, nullptr), 1 : 0;\n"

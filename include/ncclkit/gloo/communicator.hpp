@@ -1025,10 +1025,10 @@ class Communicator {
     }
     std::string text;
     if (!absent.empty()) {
-      text += "; waiting for " + detail::rank_or_ranks(absent) + " (of " + std::to_string(size) + "), which never reached it";
+      text += "; waiting for " + ncclkit::detail::rank_or_ranks(absent) + " (of " + std::to_string(size) + "), which never reached it";
     }
     if (!silent.empty()) {
-      text += "; " + detail::rank_or_ranks(silent) + " arrived but never published " + (silent.size() == 1 ? "its" : "their") +
+      text += "; " + ncclkit::detail::rank_or_ranks(silent) + " arrived but never published " + (silent.size() == 1 ? "its" : "their") +
               " connection addresses";
     }
     return text;
