@@ -16,6 +16,7 @@
 
 #include <chrono>      // std::chrono
 #include <cstdint>     // std::uint8_t
+#include <cstdlib>     // std::getenv
 #include <fstream>     // std::ifstream: the child's log and /proc/PID/status
 #include <optional>    // std::optional
 #include <random>      // std::mt19937_64
@@ -183,18 +184,26 @@ class ServerProcess {
 };
 
 /// Sets an environment variable for one scope.
+/// Sets an environment variable for a scope, then restores what it was.
 struct ScopedEnv {
   const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name); }
+  std::optional<std::string> before;
+  ScopedEnv(const char* n, const char* value) : name(n) {
+    if (const char* old = std::getenv(name)) before = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() { before ? ::setenv(name, before->c_str(), 1) : ::unsetenv(name); }
 };
+
+/// A server without a token whatever NCCLKIT_STORE_TOKEN says (the tests' clients send none).
+const TcpStoreServerOptions kNoToken{.token = ""};
 
 }  // namespace
 
 TEST_CASE("out of descriptors: the server serves its clients, refuses new ones quietly, recovers, and stops") {
   // Idle connections must be closed by the test here, not by the handshake timeout.
   ScopedEnv patient("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "60");
-  ServerProcess server({}, 64);
+  ServerProcess server(kNoToken, 64);
   TcpStore good(client_of(server.port(), 3s));
   good.set("k", "v");
 
@@ -230,7 +239,7 @@ TEST_CASE("out of descriptors: the server serves its clients, refuses new ones q
 }
 
 TEST_CASE("a client that never reads its replies is disconnected before the server queues them") {
-  ServerProcess server({});
+  ServerProcess server(kNoToken);
   TcpStore good(client_of(server.port(), 5s));
   std::mt19937_64 random(5);
   Bytes big(4 << 20);
@@ -290,10 +299,12 @@ TEST_CASE("before its token is proven, a peer can make the server buffer only a 
 TEST_CASE("a connection that does not finish its handshake, or stalls mid-frame, is closed after the handshake timeout") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   ScopedEnv quick("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "0.3");
-  ncclkit::TcpStoreServer server;
+  ncclkit::TcpStoreServer server(kNoToken);
   TcpStore waiter(client_of(server.port()));
   TcpStore setter(client_of(server.port()));
 
+  // The server's deadline starts at its accept, after this: a close before 300 ms of it is early.
+  const auto start = Clock::now();
   Socket silent = raw_connect(server.port());
   Socket half_hello = raw_connect(server.port());
   const Bytes hello = hello_frame();
@@ -315,7 +326,6 @@ TEST_CASE("a connection that does not finish its handshake, or stalls mid-frame,
       got = std::string("threw: ") + e.what();
     }
   });
-  const auto start = Clock::now();
   CHECK(closed_within(silent, 3s));
   CHECK(Clock::now() - start >= 250ms);
   CHECK(closed_within(half_hello, 3s));

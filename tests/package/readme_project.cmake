@@ -4,7 +4,7 @@
 #         -P tests/package/readme_project.cmake
 # OUT/CMakeLists.txt  the README's ```cmake block; with MODE=package its add_subdirectory(ncclkit)
 #                     line becomes the find_package(ncclkit CONFIG REQUIRED) its comment offers
-# OUT/main.cpp        the README's ```cpp blocks (the tour), and a main() that runs it
+# OUT/main.cpp        the README's ```cpp blocks (the tour, with its main())
 # OUT/gpu.cu          the README's ```cuda blocks, and a main() that links them (built by
 #                     tests/package/cuda, compiled and linked only: CI has no GPU)
 # OUT/ncclkit         MODE=subdirectory: a link to the repository, where the README puts it
@@ -50,8 +50,7 @@ endif()
 file(WRITE "${OUT}/CMakeLists.txt" "${cmake_code}")
 
 readme_code(cpp cpp_code)
-file(WRITE "${OUT}/main.cpp" "${cpp_code}\n// Added by tests/package/readme_project.cmake: run the tour.\n"
-                             "int main() { return run_four_workers() ? 0 : 1; }\n")
+file(WRITE "${OUT}/main.cpp" "${cpp_code}")
 
 readme_code(cuda cuda_code)
 file(WRITE "${OUT}/gpu.cu" "${cuda_code}\n// Added by tests/package/readme_project.cmake: link the GPU tour.\n"

@@ -270,20 +270,26 @@ struct CommunicatorState {
                     failure + "). Destroy it; create a new one with every rank if the job continues.");
   }
 
+  static bool is_timeout(const std::string& cause) { return cause.find("Timed out") != std::string::npos; }
+
   /// Why a collective failed: the failed peer connections when there are any (a collective
-  /// may see the failure a moment before the monitor, hence the grace), else `cause`.
+  /// may see the failure a moment before the monitor, hence the grace), else `cause`. This
+  /// rank's own timeout stays the cause, with the connections that failed meanwhile after it:
+  /// a peer that timed out first closes its connections too, so a closed connection does not
+  /// show which rank stalled.
   std::string failure_cause(const std::string& cause) const {
-    const bool timed_out = cause.find("Timed out") != std::string::npos;
+    const bool timed_out = is_timeout(cause);
     const std::string peers =
         monitor ? monitor->peer_failure(std::chrono::milliseconds(timed_out ? 0 : 200)) : std::string();
-    return peers.empty() ? cause : peers;
+    if (peers.empty()) return cause;
+    return timed_out ? cause + "; meanwhile " + peers : peers;
   }
 
   [[noreturn]] void fail(const OpInfo& op, std::chrono::steady_clock::duration waited, const std::string& cause) {
     const std::string why = failure_cause(cause);
     std::string message = who() + ": " + describe(op) + " failed after " + format_seconds(waited) + " (timeout " +
                           format_seconds(options.timeout) + "): " + why + ". The communicator is unusable now. ";
-    message += why != cause
+    message += why != cause && !is_timeout(cause)
                    ? "The rank named probably exited or crashed (a rank whose own collective failed closes its "
                      "connections too): look at its log."
                    : "A peer probably exited, crashed or stalled: look at the other ranks' logs; raise the timeout "

@@ -19,7 +19,9 @@
 /// `Context::createUnboundBuffer`) is a `WatchedBuffer`, which forwards to Gloo's buffer and is
 /// registered here. On a peer failure the watcher aborts the waits of every registered buffer
 /// (and of any created later): a wait that would block from then on throws `gloo::IoException`
-/// naming the rank; a transfer that had completed still counts.
+/// naming the rank, even where the transfer's bytes had arrived (Gloo's waits look at an abort
+/// before a completion they have not counted yet): ranks leave only through the destructor's
+/// barrier, after which nothing is watched.
 /// (3) A little later (kCloseDelay) it closes every connection of the context, as Gloo does on
 /// a timeout: peers waiting on this rank then fail at once instead of at their timeout, and no
 /// transfer of an abandoned buffer stays queued. The delay lets every peer see the dead rank's
@@ -90,9 +92,8 @@ class WatchedBuffer final : public ::gloo::transport::UnboundBuffer {
   WatchedBuffer(const WatchedBuffer&) = delete;
   WatchedBuffer& operator=(const WatchedBuffer&) = delete;
 
-  // A transfer that completed (its bytes arrived before the peer's connection closed, or left
-  // before) still completes: Gloo counts completions first and looks at an abort only when
-  // there is none. A wait that would block throws.
+  // After an abort, Gloo's wait returns false (even with a completion not yet counted): the
+  // collective is over, and this throws naming the failed peer.
   bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
     const bool done = inner_->waitRecv(rank, timeout);
     if (!done) throw_if_failed();
