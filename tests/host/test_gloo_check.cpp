@@ -202,6 +202,32 @@ TEST_CASE("a mismatch on the comm stream surfaces at synchronize on every rank")
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
+TEST_CASE("after a comm-stream mismatch is reported, later comm-stream collectives run and are right") {
+  auto result = run(2, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
+    std::vector<float> data(world.rank == 0 ? 64 : 32, 1.0f);
+    std::vector<std::int32_t> ones(7, 1);
+    comm.all_reduce(std::span<float>(data), ReduceOp::kSum, comm.comm_stream());
+    comm.all_reduce(std::span<std::int32_t>(ones), ReduceOp::kSum, comm.comm_stream());  // queued behind it
+    try {
+      comm.synchronize(comm.comm_stream());
+      check.expect(false, "no error at synchronize");
+    } catch (const CollectiveMismatchError& e) {
+      check.expect(contains(e.what(), "count (32 vs 64) differs"), std::string("message: ") + e.what());
+    }
+    check.expect(ones[6] == 2, "the matching all_reduce queued after the mismatch did not run: " + std::to_string(ones[6]));
+    std::vector<std::int32_t> more(9, world.rank + 1);
+    comm.all_reduce(std::span<std::int32_t>(more), ReduceOp::kSum, comm.comm_stream());
+    try {
+      comm.synchronize(comm.comm_stream());  // the mismatch was reported once
+    } catch (const std::exception& e) {
+      check.expect(false, std::string("synchronize after the reported mismatch threw: ") + e.what());
+    }
+    check.expect(more[8] == 3, "the comm-stream all_reduce after the mismatch gave " + std::to_string(more[8]));
+    check.expect(!comm.failed(), "the communicator failed");
+  });
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
+
 TEST_CASE("the check is an option too, and ranks that disagree on it get a ConfigError at creation") {
   auto result = ncclkit::spawn(
       2,
