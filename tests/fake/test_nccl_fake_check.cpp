@@ -232,6 +232,55 @@ TEST_CASE("a rank that never reaches the collective fails the other with CommErr
   FakeSession::check_clean();
 }
 
+TEST_CASE("a rank whose own arguments are bad makes the other raise a mismatch naming it, not wait for the timeout") {
+  FakeSession session;
+  std::vector<int> launched(2, -1);
+  std::vector<double> waited(2, -1);
+  const auto logs = two_ranks([](int) { return checked(); }, [&](Communicator& comm, int rank, RankLog& log) {
+    auto buffer = device_view(comm, 16);
+    auto out = buffer;
+    if (rank == 1) out.count = 15;  // rank 1's output is one element short
+    const auto start = Clock::now();
+    log.errors.push_back(error_of([&] { comm.all_reduce(buffer, out, ReduceOp::kSum); }));
+    // Rank 0 names a root outside the world.
+    log.errors.push_back(error_of([&] { comm.reduce(buffer, buffer, ReduceOp::kSum, rank == 0 ? 2 : 0); }));
+    waited[static_cast<std::size_t>(rank)] = std::chrono::duration<double>(Clock::now() - start).count();
+    log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
+    comm.synchronize();
+    launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+    if (comm.failed()) log.errors.push_back("failed");
+    comm.deallocate(buffer.data);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& log = logs[static_cast<std::size_t>(rank)];
+    CAPTURE(rank);
+    CHECK_MESSAGE(log.fatal.empty(), log.fatal);
+    REQUIRE(log.errors.size() == 3);
+    // The bad rank raises its own ConfigError; the other the mismatch naming it and its reason.
+    const std::string& count_error = log.errors[0];
+    const std::string& root_error = log.errors[1];
+    if (rank == 1) {
+      CHECK_MESSAGE(contains(count_error, "other: ncclkit all_reduce on"), count_error);
+      CHECK_MESSAGE(contains(root_error, "mismatch: "), root_error);
+      CHECK_MESSAGE(contains(root_error, "rank 0 rejected its own arguments to reduce: root 2 is outside [0, 2); rank 1 "
+                                         "called reduce("),
+                    root_error);
+    } else {
+      CHECK_MESSAGE(contains(count_error, "mismatch: "), count_error);
+      CHECK_MESSAGE(contains(count_error, "rank 1 rejected its own arguments to all_reduce: sizes do not match (in.count "
+                                          "== out.count): 16 and 15 elements; rank 0 called all_reduce(count=16"),
+                    count_error);
+      CHECK_MESSAGE(contains(root_error, "other: ncclkit reduce on"), root_error);
+      CHECK_MESSAGE(contains(root_error, "root 2 is outside"), root_error);
+    }
+    CHECK_MESSAGE(log.errors[2].empty(), log.errors[2]);
+    CHECK(launched[static_cast<std::size_t>(rank)] == 1);  // only the matching all_reduce
+    // Well inside the 1 s check timeout plus the 5 s verdict slack that waiting would take.
+    CHECK(waited[static_cast<std::size_t>(rank)] < 5.0);
+  }
+  FakeSession::check_clean();
+}
+
 TEST_CASE("ranks that disagree on the check get a ConfigError at creation, on both ranks") {
   FakeSession session;
   const auto logs = two_ranks([](int rank) { return checked(rank == 1); }, [](Communicator&, int, RankLog&) {});

@@ -167,6 +167,32 @@ TEST_CASE("a world where every rank differs stays a message of bounded length") 
   CHECK_MESSAGE(contains(*m, "and 991 more group(s) of ranks (991 rank(s))"), *m);
 }
 
+TEST_CASE("a rank that rejected its own arguments carries its reason, and is named with it on every rank") {
+  auto bad = CollectiveFingerprint::of("all_reduce").with_sequence(7).with_rejection("needs in.count == out.count (got 4 and 5)");
+  CHECK(bad.is_rejected());
+  CHECK_FALSE(all_reduce(4).is_rejected());
+  const auto back = ncclkit::detail::decode(ncclkit::detail::encode(bad));
+  REQUIRE(back.has_value());
+  CHECK(*back == bad);
+  CHECK(back->rejection() == "needs in.count == out.count (got 4 and 5)");
+  CHECK(CollectiveFingerprint::of("x").with_rejection(std::string(500, 'r')).rejection().size() ==
+        CollectiveFingerprint::kReasonCapacity);
+  CHECK(CollectiveFingerprint::of("x").with_rejection("").is_rejected());
+
+  const std::vector<CollectiveFingerprint> all = {all_reduce(4), bad, all_reduce(4)};
+  const auto message = find_mismatch(all);
+  REQUIRE(message.has_value());
+  CHECK_MESSAGE(contains(*message, "collective argument mismatch at seq 7: rank 1 rejected its own arguments to "
+                                   "all_reduce: needs in.count == out.count (got 4 and 5); ranks 0, 2 called "
+                                   "all_reduce(count=4, float, sum)"),
+                *message);
+  CHECK(contains(*message, "Nothing was run, on any rank"));
+  // Every rank rejecting the same way is still an error, not agreement.
+  const std::vector<CollectiveFingerprint> every = {bad, bad};
+  REQUIRE(find_mismatch(every).has_value());
+  CHECK(contains(*find_mismatch(every), "ranks 0-1 rejected their own arguments"));
+}
+
 TEST_CASE("NCCLKIT_CHECK_COLLECTIVES: unset or 0 is off, another integer on, anything else an error") {
   ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
   CHECK_FALSE(ncclkit::default_check_collectives());

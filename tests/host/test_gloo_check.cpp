@@ -202,6 +202,88 @@ TEST_CASE("a mismatch on the comm stream surfaces at synchronize on every rank")
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
+TEST_CASE("after a comm-stream mismatch is reported, later comm-stream collectives run and are right") {
+  auto result = run(2, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
+    std::vector<float> data(world.rank == 0 ? 64 : 32, 1.0f);
+    std::vector<std::int32_t> ones(7, 1);
+    comm.all_reduce(std::span<float>(data), ReduceOp::kSum, comm.comm_stream());
+    comm.all_reduce(std::span<std::int32_t>(ones), ReduceOp::kSum, comm.comm_stream());  // queued behind it
+    try {
+      comm.synchronize(comm.comm_stream());
+      check.expect(false, "no error at synchronize");
+    } catch (const CollectiveMismatchError& e) {
+      check.expect(contains(e.what(), "count (32 vs 64) differs"), std::string("message: ") + e.what());
+    }
+    check.expect(ones[6] == 2, "the matching all_reduce queued after the mismatch did not run: " + std::to_string(ones[6]));
+    std::vector<std::int32_t> more(9, world.rank + 1);
+    comm.all_reduce(std::span<std::int32_t>(more), ReduceOp::kSum, comm.comm_stream());
+    try {
+      comm.synchronize(comm.comm_stream());  // the mismatch was reported once
+    } catch (const std::exception& e) {
+      check.expect(false, std::string("synchronize after the reported mismatch threw: ") + e.what());
+    }
+    check.expect(more[8] == 3, "the comm-stream all_reduce after the mismatch gave " + std::to_string(more[8]));
+    check.expect(!comm.failed(), "the communicator failed");
+  });
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+TEST_CASE("a rank whose own arguments are bad makes every rank raise at once, naming it; the communicator stays usable") {
+  auto result = run(2, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
+    // Inline: rank 1's output is one element short.
+    std::vector<float> in(16, 1.0f), out(world.rank == 1 ? 15 : 16, 0.0f);
+    auto start = std::chrono::steady_clock::now();
+    try {
+      comm.all_reduce(std::span<const float>(in), std::span<float>(out));
+      check.expect(false, "inline: no error");
+    } catch (const CollectiveMismatchError& e) {
+      check.expect(world.rank == 0, std::string("inline: the bad rank got the mismatch, not its own error: ") + e.what());
+      check.expect(contains(e.what(), "rank 1 rejected its own arguments to all_reduce: all_reduce needs "
+                                      "in.count == out.count (got 16 and 15); rank 0 called all_reduce(count=16"),
+                   std::string("inline: ") + e.what());
+    } catch (const ncclkit::ConfigError& e) {
+      check.expect(world.rank == 1, std::string("inline: a ConfigError on the good rank: ") + e.what());
+      check.expect(contains(e.what(), "in.count == out.count (got 16 and 15)"), std::string("inline: ") + e.what());
+    } catch (const std::exception& e) {
+      check.expect(false, std::string("inline: another exception: ") + e.what());
+    }
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check.expect(waited < 3.0, "inline: the error took " + std::to_string(waited) + " s (timeout 5 s)");
+    check.expect(!comm.failed(), "inline: the communicator failed");
+
+    // Comm stream: rank 0 names a root outside the world.
+    std::vector<std::int32_t> data(4, world.rank == 0 ? 7 : 0);
+    start = std::chrono::steady_clock::now();
+    try {
+      comm.broadcast(std::span<std::int32_t>(data), world.rank == 0 ? 2 : 0, comm.comm_stream());
+      check.expect(world.rank == 1, "comm stream: the bad rank got no error from its call");
+      comm.synchronize(comm.comm_stream());
+      check.expect(false, "comm stream: no error at synchronize");
+    } catch (const CollectiveMismatchError& e) {
+      check.expect(world.rank == 1, std::string("comm stream: the bad rank got the mismatch: ") + e.what());
+      check.expect(contains(e.what(), "rank 0 rejected its own arguments to broadcast: broadcast root 2 is outside [0, 2)"),
+                   std::string("comm stream: ") + e.what());
+    } catch (const ncclkit::ConfigError& e) {
+      check.expect(world.rank == 0, std::string("comm stream: a ConfigError on the good rank: ") + e.what());
+    } catch (const std::exception& e) {
+      check.expect(false, std::string("comm stream: another exception: ") + e.what());
+    }
+    comm.synchronize(comm.comm_stream());  // nothing more to report on either rank
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    check.expect(waited < 3.0, "comm stream: the error took " + std::to_string(waited) + " s (timeout 5 s)");
+    check.expect(!comm.failed(), "comm stream: the communicator failed");
+
+    // Matching calls work afterwards, on both streams.
+    std::vector<std::int32_t> ones(5, 1), twos(3, world.rank + 1);
+    comm.all_reduce(std::span<std::int32_t>(ones));
+    comm.all_reduce(std::span<std::int32_t>(twos), ReduceOp::kSum, comm.comm_stream());
+    comm.synchronize(comm.comm_stream());
+    check.expect(ones[4] == 2 && twos[2] == 3, "the matching calls afterwards gave " + std::to_string(ones[4]) + ", " +
+                                                    std::to_string(twos[2]));
+  });
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
+
 TEST_CASE("the check is an option too, and ranks that disagree on it get a ConfigError at creation") {
   auto result = ncclkit::spawn(
       2,

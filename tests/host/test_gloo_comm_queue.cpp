@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/gloo/comm_queue.hpp"
 
@@ -67,6 +68,26 @@ TEST_CASE("the first failure poisons the queue: later tasks do not run, waits re
   queue.submit([&] { ++ran; });
   CHECK_THROWS_AS(queue.synchronize(), CommError);
   CHECK(ran == 1);
+}
+
+TEST_CASE("a collective argument mismatch does not poison: it is reported once and later tasks run") {
+  CommQueue queue("mismatch");
+  std::atomic<int> ran{0};
+  queue.submit([] { throw ncclkit::CollectiveMismatchError("seq 3 differs"); });
+  queue.submit([&] { ++ran; });
+  Event after = queue.record();
+  CHECK_THROWS_WITH_AS(queue.synchronize(), "seq 3 differs", ncclkit::CollectiveMismatchError);
+  CHECK(ran == 1);  // the task after the mismatch ran
+  CHECK_NOTHROW(after.wait());  // reported once
+  CHECK(queue.failure() == nullptr);
+  queue.submit([&] { ++ran; });
+  CHECK_NOTHROW(queue.synchronize());
+  CHECK(ran == 2);
+  // A real failure after a mismatch still poisons.
+  queue.submit([] { throw CommError("peer lost"); });
+  queue.submit([&] { ++ran; });
+  CHECK_THROWS_AS(queue.synchronize(), CommError);
+  CHECK(ran == 2);
 }
 
 TEST_CASE("destroying a queue cancels what has not started; its events fail, and outlive it") {

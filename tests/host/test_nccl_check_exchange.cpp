@@ -91,14 +91,14 @@ TEST_CASE("a mismatch is the same CollectiveMismatchError on every rank, and the
 TEST_CASE("a rank that never arrives is named by rank 0 and, through its verdict, by the others") {
   auto result = run(3, [](const WorldInfo& world, ncclkit::Store& scope) {
     if (world.rank == 2) return 0;  // skips the collective
-    const auto start = std::chrono::steady_clock::now();
     try {
       exchange_fingerprints(scope, world.rank, world.world_size, 1, all_reduce(1, 8), 1s, "test");
       return 2;
     } catch (const ncclkit::TimeoutError& e) {
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > 4.0) return 3;  // rank 1 gets rank 0's verdict, long before its own limit
+      // Rank 1 reports rank 0's verdict (naming rank 2), not its own account of a silent rank
+      // 0 ("gave no verdict"): that is what the protocol guarantees, whatever the load.
       const std::string message = e.what();
+      if (contains(message, "gave no verdict")) return 3;
       if (!contains(message, "rank 2 did not reach it within 1000 ms")) return 4;
       if (!contains(message, "all_reduce #1")) return 5;
       return 0;

@@ -7,8 +7,13 @@
 /// (Gloo: an allgather over the communicator's own context; NCCL: the store, see
 /// nccl/detail/check_exchange.hpp). Every rank compares the same fingerprints the same way, so
 /// every rank raises the same `CollectiveMismatchError`, and none runs the collective.
+///
+/// A rank whose own arguments fail its local validation (a count that does not fit its
+/// buffers, a root out of range, ...) still takes part, with a fingerprint that carries the
+/// reason (`rejected`): the other ranks raise a CollectiveMismatchError naming that rank and
+/// the reason, at once rather than after the timeout, and that rank raises its own ConfigError.
 
-#include <algorithm>    // std::sort, std::find, std::min
+#include <algorithm>    // std::stable_sort, std::find_if, std::any_of, std::min
 #include <array>        // std::array
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint8_t, std::uint32_t, std::uint64_t, std::int32_t
@@ -47,6 +52,7 @@ inline bool default_check_collectives() {
 struct CollectiveFingerprint {
   static constexpr std::size_t kNameCapacity = 23;  ///< longest collective name kept
   static constexpr std::int32_t kNone = -1;         ///< op, root or dtype a collective lacks
+  static constexpr std::size_t kReasonCapacity = 191;  ///< longest rejection reason kept
 
   std::uint64_t sequence = 0;  ///< the call's number on this communicator, from 1
   std::array<char, kNameCapacity + 1> collective{};  ///< "all_reduce", NUL-terminated
@@ -55,6 +61,9 @@ struct CollectiveFingerprint {
   std::int32_t op = kNone;     ///< ReduceOp's value
   std::int32_t root = kNone;   ///< root rank
   std::uint64_t counts_hash = 0;  ///< per-rank counts of uneven gathers (hash_counts()); 0: none
+  /// Why this rank's local validation rejected its arguments, NUL-terminated; empty when it
+  /// did not. A rejected call compares unequal to every accepted one.
+  std::array<char, kReasonCapacity + 1> rejected{};
 
   /// A fingerprint of a call of `name` (truncated to kNameCapacity characters) with `count`
   /// elements of `dtype`; the with_* setters add what the collective has. The backend sets
@@ -85,8 +94,19 @@ struct CollectiveFingerprint {
     sequence = number;
     return *this;
   }
+  /// Marks the call as rejected by this rank's own validation, for `reason` (truncated to
+  /// kReasonCapacity characters; an empty reason becomes "invalid arguments").
+  CollectiveFingerprint& with_rejection(std::string_view reason) {
+    if (reason.empty()) reason = "invalid arguments";
+    rejected.fill('\0');
+    const std::size_t n = std::min(reason.size(), kReasonCapacity);
+    for (std::size_t i = 0; i < n; ++i) rejected[i] = reason[i];
+    return *this;
+  }
 
   std::string_view name() const { return std::string_view(collective.data()); }
+  bool is_rejected() const { return rejected[0] != '\0'; }
+  std::string_view rejection() const { return std::string_view(rejected.data()); }
 
   friend bool operator==(const CollectiveFingerprint&, const CollectiveFingerprint&) = default;
 };
@@ -112,9 +132,9 @@ inline CollectiveFingerprint& CollectiveFingerprint::with_counts(std::span<const
 namespace detail {
 
 /// Size of an encoded fingerprint: a fixed size, so that ranks can allgather them.
-inline constexpr std::size_t kFingerprintBytes = 64;
-/// First four bytes of an encoded fingerprint: "NKC" and the encoding's version (1).
-inline constexpr std::uint32_t kFingerprintMagic = 0x01434b4e;
+inline constexpr std::size_t kFingerprintBytes = 256;
+/// First four bytes of an encoded fingerprint: "NKC" and the encoding's version (2).
+inline constexpr std::uint32_t kFingerprintMagic = 0x02434b4e;
 
 using EncodedFingerprint = std::array<std::uint8_t, kFingerprintBytes>;
 
@@ -128,9 +148,11 @@ inline std::uint64_t get_le(const std::uint8_t* at, int bytes) {
 }
 
 /// Layout (little-endian): magic u32, sequence u64, count u64, counts_hash u64, dtype i32,
-/// op i32, root i32, then the collective's name in 24 bytes (NUL-padded).
+/// op i32, root i32, the collective's name in 24 bytes (NUL-padded), then the rejection
+/// reason in 192 bytes (NUL-padded; empty: accepted).
 inline EncodedFingerprint encode(const CollectiveFingerprint& f) {
-  static_assert(40 + CollectiveFingerprint::kNameCapacity + 1 == kFingerprintBytes);
+  static_assert(40 + CollectiveFingerprint::kNameCapacity + 1 + CollectiveFingerprint::kReasonCapacity + 1 ==
+                kFingerprintBytes);
   EncodedFingerprint out{};
   std::uint8_t* p = out.data();
   put_le(p + 0, kFingerprintMagic, 4);
@@ -141,6 +163,7 @@ inline EncodedFingerprint encode(const CollectiveFingerprint& f) {
   put_le(p + 32, static_cast<std::uint32_t>(f.op), 4);
   put_le(p + 36, static_cast<std::uint32_t>(f.root), 4);
   for (std::size_t i = 0; i < f.collective.size(); ++i) p[40 + i] = static_cast<std::uint8_t>(f.collective[i]);
+  for (std::size_t i = 0; i < f.rejected.size(); ++i) p[64 + i] = static_cast<std::uint8_t>(f.rejected[i]);
   return out;
 }
 
@@ -159,6 +182,8 @@ inline std::optional<CollectiveFingerprint> decode(std::span<const std::uint8_t>
   f.root = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(p + 36, 4)));
   for (std::size_t i = 0; i < f.collective.size(); ++i) f.collective[i] = static_cast<char>(p[40 + i]);
   if (f.collective.back() != '\0') return std::nullopt;
+  for (std::size_t i = 0; i < f.rejected.size(); ++i) f.rejected[i] = static_cast<char>(p[64 + i]);
+  if (f.rejected.back() != '\0') return std::nullopt;
   return f;
 }
 
@@ -242,7 +267,29 @@ inline std::optional<std::string> find_mismatch(std::span<const CollectiveFinger
       it->ranks.push_back(static_cast<int>(r));
     }
   }
-  if (groups.size() == 1) return std::nullopt;
+  const auto rejected = [](const Group& g) { return g.fingerprint.is_rejected(); };
+  if (groups.size() == 1 && !rejected(groups.front())) return std::nullopt;
+  constexpr const char* kNothingRan = ". Nothing was run, on any rank. ";
+  if (std::any_of(groups.begin(), groups.end(), rejected)) {
+    // Ranks whose own validation failed: their reasons, then what the others called.
+    std::uint64_t sequence = groups.front().fingerprint.sequence;
+    std::string text;
+    std::size_t described = 0;
+    for (const Group& g : groups) {
+      if (!rejected(g) || described == kMaxMismatchGroups) continue;
+      text += (described++ == 0 ? "" : "; ") + rank_or_ranks(g.ranks) +
+              (g.ranks.size() == 1 ? " rejected its own arguments to " : " rejected their own arguments to ") +
+              std::string(g.fingerprint.name()) + ": " + std::string(g.fingerprint.rejection());
+    }
+    for (const Group& g : groups) {
+      if (rejected(g) || described == kMaxMismatchGroups) continue;
+      sequence = g.fingerprint.sequence;
+      text += "; " + rank_or_ranks(g.ranks) + " called " + describe_call(g.fingerprint);
+      ++described;
+    }
+    return "collective argument mismatch at seq " + std::to_string(sequence) + ": " + text + kNothingRan +
+           "Fix the arguments on the rank named (its own error says the same)";
+  }
   // Groups are in order of their lowest rank; the stable sort keeps that order among equals.
   std::stable_sort(groups.begin(), groups.end(),
                    [](const Group& a, const Group& b) { return a.ranks.size() > b.ranks.size(); });
@@ -265,7 +312,7 @@ inline std::optional<std::string> find_mismatch(std::span<const CollectiveFinger
     text += "; and " + std::to_string(groups.size() - described) + " more group(s) of ranks (" +
             std::to_string(ranks) + " rank(s)) with other arguments";
   }
-  text += ". Nothing was run, on any rank. Every rank must issue the same collectives in the same order with the "
+  text += std::string(kNothingRan) + "Every rank must issue the same collectives in the same order with the "
           "same count, element type, op and root: look for a branch on the rank, or a size computed differently "
           "on some ranks, at this call";
   return text;

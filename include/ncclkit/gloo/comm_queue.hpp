@@ -9,6 +9,11 @@
 /// failed (later tasks are not run), and every wait for them rethrows that first exception.
 /// This mirrors a failed NCCL communicator: nothing after the failure is trusted.
 ///
+/// One exception does not poison: a CollectiveMismatchError (NCCLKIT_CHECK_COLLECTIVES) means
+/// nothing ran on any rank, and every rank compared the same fingerprints, so every rank's
+/// queue meets it at the same ticket. It is reported once, by the first wait for that ticket
+/// or a later one, and later tasks run as usual.
+///
 /// Every task is expected to be bounded (each collective has a timeout), so waits are bounded
 /// by the work queued ahead of them. The worker thread starts with the first task.
 
@@ -25,6 +30,7 @@
 #include <thread>              // std::thread
 #include <utility>             // std::move, std::pair
 
+#include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 
@@ -41,12 +47,23 @@ struct QueueState {
   std::uint64_t completed = 0;  ///< tickets finished: run, failed or cancelled (in order)
   std::uint64_t failed_at = 0;  ///< the first ticket that failed; 0 when none has
   std::exception_ptr failure;   ///< what it threw
+  /// The first CollectiveMismatchError not yet reported, and its ticket (0: none). Later
+  /// mismatches before it is reported are dropped: the first one names the call to fix.
+  std::uint64_t mismatch_at = 0;
+  std::exception_ptr mismatch;
 
   /// Blocks until `ticket` has finished; rethrows the queue's failure if `ticket` is at or
-  /// after the ticket that failed. Caller must not hold `mutex`.
+  /// after the ticket that failed, else an unreported mismatch at or before `ticket` (once).
+  /// Caller must not hold `mutex`.
   void wait(std::uint64_t ticket) {
     std::unique_lock<std::mutex> lock(mutex);
     changed.wait(lock, [&] { return completed >= ticket; });
+    if (mismatch_at != 0 && ticket >= mismatch_at) {
+      std::exception_ptr error = std::move(mismatch);
+      mismatch = nullptr;
+      mismatch_at = 0;
+      std::rethrow_exception(error);
+    }
     if (failed_at != 0 && ticket >= failed_at) std::rethrow_exception(failure);
   }
 };
@@ -192,9 +209,12 @@ class CommQueue {
         running_ = next.first;
       }
       std::exception_ptr error;
+      std::exception_ptr mismatch;
       if (!skip) {
         try {
           next.second();
+        } catch (const CollectiveMismatchError&) {
+          mismatch = std::current_exception();  // nothing ran on any rank: report, do not poison
         } catch (...) {
           error = std::current_exception();
         }
@@ -203,6 +223,10 @@ class CommQueue {
       {
         std::lock_guard<std::mutex> lock(state_->mutex);
         if (error) fail_locked(next.first, error);
+        if (mismatch && state_->mismatch_at == 0) {
+          state_->mismatch_at = next.first;
+          state_->mismatch = std::move(mismatch);
+        }
         running_ = 0;
         state_->completed = std::max(next.first, cancelled_through_);
       }

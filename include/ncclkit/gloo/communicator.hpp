@@ -735,9 +735,11 @@ class Communicator {
   /// else the buffers must not overlap. kAvg: floating types are scaled by 1/size() before the
   /// sum; integers are summed, then divided (truncating).
   void all_reduce(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
-    check_views("all_reduce", in, out);
-    if (in.count != out.count) mismatch("all_reduce", "in.count == out.count", in.count, out.count);
-    check_alias("all_reduce", in, out);
+    validated("all_reduce", stream, [&] {
+      check_views("all_reduce", in, out);
+      if (in.count != out.count) mismatch("all_reduce", "in.count == out.count", in.count, out.count);
+      check_alias("all_reduce", in, out);
+    });
     auto op_info = info("all_reduce", in.count, in.dtype, std::string(name_of(op)));
     op_info.fingerprint = CollectiveFingerprint::of("all_reduce", in.count, in.dtype).with_op(op);
     submit(stream, std::move(op_info), [in, out, op](detail::CommunicatorState& s, auto deadline) {
@@ -749,10 +751,12 @@ class Communicator {
   /// Copies root's `in` to every rank's `out` (out.count elements). `in` is read on the root
   /// only (it may equal `out` there); other ranks may pass an empty view.
   void broadcast(TensorView in, TensorView out, int root, Stream stream = {}) {
-    check_root("broadcast", root);
-    check_views("broadcast", rank() == root ? in : out, out);
-    if (rank() == root && in.count != out.count) mismatch("broadcast", "in.count == out.count on the root", in.count, out.count);
-    if (rank() == root) check_alias("broadcast", in, out);
+    validated("broadcast", stream, [&] {
+      check_root("broadcast", root);
+      check_views("broadcast", rank() == root ? in : out, out);
+      if (rank() == root && in.count != out.count) mismatch("broadcast", "in.count == out.count on the root", in.count, out.count);
+      if (rank() == root) check_alias("broadcast", in, out);
+    });
     auto op_info = info("broadcast", out.count, out.dtype, "root " + std::to_string(root));
     op_info.fingerprint = CollectiveFingerprint::of("broadcast", out.count, out.dtype).with_root(root);
     submit(stream, std::move(op_info), [in, out, root](detail::CommunicatorState& s, auto deadline) {
@@ -765,11 +769,13 @@ class Communicator {
   /// when equal pointers). Elsewhere `out` may be empty (scratch is allocated) or a buffer of
   /// in.count elements, which is then overwritten with partial results.
   void reduce(TensorView in, TensorView out, ReduceOp op, int root, Stream stream = {}) {
-    check_root("reduce", root);
     const bool has_out = rank() == root || out.data != nullptr;
-    check_views("reduce", in, has_out ? out : in);
-    if (has_out && in.count != out.count) mismatch("reduce", "in.count == out.count", in.count, out.count);
-    if (has_out) check_alias("reduce", in, out);
+    validated("reduce", stream, [&] {
+      check_root("reduce", root);
+      check_views("reduce", in, has_out ? out : in);
+      if (has_out && in.count != out.count) mismatch("reduce", "in.count == out.count", in.count, out.count);
+      if (has_out) check_alias("reduce", in, out);
+    });
     auto op_info = info("reduce", in.count, in.dtype, std::string(name_of(op)) + ", root " + std::to_string(root));
     op_info.fingerprint = CollectiveFingerprint::of("reduce", in.count, in.dtype).with_op(op).with_root(root);
     submit(stream, std::move(op_info), [in, out, op, root, has_out](detail::CommunicatorState& s, auto deadline) {
@@ -781,12 +787,14 @@ class Communicator {
   /// out = concatenation of every rank's `in` in rank order; out.count == in.count * size().
   /// In place when in.data points at this rank's slice of `out`.
   void all_gather(TensorView in, TensorView out, Stream stream = {}) {
-    check_views("all_gather", in, out);
-    if (out.count != in.count * static_cast<std::size_t>(size())) {
-      mismatch("all_gather", "out.count == in.count * size()", in.count, out.count);
-    }
     const bool in_place = in.data == detail::byte_ptr(out.data) + in.bytes() * static_cast<std::size_t>(rank());
-    if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gather");
+    validated("all_gather", stream, [&] {
+      check_views("all_gather", in, out);
+      if (out.count != in.count * static_cast<std::size_t>(size())) {
+        mismatch("all_gather", "out.count == in.count * size()", in.count, out.count);
+      }
+      if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gather");
+    });
     auto op_info = info("all_gather", out.count, out.dtype, "");
     op_info.fingerprint = CollectiveFingerprint::of("all_gather", in.count, in.dtype);
     std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
@@ -800,19 +808,22 @@ class Communicator {
   /// counts[rank()]); out holds them in rank order (out.count == sum of counts). Every rank
   /// passes the same counts. In place when in.data points at this rank's part of `out`.
   void all_gatherv(TensorView in, TensorView out, std::span<const std::size_t> counts, Stream stream = {}) {
-    if (counts.size() != static_cast<std::size_t>(size())) {
-      throw ConfigError(state().who() + ": all_gatherv needs one count per rank: got " + std::to_string(counts.size()) +
-                        " counts for " + std::to_string(size()) + " ranks");
-    }
-    check_views("all_gatherv", in, out);
-    if (in.count != counts[static_cast<std::size_t>(rank())]) {
-      mismatch("all_gatherv", "in.count == counts[rank()]", in.count, counts[static_cast<std::size_t>(rank())]);
-    }
-    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    if (out.count != total) mismatch("all_gatherv", "out.count == sum of counts", total, out.count);
-    const std::size_t before = std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
-    const bool in_place = in.data == detail::byte_ptr(out.data) + before * size_of(out.dtype);
-    if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gatherv");
+    bool in_place = false;
+    validated("all_gatherv", stream, [&] {
+      if (counts.size() != static_cast<std::size_t>(size())) {
+        throw ConfigError(state().who() + ": all_gatherv needs one count per rank: got " +
+                          std::to_string(counts.size()) + " counts for " + std::to_string(size()) + " ranks");
+      }
+      check_views("all_gatherv", in, out);
+      if (in.count != counts[static_cast<std::size_t>(rank())]) {
+        mismatch("all_gatherv", "in.count == counts[rank()]", in.count, counts[static_cast<std::size_t>(rank())]);
+      }
+      const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+      if (out.count != total) mismatch("all_gatherv", "out.count == sum of counts", total, out.count);
+      const std::size_t before = std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
+      in_place = in.data == detail::byte_ptr(out.data) + before * size_of(out.dtype);
+      if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("all_gatherv");
+    });
     auto op_info = info("all_gatherv", out.count, out.dtype, "");
     op_info.fingerprint = CollectiveFingerprint::of("all_gatherv", out.count, out.dtype).with_counts(counts);
     std::vector<std::size_t> copy(counts.begin(), counts.end());
@@ -826,12 +837,14 @@ class Communicator {
   /// `in` is read only. In place when out.data points at this rank's chunk of `in`. kAvg:
   /// the sum divided by size() (integers truncate).
   void reduce_scatter(TensorView in, TensorView out, ReduceOp op = ReduceOp::kSum, Stream stream = {}) {
-    check_views("reduce_scatter", in, out);
-    if (in.count != out.count * static_cast<std::size_t>(size())) {
-      mismatch("reduce_scatter", "in.count == out.count * size()", in.count, out.count);
-    }
     const bool in_place = out.data == detail::byte_ptr(in.data) + out.bytes() * static_cast<std::size_t>(rank());
-    if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("reduce_scatter");
+    validated("reduce_scatter", stream, [&] {
+      check_views("reduce_scatter", in, out);
+      if (in.count != out.count * static_cast<std::size_t>(size())) {
+        mismatch("reduce_scatter", "in.count == out.count * size()", in.count, out.count);
+      }
+      if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error("reduce_scatter");
+    });
     auto op_info = info("reduce_scatter", in.count, in.dtype, std::string(name_of(op)));
     op_info.fingerprint = CollectiveFingerprint::of("reduce_scatter", out.count, out.dtype).with_op(op);
     submit(stream, std::move(op_info), [in, out, op](detail::CommunicatorState& s, auto deadline) {
@@ -1102,6 +1115,41 @@ class Communicator {
       task();
     } else {
       s->queue->submit(std::move(task));
+    }
+  }
+
+  /// Runs a collective's local argument checks (`checks`, which throw ConfigError). With
+  /// CommunicatorOptions::check_collectives on, a rank whose checks fail still takes its turn
+  /// in the argument comparison, with a fingerprint that carries the reason, on `stream`
+  /// (inline: now; comm stream: queued in order): so the other ranks raise a
+  /// CollectiveMismatchError naming this rank and the reason at once, instead of waiting in
+  /// the comparison until the timeout. This rank then raises its own ConfigError (the
+  /// comparison's mismatch is not reported again here, nor at a later synchronize).
+  template <class Checks>
+  void validated(const char* name, Stream stream, Checks&& checks) {
+    auto* s = &state();
+    if (!s->options.check_collectives || s->size == 1) return checks();
+    try {
+      checks();
+    } catch (const ConfigError& e) {
+      std::string_view reason = e.what();
+      const std::string prefix = s->who() + ": ";
+      if (reason.starts_with(prefix)) reason.remove_prefix(prefix.size());
+      auto op = info(name, 0, DataType::kUint8, "arguments rejected on this rank");
+      op.fingerprint = CollectiveFingerprint::of(name).with_rejection(reason);
+      auto task = [s, op = std::move(op)] {
+        try {
+          s->execute(op, [](std::chrono::steady_clock::time_point) {});
+        } catch (const CollectiveMismatchError&) {
+          // Expected: this rank's own ConfigError says why.
+        }
+      };
+      if (stream.queue == Stream::Queue::kInline) {
+        task();
+      } else {
+        s->queue->submit(std::move(task));
+      }
+      throw;
     }
   }
 

@@ -50,7 +50,8 @@
 #include <cuda_runtime_api.h>  // cudaStream_t, cudaPointerGetAttributes, cudaMalloc, ...
 #include <nccl.h>              // ncclComm_t, ncclConfig_t and the collectives
 
-#include <algorithm>    // std::min, std::max, std::equal
+#include <algorithm>    // std::min, std::max, std::equal, std::find
+#include <iterator>     // std::begin, std::end
 #include <atomic>       // std::atomic_ref
 #include <cctype>       // std::tolower
 #include <chrono>       // std::chrono
@@ -63,6 +64,7 @@
 #include <optional>     // std::optional
 #include <span>         // std::span
 #include <string>       // std::string
+#include <string_view>  // std::string_view
 #include <thread>       // std::this_thread::sleep_for
 #include <type_traits>  // std::type_identity_t
 #include <utility>      // std::move
@@ -1137,7 +1139,7 @@ class Communicator {
   /// Fails the communicator over the collective being issued (`seq`; 0: it takes the next
   /// number, so that the report names it) and throws the CommError.
   [[noreturn]] void fail_issue(const char* operation, std::size_t bytes, const std::string& reason,
-                               std::uint64_t seq = 0) {
+                               std::uint64_t seq = 0) const {
     auto& c = core();
     c.watchdog.request_failure(reason, seq != 0 ? seq : c.watchdog.next_seq(), operation, bytes);
     c.watchdog.throw_failure(detail::group_state().depth == 0);
@@ -1176,8 +1178,34 @@ class Communicator {
     return static_cast<const char*>(base) + static_cast<std::size_t>(index) * count * size_of(type);
   }
 
+  /// Every local argument check of the collectives ends here, before check_collective, so
+  /// this is where a rank whose own arguments are bad still takes its turn in the argument
+  /// comparison (reject_in_check), before raising its ConfigError.
   [[noreturn]] void misuse(const char* operation, const std::string& what) const {
+    reject_in_check(operation, what);
     throw ConfigError("ncclkit " + std::string(operation) + " on " + core().who() + ": " + what);
+  }
+  /// Options::check_collectives, for a rank whose own validation rejected its call of the
+  /// checked collective `operation`: publishes a fingerprint carrying `reason` in this
+  /// call's turn of the comparison, so that the other ranks raise a CollectiveMismatchError
+  /// naming this rank and the reason at once, instead of waiting for it until the timeout.
+  /// The comparison's own mismatch is not raised here: the caller raises its ConfigError.
+  /// Nothing to do for calls that are not compared (send, recv, synchronize, copy, ...).
+  void reject_in_check(const char* operation, const std::string& reason) const {
+    static constexpr std::string_view kChecked[] = {"all_reduce", "broadcast",  "reduce", "all_gather",
+                                                    "all_gather_uneven", "reduce_scatter", "all_to_all",
+                                                    "gather",     "scatter",    "barrier"};
+    auto& c = core();
+    if (!c.options.check_collectives || c.size == 1 || !c.scope || c.watchdog.failed()) return;
+    if (std::find(std::begin(kChecked), std::end(kChecked), std::string_view(operation)) == std::end(kChecked)) return;
+    const auto fingerprint = CollectiveFingerprint::of(operation).with_rejection(reason).with_sequence(++c.checks);
+    try {
+      detail::exchange_fingerprints(*c.scope, c.rank, c.size, c.checks, fingerprint, c.options.timeout, c.who());
+    } catch (const CollectiveMismatchError&) {
+      // Expected: a rejected call never matches.
+    } catch (const std::exception& e) {
+      fail_issue(operation, 0, e.what());
+    }
   }
   void check_op(const char* operation, ReduceOp op) const {
     if (!is_valid(op)) misuse(operation, "invalid ReduceOp value " + std::to_string(static_cast<int>(op)));

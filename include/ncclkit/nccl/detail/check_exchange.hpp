@@ -13,9 +13,13 @@
 /// memory or kernel. It is slower (store round trips: three per rank per collective, and rank
 /// 0 reads one key per rank), which a debugging mode can afford.
 ///
-/// Keys do not pile up: a rank deletes its key of check n-1 when it publishes check n (rank 0
-/// read it before publishing verdict n-1, which this rank has read), and rank 0 deletes
-/// verdict n-1 once every rank has published check n (each read it before publishing).
+/// Keys do not pile up while the communicator runs: a rank deletes its key of check n-1 when it
+/// publishes check n (rank 0 read it before publishing verdict n-1, which this rank has read),
+/// and rank 0 deletes verdict n-1 once every rank has published check n (each read it before
+/// publishing). The last check's keys stay in the store after the communicator is destroyed
+/// (one per rank other than 0, and the verdict: a few hundred bytes under the communicator's
+/// own prefix): no rank can tell when every other rank has read the last verdict without
+/// another round of waiting, which destruction does not do.
 ///
 /// Pure store logic, no CUDA: compiles with g++ alone, and is tested on machines without a
 /// GPU (tests/host/test_nccl_check_exchange.cpp).
