@@ -99,7 +99,7 @@ TEST_CASE("a rank that never arrives is named by rank 0 and, through its verdict
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > 4.0) return 3;  // rank 1 gets rank 0's verdict, long before its own limit
       const std::string message = e.what();
-      if (!contains(message, "rank 2 did not reach it within 1000 ms")) return 4;
+      if (!contains(message, "rank 2 did not reach it within 1.000 s")) return 4;
       if (!contains(message, "all_reduce #1")) return 5;
       return 0;
     }
