@@ -227,7 +227,7 @@ TEST_CASE("a rank that never reaches the collective fails the other with CommErr
   });
   CHECK_MESSAGE(logs[0].fatal.empty(), logs[0].fatal);
   REQUIRE(logs[0].errors.size() == 1);
-  CHECK_MESSAGE(contains(logs[0].errors[0], "rank 1 did not reach it within 1000 ms"), logs[0].errors[0]);
+  CHECK_MESSAGE(contains(logs[0].errors[0], "rank 1 did not reach it within 1.000 s"), logs[0].errors[0]);
   CHECK(waited < 1.0 + 5.0);
   FakeSession::check_clean();
 }

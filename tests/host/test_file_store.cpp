@@ -391,7 +391,8 @@ TEST_CASE("the job identity comes from NCCLKIT_RUN_ID, ncclkit-run, torchrun or 
   const std::vector<Case> cases = {
       {{}, "", ""},
       {{{"SLURM_JOB_ID", "77"}}, "slurm:77", "SLURM_JOB_ID=77"},
-      {{{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}}, "slurm:77.3", "SLURM_JOB_ID=77, SLURM_STEP_ID=3"},
+      // The step is not part of it: one job's processes may run in different steps.
+      {{{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}}, "slurm:77", "SLURM_JOB_ID=77"},
       {{{"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}}, "torchrun:t-1", "TORCHELASTIC_RUN_ID=t-1 (set by torchrun)"},
       // torchrun's default run id is the same for every job without --rdzv-id: not an identity.
       {{{"TORCHELASTIC_RUN_ID", "none"}, {"SLURM_JOB_ID", "77"}}, "slurm:77", "SLURM_JOB_ID=77"},
@@ -418,7 +419,6 @@ TEST_CASE("two jobs in one folder stay apart by the identity their environment g
   };
   const std::vector<Source> sources = {
       {"SLURM_JOB_ID", {{"SLURM_JOB_ID", "101"}}, {{"SLURM_JOB_ID", "202"}}},
-      {"SLURM_STEP_ID", {{"SLURM_JOB_ID", "101"}, {"SLURM_STEP_ID", "0"}}, {{"SLURM_JOB_ID", "101"}, {"SLURM_STEP_ID", "1"}}},
       {"TORCHELASTIC_RUN_ID", {{"TORCHELASTIC_RUN_ID", "a"}}, {{"TORCHELASTIC_RUN_ID", "b"}}},
       {"NCCLKIT_LAUNCH_RUN_ID", {{"NCCLKIT_LAUNCH_RUN_ID", "a"}}, {{"NCCLKIT_LAUNCH_RUN_ID", "b"}}},
       // An explicit NCCLKIT_RUN_ID wins over what the environment says.
@@ -445,17 +445,31 @@ TEST_CASE("two jobs in one folder stay apart by the identity their environment g
 
 TEST_CASE("an explicit NCCLKIT_RUN_ID joins processes whose environments disagree") {
   TempDir dir;
-  auto first = open_with(dir.path, {{"NCCLKIT_RUN_ID", "one-job"}, {"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}});
-  auto second = open_with(dir.path, {{"NCCLKIT_RUN_ID", "one-job"}, {"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "1"}});
+  auto first = open_with(dir.path, {{"NCCLKIT_RUN_ID", "one-job"}, {"SLURM_JOB_ID", "1"}});
+  auto second = open_with(dir.path, {{"NCCLKIT_RUN_ID", "one-job"}, {"SLURM_JOB_ID", "2"}});
   CHECK(first->run_id() == second->run_id());
   CHECK(second->member() == 1);
+}
+
+TEST_CASE("processes of one SLURM job in different steps meet: the step is not part of the identity") {
+  // One `srun -n1 ./prog` per rank, or mpirun under sbatch (the batch step on the first node,
+  // an srun step on the others): each process in its own step, all of one job.
+  TempDir dir;
+  auto batch_step = open_with(dir.path, {{"SLURM_JOB_ID", "5"}}, 3);
+  auto step_0 = open_with(dir.path, {{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "0"}}, 3);
+  auto step_1 = open_with(dir.path, {{"SLURM_JOB_ID", "5"}, {"SLURM_STEP_ID", "1"}}, 3);
+  CHECK(step_0->run_id() == batch_step->run_id());
+  CHECK(step_1->run_id() == batch_step->run_id());
+  CHECK(step_1->member() == 2);
+  batch_step->set("k", "from the batch step");
+  CHECK(step_1->get_string("k", 5s) == "from the batch step");
 }
 
 TEST_CASE("a timeout names the live runs of other jobs in the folder and says how to join them") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   TempDir dir;
-  auto other = open_with(dir.path, {{"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}});
-  auto mine = open_with(dir.path, {{"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "1"}});
+  auto other = open_with(dir.path, {{"SLURM_JOB_ID", "1"}});
+  auto mine = open_with(dir.path, {{"SLURM_JOB_ID", "2"}});
   CHECK(mine->run_id() != other->run_id());
   const std::vector<std::string> keys{"peer"};
   for (int op = 0; op < 2; ++op) {
@@ -466,11 +480,11 @@ TEST_CASE("a timeout names the live runs of other jobs in the folder and says ho
       FAIL("no timeout");
     } catch (const ncclkit::TimeoutError& e) {
       const std::string text = e.what();
-      CHECK_MESSAGE(contains_text(text, "of job slurm:1.1, member 0 of 2)"), text);
+      CHECK_MESSAGE(contains_text(text, "of job slurm:2, member 0 of 2)"), text);
       CHECK_MESSAGE(contains_text(text, "The folder also holds live runs of other jobs, which this store never joins: run " +
-                                            other->run_id().substr(0, 8) + " of job slurm:1.0 (started by "),
+                                            other->run_id().substr(0, 8) + " of job slurm:1 (started by "),
                     text);
-      CHECK(contains_text(text, "this process is job slurm:1.1 (from SLURM_JOB_ID=1, SLURM_STEP_ID=1)"));
+      CHECK(contains_text(text, "this process is job slurm:2 (from SLURM_JOB_ID=2)"));
       CHECK(contains_text(text, "give every process of the job the same NCCLKIT_RUN_ID"));
     }
   }

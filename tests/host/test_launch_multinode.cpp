@@ -159,7 +159,7 @@ TEST_CASE("a node that never comes: the rendezvous timeout names it") {
   Process node0 = run_launcher(args, {"exit=0"}, dir.path());
   CHECK(node0.status == 1);
   CHECK_MESSAGE(contains(node0.err(), "the rendezvous of the 2 nodes' launchers at tcp://127.0.0.1:"), node0.output());
-  CHECK(contains(node0.err(), "timed out after 1.5 s: node(s) 1 never arrived (arrived: 0)"));
+  CHECK(contains(node0.err(), "timed out after 1.500 s: node(s) 1 never arrived (arrived: 0)"));
 
   // A folder rendezvous without node ranks counts launchers instead.
   Process alone = run_launcher({"--nnodes", "3", "--rdzv-dir", dir / "rdzv", "--rdzv-timeout", "1"}, {"exit=0"}, dir.path());
@@ -212,6 +212,6 @@ TEST_CASE("a node whose workers succeeded notices when another node's launcher d
   REQUIRE(node1.wait(10s));
   REQUIRE(node0.wait(30s));
   CHECK_MESSAGE(node0.status == 1, node0.output());
-  CHECK(contains(node0.err(), "node 1 stopped responding (no heartbeat for 2 s) before its workers finished"));
+  CHECK(contains(node0.err(), "node 1 stopped responding (no heartbeat for 2.000 s) before its workers finished"));
   for (const auto& [name, pid] : read_pids(dir.path())) CHECK_MESSAGE(wait_until([&] { return !alive(pid); }, 5s), name);
 }

@@ -111,7 +111,7 @@ std::pair<std::string, std::size_t> report_line(const Process& launcher, int ran
   return found;
 }
 
-/// The time in "... at 1.25 s", the first one in `line`.
+/// The time in "... at 1.250 s", the first one in `line`.
 double time_in(const std::string& line) {
   std::smatch match;
   REQUIRE_MESSAGE(std::regex_search(line, match, std::regex(" at ([0-9]+(\\.[0-9]+)?) s")), line);
@@ -120,12 +120,12 @@ double time_in(const std::string& line) {
 
 }  // namespace
 
-TEST_CASE("a rank that exits 0 early is named first as the likely cause, not the rank that fails after it") {
+TEST_CASE("a rank that exits 0 well before another fails is named as the likely cause, after the failed rank") {
   TempDir dir;
-  // Rank 1 leaves at once with code 0; rank 0 "times out waiting for it" once the launcher has
-  // reaped it, and exits 1; rank 2 runs on until it is stopped.
+  // Rank 1 leaves at once with code 0; rank 0 waits for it 1.5 s after the launcher has reaped
+  // it (more than kLikelyCauseLead), "times out" and exits 1; rank 2 runs on until it is stopped.
   Process launcher = run_with_failure(3,
-                                      {"r1/exit=0", "r0/waitgone=" + (dir / "rank_1.pid"),
+                                      {"r1/exit=0", "r0/waitgone=" + (dir / "rank_1.pid"), "r0/sleepms=1500",
                                        "r0/stderr=rank 0: timed out waiting for rank 1", "r0/exit=1"},
                                       dir);
   CHECK_MESSAGE(launcher.status == 1, launcher.output());  // the failed worker's status, as documented
@@ -140,15 +140,47 @@ TEST_CASE("a rank that exits 0 early is named first as the likely cause, not the
   CHECK(contains(failure, ") exited with code 1 at "));
   CHECK(contains(failure, ": the first failure, "));
   CHECK(contains(failure, " after rank 1 exited early"));
-  CHECK(time_in(early) <= time_in(failure));
+  CHECK(time_in(failure) - time_in(early) >= 1.0);
   CHECK(contains(stopped, "; it was still running when the group was stopped at "));
   CHECK(contains(err, "likely cause: rank 1 exited (code 0) at "));
-  // The verdict leads with rank 1's early exit; rank 0 is not presented as the cause.
-  CHECK_MESSAGE(contains(err, "job failed: rank 1 (local rank 1, pid "), err);
-  CHECK(contains(err, " exited early, with code 0 at "));
-  CHECK(contains(err, "; then rank 0 (local rank 0, pid "));
-  CHECK_FALSE(contains(err, "job failed: rank 0"));
+  // The verdict names the failed rank (its status is the job's), then rank 1's earlier exit as
+  // the likely cause; rank 0 is not presented as the cause.
+  CHECK_MESSAGE(contains(err, "job failed: rank 0 (local rank 0, pid "), err);
+  CHECK(contains(err, ") exited with code 1 at "));
+  CHECK(contains(err, "; before it, rank 1 had exited with code 0 (at "));
+  CHECK(contains(err, "; the likely cause is rank 1's early exit; exit status 1"));
   CHECK_FALSE(contains(err, "likely cause: rank 0"));
+}
+
+TEST_CASE("ranks that finish together before the last one fails in its teardown are not blamed for it") {
+  TempDir dir;
+  // Ranks 0-2 finish together with code 0; 100 ms after the launcher has reaped the last of
+  // them, rank 3 dies of SIGSEGV, as a rank that crashes while tearing down does.
+  Process launcher = run_with_failure(4,
+                                      {"r0/exit=0", "r1/exit=0", "r2/exit=0", "r3/waitgone=" + (dir / "rank_0.pid"),
+                                       "r3/waitgone=" + (dir / "rank_1.pid"), "r3/waitgone=" + (dir / "rank_2.pid"),
+                                       "r3/sleepms=100", "r3/kill=11"},
+                                      dir);
+  CHECK_MESSAGE(launcher.status == 128 + SIGSEGV, launcher.output());
+  const std::string err = launcher.err();
+  const auto [failure, failure_at] = report_line(launcher, 3);
+  for (int r = 0; r < 3; ++r) {
+    const auto [finished, finished_at] = report_line(launcher, r);
+    CHECK(finished_at < failure_at);
+    CHECK_MESSAGE(contains(finished, ") exited with code 0 at "), finished);
+    CHECK_MESSAGE(contains(finished, " before the first failure"), finished);
+    CHECK_FALSE(contains(finished, "early exit"));
+  }
+  CHECK(contains(failure, "was killed by signal 11 (SIGSEGV"));
+  CHECK_MESSAGE(contains(failure, ": the first failure, after every other rank had finished with code 0"), failure);
+  // The verdict names rank 3 first, then the ranks that had finished before it.
+  CHECK_MESSAGE(contains(err, "job failed: rank 3 (local rank 3, pid "), err);
+  CHECK_MESSAGE(std::regex_search(err, std::regex("job failed: rank 3 \\(local rank 3, pid [0-9]+\\) was killed by signal "
+                                                  "11 \\(SIGSEGV[^)]*\\) at [0-9.]+ s; before it, ranks 0-2 had exited "
+                                                  "with code 0 \\(at [0-9.]+(-[0-9.]+)? s, [0-9.]+(-[0-9.]+)? s before it\\); "
+                                                  "exit status 139")),
+                err);
+  CHECK_FALSE(contains(err, "likely cause"));
 }
 
 TEST_CASE("a rank that hangs while another fails is listed as still running, with how long it was silent") {

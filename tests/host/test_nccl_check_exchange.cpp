@@ -99,7 +99,7 @@ TEST_CASE("a rank that never arrives is named by rank 0 and, through its verdict
       // 0 ("gave no verdict"): that is what the protocol guarantees, whatever the load.
       const std::string message = e.what();
       if (contains(message, "gave no verdict")) return 3;
-      if (!contains(message, "rank 2 did not reach it within 1000 ms")) return 4;
+      if (!contains(message, "rank 2 did not reach it within 1.000 s")) return 4;
       if (!contains(message, "all_reduce #1")) return 5;
       return 0;
     }

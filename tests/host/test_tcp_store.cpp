@@ -15,6 +15,7 @@
 #include <future>     // std::promise: the outcome of a get running on a thread
 #include <memory>     // std::unique_ptr
 #include <random>     // std::mt19937_64: random values
+#include <regex>      // std::regex: times in messages
 #include <string>     // std::string
 #include <thread>     // std::thread
 #include <vector>     // std::vector
@@ -172,6 +173,9 @@ TEST_CASE("get and wait time out within bounds, name the missing keys, and leave
     check_timeout_bounds(Clock::now() - start, timeout);
     CHECK(contains(message, "'missing-one', 'missing-two'"));
     CHECK_FALSE(contains(message, "'present'"));
+    // Times in seconds, as every store writes them (core/time_format.hpp).
+    CHECK_MESSAGE(contains(message, timeout == 300ms ? "(timeout 0.300 s)" : "(timeout 1.200 s)"), message);
+    CHECK_MESSAGE(std::regex_search(message, std::regex("timed out after [0-9]+\\.[0-9]{3} s \\(timeout")), message);
     CHECK(contains(message, server.host()));
     CHECK(contains(message, std::to_string(server.port())));
   }
@@ -247,6 +251,7 @@ TEST_CASE("connecting to a port with no server fails with TimeoutError naming ho
   check_timeout_bounds(Clock::now() - start, 600ms);
   CHECK(contains(message, "127.0.0.1:" + std::to_string(port)));
   CHECK(contains(message, "Connection refused"));
+  CHECK_MESSAGE(std::regex_search(message, std::regex("within 0\\.600 s \\(waited [0-9]+\\.[0-9]{3} s, ")), message);
 }
 
 TEST_CASE("a client started before its server connects once the server is up") {

@@ -82,6 +82,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/rank_list.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/gloo/comm_queue.hpp"
 #include "ncclkit/gloo/detail/argument_check.hpp"
 #include "ncclkit/gloo/detail/peer_monitor.hpp"
@@ -146,12 +147,6 @@ inline std::string format_bytes(std::size_t bytes) {
   } else {
     std::snprintf(text, sizeof text, "%zu B", bytes);
   }
-  return text;
-}
-
-inline std::string format_seconds(std::chrono::steady_clock::duration d) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.3f s", std::chrono::duration<double>(d).count());
   return text;
 }
 
@@ -287,8 +282,8 @@ struct CommunicatorState {
 
   [[noreturn]] void fail(const OpInfo& op, std::chrono::steady_clock::duration waited, const std::string& cause) {
     const std::string why = failure_cause(cause);
-    std::string message = who() + ": " + describe(op) + " failed after " + format_seconds(waited) + " (timeout " +
-                          format_seconds(options.timeout) + "): " + why + ". The communicator is unusable now. ";
+    std::string message = who() + ": " + describe(op) + " failed after " + ncclkit::format_seconds(waited) + " (timeout " +
+                          ncclkit::format_seconds(options.timeout) + "): " + why + ". The communicator is unusable now. ";
     message += why != cause && !is_timeout(cause)
                    ? "The rank named probably exited or crashed (a rank whose own collective failed closes its "
                      "connections too): look at its log."
@@ -984,14 +979,14 @@ class Communicator {
       s.context->connectFullMesh(adapter, s.device);
     } catch (const TimeoutError& e) {
       throw TimeoutError(s.who() + ": rendezvous through " + s.store_description + " under '" + prefix +
-                         "/' timed out after " + detail::format_seconds(std::chrono::steady_clock::now() - start) +
+                         "/' timed out after " + ncclkit::format_seconds(std::chrono::steady_clock::now() - start) +
                          missing_ranks(*scoped, s.rank, s.size) + ": " + e.what() +
                          ". Did every rank create this communicator?");
     } catch (const ncclkit::Error&) {
       throw;
     } catch (const std::exception& e) {
       throw CommError(s.who() + ": connecting to the other ranks failed after " +
-                      detail::format_seconds(std::chrono::steady_clock::now() - start) + " (device " +
+                      ncclkit::format_seconds(std::chrono::steady_clock::now() - start) + " (device " +
                       s.device->str() + "): " + e.what());
     }
     try {
@@ -1000,11 +995,11 @@ class Communicator {
       s.barrier_now(start + s.options.timeout);
     } catch (const std::exception& e) {
       throw CommError(s.who() + ": starting the peer monitor or the barrier after connecting failed after " +
-                      detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " +
+                      ncclkit::format_seconds(std::chrono::steady_clock::now() - start) + ": " +
                       s.failure_cause(e.what()));
     }
     log_info(s.who() + ": connected through " + s.store_description + " ('" + prefix + "/') on " +
-             s.device->str() + " in " + detail::format_seconds(std::chrono::steady_clock::now() - start) +
+             s.device->str() + " in " + ncclkit::format_seconds(std::chrono::steady_clock::now() - start) +
              "; reductions: " + std::string(name_of(s.isa)));
   }
 
@@ -1018,7 +1013,7 @@ class Communicator {
       throw;
     } catch (const std::exception& e) {
       throw CommError(s.who() + ": comparing the ranks' settings after connecting failed after " +
-                      detail::format_seconds(std::chrono::steady_clock::now() - start) + ": " + e.what());
+                      ncclkit::format_seconds(std::chrono::steady_clock::now() - start) + ": " + e.what());
     }
   }
 

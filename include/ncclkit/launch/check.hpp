@@ -35,6 +35,7 @@
 
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/launch/interfaces.hpp"
 #include "ncclkit/launch/launcher_store.hpp"
@@ -207,7 +208,7 @@ inline std::string probe_peer(const std::string& address, int port, const std::s
     int err = 0;
     ncclkit::detail::Socket socket = ncclkit::detail::connect_once(target, deadline, err);
     if (!socket) {
-      error = err == ETIMEDOUT ? "connection timed out after " + launch::detail::format_seconds(limit) +
+      error = err == ETIMEDOUT ? "connection timed out after " + ncclkit::format_seconds(limit) +
                                      " (a firewall dropping packets?)"
                                : ncclkit::detail::errno_text(err);
       continue;
@@ -602,7 +603,7 @@ inline int run_check(const LaunchOptions& options) {
     std::vector<std::string> names;
     for (int n : missing) names.push_back(std::to_string(n));
     problems.push_back("[all] node(s) " + detail::join_words(names) + " did not join the check at " + store.describe() +
-                       " within " + launch::detail::format_seconds(options.rdzv_timeout) +
+                       " within " + ncclkit::format_seconds(options.rdzv_timeout) +
                        ": start ncclkit-run --check on every node with the same --nnodes and " +
                        (options.rendezvous() == RendezvousKind::kFolder ? "--rdzv-dir" : "--master-addr/--master-port") +
                        " (--rdzv-timeout sets how long to wait)");

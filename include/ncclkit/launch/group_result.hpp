@@ -5,39 +5,39 @@
 /// time out waiting for it), or one that hangs while another gives up on it. So the launcher
 /// records when each worker ended (time since the workers started, in the order it saw them
 /// end) and when each last wrote output, and the report lists every rank of this node in that
-/// order: which had already exited (code or signal, time), which failed first, which were
-/// still running when the group was stopped and how long they had been silent. A rank that
-/// exited 0 while others still ran, before the first failure, is named first, as the likely
-/// cause, and the failure after it as what probably followed.
+/// order: which had already exited (code or signal, time, how long before the failure), which
+/// failed first, which were still running when the group was stopped and how long they had
+/// been silent. The verdict names the failed rank (its status is the job's) and the ranks that
+/// had exited before it. An earlier exit 0 is named as the likely cause only where it plausibly
+/// is one (early_exits()): ranks that all finished together, leaving one rank that fails in its
+/// teardown, are a finished job whose last rank failed, and are not blamed.
 
 #include <sys/types.h>  // pid_t
 
-#include <chrono>    // std::chrono::milliseconds
-#include <cstddef>   // std::size_t
-#include <cstring>   // strsignal
-#include <optional>  // std::optional
-#include <string>    // std::string
-#include <vector>    // std::vector
+#include <algorithm>  // std::sort, std::minmax_element
+#include <chrono>     // std::chrono::milliseconds
+#include <cstddef>    // std::size_t
+#include <cstring>    // strsignal
+#include <optional>   // std::optional
+#include <string>     // std::string
+#include <vector>     // std::vector
 
+#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/launch/signals.hpp"
 
 namespace ncclkit::launch {
 
-namespace detail {
+/// An exit 0 is named as the likely cause of a later failure only if it came at least this long
+/// before it: a rank that a peer's departure makes fail needs a moment to notice (a timeout, a
+/// lost connection, a failed send), whereas ranks that finish and a last rank that crashes
+/// while tearing down end within milliseconds of each other.
+inline constexpr std::chrono::milliseconds kLikelyCauseLead{1000};
 
-/// "5 s", "0.25 s".
-inline std::string format_seconds(std::chrono::milliseconds duration) {
-  const auto ms = duration.count();
-  std::string text = std::to_string(ms / 1000);
-  if (ms % 1000 != 0) {
-    std::string fraction = std::to_string(1000 + ms % 1000).substr(1);
-    while (fraction.back() == '0') fraction.pop_back();
-    text += "." + fraction;
-  }
-  return text + " s";
-}
-
-}  // namespace detail
+/// When every rank but the failed one exited 0, and all within this window of each other, the
+/// job had finished: its last rank failed (in its teardown or last steps), and no early exit is
+/// blamed for it.
+inline constexpr std::chrono::milliseconds kFinishedTogetherWindow{1000};
 
 /// How one worker ended.
 struct WorkerExit {
@@ -70,8 +70,8 @@ struct WorkerExit {
   }
   /// "rank 3 (local rank 3, pid 4242) exited with code 3".
   std::string describe() const { return who() + " " + how(); }
-  /// "rank 3 (local rank 3, pid 4242) exited with code 3 at 1.25 s".
-  std::string describe_with_time() const { return describe() + " at " + detail::format_seconds(ended_at); }
+  /// "rank 3 (local rank 3, pid 4242) exited with code 3 at 1.250 s".
+  std::string describe_with_time() const { return describe() + " at " + ncclkit::format_seconds(ended_at); }
 };
 
 /// Why run_worker_group() returned.
@@ -109,12 +109,41 @@ struct GroupResult {
     return 1;
   }
 
-  /// Workers that exited with code 0 while others still ran, before the group was stopped,
-  /// in a group that did not succeed: a rank that leaves early makes its peers fail (they time
-  /// out, or lose the connection), so such an exit is the first suspect. In end order.
+  /// Workers that exited with code 0 before the first failure (kWorkerFailed), in end order.
+  std::vector<std::size_t> exits_before_failure() const {
+    std::vector<std::size_t> before;
+    if (outcome != GroupOutcome::kWorkerFailed || failed < 0) return before;
+    for (std::size_t index : end_order) {
+      if (static_cast<int>(index) == failed) break;
+      if (workers[index].ok() && !workers[index].stopped_by_launcher) before.push_back(index);
+    }
+    return before;
+  }
+
+  /// Every rank but the failed one exited 0 before it, all within kFinishedTogetherWindow of
+  /// each other: a job that finished, whose last rank failed.
+  bool finished_before_failure() const {
+    const std::vector<std::size_t> before = exits_before_failure();
+    if (before.empty() || before.size() + 1 != workers.size()) return false;
+    return workers[before.back()].ended_at - workers[before.front()].ended_at <= kFinishedTogetherWindow;
+  }
+
+  /// Exits 0 that are plausibly the cause of what followed, in end order; a rank that leaves
+  /// early makes its peers fail (they time out, or lose the connection). After a failure
+  /// (kWorkerFailed): exits 0 while the failed rank still ran, at least kLikelyCauseLead before
+  /// it, unless the job had finished (finished_before_failure()). After a stop (a signal to the
+  /// launcher, another node): exits 0 while others still ran, since those others may have
+  /// been waiting for them. None when the group succeeded.
   std::vector<std::size_t> early_exits() const {
     std::vector<std::size_t> early;
     if (outcome == GroupOutcome::kSucceeded) return early;
+    if (outcome == GroupOutcome::kWorkerFailed) {
+      if (failed < 0 || finished_before_failure()) return early;
+      const WorkerExit& failure = workers[static_cast<std::size_t>(failed)];
+      for (std::size_t index : exits_before_failure())
+        if (failure.ended_at - workers[index].ended_at >= kLikelyCauseLead) early.push_back(index);
+      return early;
+    }
     for (std::size_t k = 0; k < end_order.size(); ++k) {
       const WorkerExit& worker = workers[end_order[k]];
       const bool others_ran = k + 1 < workers.size();
@@ -123,23 +152,29 @@ struct GroupResult {
     return early;
   }
 
-  /// The failure in one sentence, its likely cause first (kWorkerFailed): "rank 1 (local rank
-  /// 1, pid 7) exited early, with code 0 at 0.5 s, while other ranks still ran; then rank 0
-  /// (local rank 0, pid 6) exited with code 1 at 2.25 s", or just the failed worker with its
-  /// time. Other outcomes: `message`.
+  /// The failure in one sentence (kWorkerFailed): the failed worker first, then the ranks that
+  /// had exited before it and the likely cause, if any: "rank 3 (local rank 3, pid 9) was killed
+  /// by signal 11 (SIGSEGV: Segmentation fault) at 12.031 s; before it, ranks 0-2 had exited with
+  /// code 0 (at 12.000-12.002 s, 0.029-0.031 s before it)", "rank 0 (...) exited with code 1 at
+  /// 1.848 s; before it, rank 1 had exited with code 0 (at 0.344 s, 1.504 s before it); the
+  /// likely cause is rank 1's early exit". Other outcomes: `message`.
   std::string failure_summary() const {
     if (outcome != GroupOutcome::kWorkerFailed || failed < 0) return message;
     const WorkerExit& failure = workers[static_cast<std::size_t>(failed)];
+    std::string text = failure.describe_with_time();
+    const std::vector<std::size_t> before = exits_before_failure();
+    if (before.empty()) return text;
+    std::vector<int> ranks;
+    for (std::size_t index : before) ranks.push_back(workers[index].rank);
+    std::sort(ranks.begin(), ranks.end());
+    const auto first = workers[before.front()].ended_at;
+    const auto last = workers[before.back()].ended_at;
+    text += "; before it, " + ncclkit::detail::rank_or_ranks(ranks) + " had exited with code 0 (at " +
+            time_range(first, last) + ", " + time_range(failure.ended_at - last, failure.ended_at - first) +
+            " before it)";
     const std::vector<std::size_t> early = early_exits();
-    if (early.empty()) return failure.describe_with_time();
-    const WorkerExit& first = workers[early.front()];
-    std::string text = first.who() + " exited early, with code 0 at " + detail::format_seconds(first.ended_at) +
-                       ", while other ranks still ran";
-    if (early.size() > 1) {
-      text += " (" + std::to_string(early.size() - 1) + " more rank" + (early.size() == 2 ? "" : "s") +
-              " exited with code 0 after it)";
-    }
-    return text + "; then " + failure.describe_with_time();
+    if (!early.empty()) text += "; the likely cause is rank " + std::to_string(workers[early.front()].rank) + "'s early exit";
+    return text;
   }
 
   /// The report: one line per worker of this node, in the order they ended, then what is
@@ -148,40 +183,43 @@ struct GroupResult {
     std::vector<std::string> lines;
     if (outcome == GroupOutcome::kSucceeded || outcome == GroupOutcome::kStartFailed) return lines;
     const std::vector<std::size_t> early = early_exits();
-    auto is_early = [&](std::size_t index) {
-      for (std::size_t e : early)
-        if (e == index) return true;
-      return false;
+    const std::vector<std::size_t> before = exits_before_failure();
+    auto is_in = [](const std::vector<std::size_t>& list, std::size_t index) {
+      return std::find(list.begin(), list.end(), index) != list.end();
     };
     lines.push_back("how this node's ranks ended, in order (times since the workers started):");
     std::vector<std::size_t> order = end_order;
     for (std::size_t i = 0; i < workers.size(); ++i) {  // never seen to end: listed last
-      bool seen = false;
-      for (std::size_t k : order) seen = seen || k == i;
-      if (!seen) order.push_back(i);
+      if (!is_in(order, i)) order.push_back(i);
     }
     for (std::size_t k = 0; k < order.size(); ++k) {
       const std::size_t index = order[k];
       const WorkerExit& worker = workers[index];
       std::string line = "  " + worker.describe_with_time();
-      if (is_early(index)) {
+      if (is_in(early, index)) {
         const std::size_t others = workers.size() - k - 1;
         line += " while " + std::to_string(others) + " other rank" + (others == 1 ? "" : "s") + " still ran";
         line += index == early.front() ? ": an early exit, the first event" : ": an early exit";
+      } else if (is_in(before, index)) {
+        line += ", " + ncclkit::format_seconds(workers[static_cast<std::size_t>(failed)].ended_at - worker.ended_at) +
+                " before the first failure";
       } else if (outcome == GroupOutcome::kWorkerFailed && static_cast<int>(index) == failed) {
         line += ": the first failure";
         if (!early.empty()) {
-          line += ", " + detail::format_seconds(worker.ended_at - workers[early.front()].ended_at) + " after rank " +
+          line += ", " + ncclkit::format_seconds(worker.ended_at - workers[early.front()].ended_at) + " after rank " +
                   std::to_string(workers[early.front()].rank) + " exited early";
+        } else if (finished_before_failure()) {
+          line += ", after every other rank had finished with code 0 (the job had finished; this rank failed in "
+                  "its last steps or its teardown)";
         }
       } else if (worker.stopped_by_launcher && stopped_at) {
-        line += "; it was still running when the group was stopped at " + detail::format_seconds(*stopped_at);
+        line += "; it was still running when the group was stopped at " + ncclkit::format_seconds(*stopped_at);
         if (!worker.last_output_at) {
           line += " (it wrote no output at all)";
         } else {
           const auto silent = *stopped_at - *worker.last_output_at;
-          line += " (last output at " + detail::format_seconds(*worker.last_output_at) + ", silent for " +
-                  detail::format_seconds(silent < std::chrono::milliseconds(0) ? std::chrono::milliseconds(0) : silent) +
+          line += " (last output at " + ncclkit::format_seconds(*worker.last_output_at) + ", silent for " +
+                  ncclkit::format_seconds(silent < std::chrono::milliseconds(0) ? std::chrono::milliseconds(0) : silent) +
                   " by then)";
         }
       } else if (!worker.ok() && outcome == GroupOutcome::kWorkerFailed) {
@@ -192,11 +230,11 @@ struct GroupResult {
     if (!early.empty()) {
       const WorkerExit& first = workers[early.front()];
       std::string cause = "likely cause: rank " + std::to_string(first.rank) + " exited (code 0) at " +
-                          detail::format_seconds(first.ended_at) + " while other ranks still ran";
+                          ncclkit::format_seconds(first.ended_at) + " while other ranks still ran";
       if (outcome == GroupOutcome::kWorkerFailed) {
         const WorkerExit& failure = workers[static_cast<std::size_t>(failed)];
         cause += "; the failure of rank " + std::to_string(failure.rank) + " " +
-                 detail::format_seconds(failure.ended_at - first.ended_at) +
+                 ncclkit::format_seconds(failure.ended_at - first.ended_at) +
                  " later probably follows from it (a rank waiting for one that has left times out or loses "
                  "its connection). If rank " +
                  std::to_string(first.rank) + " was meant to finish first, look at rank " +
@@ -207,6 +245,15 @@ struct GroupResult {
       lines.push_back(cause);
     }
     return lines;
+  }
+
+ private:
+  /// "12.000 s", or "12.000-12.002 s" when the two differ.
+  static std::string time_range(std::chrono::milliseconds low, std::chrono::milliseconds high) {
+    const std::string high_text = ncclkit::format_seconds(high);
+    if (low == high) return high_text;
+    std::string low_text = ncclkit::format_seconds(low);
+    return low_text.substr(0, low_text.size() - 2) + "-" + high_text;
   }
 };
 

@@ -43,6 +43,7 @@
 #include <unistd.h>  // gethostname, getpid
 
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/launch/coordinator.hpp"
 #include "ncclkit/launch/launcher_store.hpp"
 #include "ncclkit/launch/options.hpp"
@@ -302,7 +303,7 @@ class StoreCoordinator final : public NodeCoordinator {
       }
       std::string message = "ncclkit-run (node " + std::to_string(node_rank_) + "): " + what + " at " +
                             store_->describe() + " timed out after " +
-                            launch::detail::format_seconds(options_.timeout) + ": ";
+                            ncclkit::format_seconds(options_.timeout) + ": ";
       if (!options_.node_rank && !layout_joined_) {  // node ranks by arrival: only a count is meaningful
         message += std::to_string(present.size()) + " of " + std::to_string(keys.size()) + " launchers arrived (missing node rank(s) " +
                    detail::join_ints(missing) + ")";
@@ -319,7 +320,7 @@ class StoreCoordinator final : public NodeCoordinator {
       return store_->get_string(name, options_.timeout);
     } catch (const TimeoutError&) {
       throw TimeoutError("ncclkit-run (node " + std::to_string(node_rank_) + "): " + what + " did not come within " +
-                         launch::detail::format_seconds(options_.timeout) + " at " + store_->describe());
+                         ncclkit::format_seconds(options_.timeout) + " at " + store_->describe());
     }
   }
 
@@ -374,7 +375,7 @@ class StoreCoordinator final : public NodeCoordinator {
           last_beats[n] = {value, now};
         } else if (now - it->second.second > options_.timeout) {
           throw TimeoutError("ncclkit-run (node " + std::to_string(node_rank_) + "): node " + std::to_string(n) +
-                             " stopped responding (no heartbeat for " + launch::detail::format_seconds(options_.timeout) +
+                             " stopped responding (no heartbeat for " + ncclkit::format_seconds(options_.timeout) +
                              ") before its workers finished; its launcher was probably killed");
         }
       }

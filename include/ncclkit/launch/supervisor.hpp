@@ -49,6 +49,7 @@
 #include <vector>      // std::vector
 
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/launch/detail/process_tree.hpp"
 #include "ncclkit/launch/group_result.hpp"
 #include "ncclkit/launch/output.hpp"
@@ -372,7 +373,7 @@ inline GroupResult run_worker_group(const std::vector<WorkerSpec>& specs, Signal
         std::string message = result.failure_summary();
         if (running > 0) {
           message += "; stopping the other " + std::to_string(running) + " worker" + (running == 1 ? "" : "s") +
-                     " (SIGTERM now, SIGKILL after " + detail::format_seconds(options.grace) + ")";
+                     " (SIGTERM now, SIGKILL after " + ncclkit::format_seconds(options.grace) + ")";
         }
         report(message);
         // Local workers first: telling the other nodes goes through the store, which may be slow.

@@ -651,7 +651,7 @@ class FileStore final : public Store {
   /// The run's world size (0 = unknown), as its first member set it.
   int run_world_size() const { return run_world_size_; }
   /// The job identity this store's runs are matched by (store/run_identity.hpp): its tag
-  /// ("slurm:77.0"; empty when the environment gives none) and where it came from.
+  /// ("slurm:77"; empty when the environment gives none) and where it came from.
   const RunIdentity& identity() const { return identity_; }
 
  private:

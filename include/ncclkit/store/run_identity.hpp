@@ -9,8 +9,11 @@
 ///      job, agreed by the launchers of every node).
 ///   3. TORCHELASTIC_RUN_ID: torchrun's run id (--rdzv-id; a random one with --standalone).
 ///      "none", torchrun's default without --rdzv-id, is shared by every such job: ignored.
-///   4. SLURM_JOB_ID, with SLURM_STEP_ID when set: every task of one srun step agrees, and two
-///      steps of one allocation running side by side are kept apart too.
+///   4. SLURM_JOB_ID, without the step: the processes of one job may run in different steps
+///      (one `srun -n1` per rank; mpirun under sbatch, whose head-node processes are in the
+///      batch step and the others in an srun step), and they must meet. Steps run one after
+///      another are kept apart by the removal of dead runs; steps of one job that run side by
+///      side in one folder need NCCLKIT_RUN_ID.
 /// None found: no identity (the empty tag), as before identities existed.
 
 #include <string>  // std::string
@@ -25,7 +28,7 @@ inline constexpr const char* kLaunchRunIdVariable = "NCCLKIT_LAUNCH_RUN_ID";
 /// A job identity: what runs are matched by, and where it came from (for messages).
 struct RunIdentity {
   std::string tag;     ///< empty: no identity found
-  std::string source;  ///< "SLURM_JOB_ID=77, SLURM_STEP_ID=0"; empty with the tag
+  std::string source;  ///< "SLURM_JOB_ID=77"; empty with the tag
 };
 
 /// The identity the environment gives this process (see the top of this file).
@@ -37,12 +40,7 @@ inline RunIdentity run_identity_from_environment() {
   if (auto torchrun = env_string("TORCHELASTIC_RUN_ID"); torchrun && *torchrun != "none") {
     return {"torchrun:" + *torchrun, "TORCHELASTIC_RUN_ID=" + *torchrun + " (set by torchrun)"};
   }
-  if (auto job = env_string("SLURM_JOB_ID")) {
-    if (auto step = env_string("SLURM_STEP_ID")) {
-      return {"slurm:" + *job + "." + *step, "SLURM_JOB_ID=" + *job + ", SLURM_STEP_ID=" + *step};
-    }
-    return {"slurm:" + *job, "SLURM_JOB_ID=" + *job};
-  }
+  if (auto job = env_string("SLURM_JOB_ID")) return {"slurm:" + *job, "SLURM_JOB_ID=" + *job};
   return {};
 }
 

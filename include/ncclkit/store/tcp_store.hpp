@@ -60,6 +60,7 @@
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/rate_limiter.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 #include "ncclkit/store/detail/tcp_protocol.hpp"
 #include "ncclkit/store/store.hpp"
@@ -169,8 +170,8 @@ class TcpStoreServerLoop {
                         " must be in [1, 2^40]");
     }
     if (handshake_timeout_ <= std::chrono::milliseconds(0)) {
-      throw ConfigError("TcpStoreServerOptions::handshake_timeout=" + std::to_string(handshake_timeout_.count()) +
-                        " ms must be positive");
+      throw ConfigError("TcpStoreServerOptions::handshake_timeout=" + format_seconds(handshake_timeout_) +
+                        " must be positive");
     }
     limits_.max_value_bytes = options.max_value_bytes;
     hello_limits_.max_value_bytes = options.max_value_bytes;
@@ -326,7 +327,7 @@ class TcpStoreServerLoop {
         std::string note;
         if (resource_log_.admit(note)) {
           log_warn("TcpStore server on " + address_ + ": accepting a connection failed: " + errno_text(error) +
-                   "; not accepting new connections for " + std::to_string(kListenerRest.count()) + " ms" + note);
+                   "; not accepting new connections for " + format_seconds(kListenerRest) + note);
         }
         return pause_listener();
       }
@@ -388,7 +389,7 @@ class TcpStoreServerLoop {
              std::to_string(connections_.size()) + " client connection(s) open. Refusing new connections until some " +
              "close (" + std::to_string(refused_connections_) + " refused since the last such message); the open ones are still served. " +
              "Raise the limit (ulimit -n) if the job needs more connections; connections that do not complete " +
-             "their handshake are closed after " + format_duration(handshake_timeout_) +
+             "their handshake are closed after " + format_seconds(handshake_timeout_) +
              " (NCCLKIT_STORE_HANDSHAKE_TIMEOUT)" + note);
     refused_connections_ = 0;
   }
@@ -411,12 +412,6 @@ class TcpStoreServerLoop {
     } else {
       listener_resume_at_ = SteadyClock::now() + kListenerRest;
     }
-  }
-
-  /// "10 s", "300 ms".
-  static std::string format_duration(std::chrono::milliseconds duration) {
-    if (duration.count() % 1000 == 0) return std::to_string(duration.count() / 1000) + " s";
-    return std::to_string(duration.count()) + " ms";
   }
 
   /// A warning a peer can provoke: rate-limited, so that no peer can flood the log.
@@ -455,7 +450,7 @@ class TcpStoreServerLoop {
       close_connection(connection,
                        (connection.authenticated ? "it sent part of a frame, then nothing more for "
                                                  : "it did not complete the hello handshake within ") +
-                           format_duration(handshake_timeout_) + " (the handshake timeout, NCCLKIT_STORE_HANDSHAKE_TIMEOUT)",
+                           format_seconds(handshake_timeout_) + " (the handshake timeout, NCCLKIT_STORE_HANDSHAKE_TIMEOUT)",
                        true);
     }
   }
@@ -956,8 +951,8 @@ class TcpStore final : public Store {
     socket_.reset();
     if (!server_->wait_for_clients_to_leave(linger_)) {
       log_warn("TcpStore server on " + address_ + ": stopping with " + std::to_string(server_->open_connections()) +
-               " client(s) still connected after waiting " + std::to_string(linger_.count()) +
-               " ms for them (NCCLKIT_STORE_LINGER); they will see the store as lost");
+               " client(s) still connected after waiting " + format_seconds(linger_) +
+               " for them (NCCLKIT_STORE_LINGER); they will see the store as lost");
     }
   }
 
@@ -1117,10 +1112,8 @@ class TcpStore final : public Store {
       }
       const auto now = Clock::now();
       if (now >= deadline) {
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - start).count();
         throw TimeoutError("TcpStore could not connect to " + detail::format_host_port(host_, port_) + " (" + address_ +
-                           ") within " + std::to_string(timeout.count()) + " ms (waited " + std::to_string(waited) +
-                           " ms, " + std::to_string(attempts) + " attempts; last error: " + last_error +
+                           ") within " + format_seconds(timeout) + " (waited " + format_seconds(now - start) + ", " + std::to_string(attempts) + " attempts; last error: " + last_error +
                            "). Is the store server (rank 0) running and reachable from this host? Check "
                            "MASTER_ADDR/MASTER_PORT or the init URL");
       }
@@ -1209,7 +1202,7 @@ class TcpStore final : public Store {
       case detail::IoStatus::kTimedOut:
         socket_.reset();
         throw TimeoutError("TcpStore " + what + " on " + address_ + ": could not send the request within " +
-                           std::to_string(default_timeout().count()) + " ms; the server is not reading");
+                           format_seconds(default_timeout()) + "; the server is not reading");
       case detail::IoStatus::kClosed:
         fail_lost(what, "the server closed the connection");
       case detail::IoStatus::kError:
@@ -1274,9 +1267,8 @@ class TcpStore final : public Store {
       }
     });
     if (status == ReplyStatus::kTimedOut) {
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
       throw TimeoutError("TcpStore " + what + " on " + address_ + ": no reply from the server within " +
-                         std::to_string(waited) + " ms (the store timeout); the server may be overloaded or hung");
+                         format_seconds(Clock::now() - start) + " (the store timeout); the server may be overloaded or hung");
     }
     if (!server_error.empty()) throw StoreError("TcpStore " + what + " on " + address_ + " failed: " + server_error);
   }
@@ -1307,9 +1299,8 @@ class TcpStore final : public Store {
     });
     if (!server_error.empty()) throw StoreError("TcpStore " + what + " on " + address_ + " failed: " + server_error);
     if (status == ReplyStatus::kTimedOut || timed_out) {
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-      std::string text = "TcpStore " + what + " on " + address_ + " timed out after " + std::to_string(waited) +
-                         " ms (timeout " + std::to_string(timeout.count()) + " ms); key(s) still missing: ";
+      std::string text = "TcpStore " + what + " on " + address_ + " timed out after " +
+                         format_seconds(Clock::now() - start) + " (timeout " + format_seconds(timeout) + "); key(s) still missing: ";
       if (status == ReplyStatus::kTimedOut) {
         text += detail::printable_key_list(keys) + " (the server did not answer in time)";
       } else {

@@ -36,6 +36,7 @@
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit::nccl::detail {
@@ -70,8 +71,8 @@ inline void exchange_fingerprints(Store& scope, int rank, int size, std::uint64_
       std::vector<int> missing;
       for (int r = 1; r < size; ++r)
         if (!scope.check({check_key(number, std::to_string(r))})) missing.push_back(r);
-      throw TimeoutError(who + ": " + what + ": rank 0 gave no verdict within " + std::to_string(timeout.count()) +
-                         " ms + " + std::to_string(kVerdictSlack.count()) + " ms; " +
+      throw TimeoutError(who + ": " + what + ": rank 0 gave no verdict within " + ncclkit::format_seconds(timeout) +
+                         " + " + ncclkit::format_seconds(kVerdictSlack) + "; " +
                          (missing.empty() ? std::string("every other rank had arrived, so rank 0 has not reached this "
                                                         "collective (or failed: see its log)")
                                           : "not arrived: " + ncclkit::detail::rank_or_ranks(missing) +
@@ -98,7 +99,7 @@ inline void exchange_fingerprints(Store& scope, int rank, int size, std::uint64_
       for (int q = r; q < size; ++q)
         if (!scope.check({check_key(number, std::to_string(q))})) missing.push_back(q);
       const std::string text = what + ": " + ncclkit::detail::rank_or_ranks(missing) + " did not reach it within " +
-                               std::to_string(timeout.count()) + " ms (rank 0 waited; a rank that skipped this "
+                               ncclkit::format_seconds(timeout) + " (rank 0 waited; a rank that skipped this "
                                "collective, stalled or died). The communicator is unusable now";
       try {
         scope.set(verdict_key, "timeout\n" + text);
