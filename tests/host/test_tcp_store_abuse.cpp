@@ -196,14 +196,15 @@ struct ScopedEnv {
 };
 
 /// A server without a token whatever NCCLKIT_STORE_TOKEN says (the tests' clients send none).
-const TcpStoreServerOptions kNoToken{.token = ""};
+/// Made when called: its defaults (the handshake timeout) read the environment a test sets.
+TcpStoreServerOptions no_token() { return TcpStoreServerOptions{.token = ""}; }
 
 }  // namespace
 
 TEST_CASE("out of descriptors: the server serves its clients, refuses new ones quietly, recovers, and stops") {
   // Idle connections must be closed by the test here, not by the handshake timeout.
   ScopedEnv patient("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "60");
-  ServerProcess server(kNoToken, 64);
+  ServerProcess server(no_token(), 64);
   TcpStore good(client_of(server.port(), 3s));
   good.set("k", "v");
 
@@ -239,7 +240,7 @@ TEST_CASE("out of descriptors: the server serves its clients, refuses new ones q
 }
 
 TEST_CASE("a client that never reads its replies is disconnected before the server queues them") {
-  ServerProcess server(kNoToken);
+  ServerProcess server(no_token());
   TcpStore good(client_of(server.port(), 5s));
   std::mt19937_64 random(5);
   Bytes big(4 << 20);
@@ -299,7 +300,7 @@ TEST_CASE("before its token is proven, a peer can make the server buffer only a 
 TEST_CASE("a connection that does not finish its handshake, or stalls mid-frame, is closed after the handshake timeout") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   ScopedEnv quick("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "0.3");
-  ncclkit::TcpStoreServer server(kNoToken);
+  ncclkit::TcpStoreServer server(no_token());
   TcpStore waiter(client_of(server.port()));
   TcpStore setter(client_of(server.port()));
 
