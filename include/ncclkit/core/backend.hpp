@@ -13,9 +13,11 @@
 ///   - Gloo: `Stream` names a work queue. The default stream runs work inline in the calling
 ///     thread (the call returns when it is done); the comm stream hands work to one worker
 ///     thread per communicator that runs it in submission order (the call returns at once).
-/// `record(stream)` marks the work issued so far on `stream`; `wait(event, stream)` makes later
-/// work on `stream` wait for it; `synchronize(stream)` blocks the host until `stream` is idle
-/// and rethrows a failure of work that ran there.
+/// Events are made once and recorded many times: `create_event()` makes one, `record(event,
+/// stream)` marks the work issued so far on `stream` (forgetting what it marked before), and
+/// `record(stream)` does both at once for one-off use. `wait(event, stream)` makes later work on
+/// `stream` wait for the marked work; `synchronize(stream)` blocks the host until `stream` is
+/// idle and rethrows a failure of work that ran there.
 ///
 /// Collectives take `TensorView`s whose `where` must equal `Backend::memory_kind`. In-place
 /// means `out.data == in.data` (for all_gather: `in` is the rank's slice of `out`; for
@@ -34,7 +36,7 @@ namespace ncclkit {
 template <class B>
 concept Backend = requires(B& backend, const B& const_backend, TensorView in, TensorView out,
                            ReduceOp op, int root, typename B::Stream stream,
-                           typename B::Event event, std::size_t bytes, void* pointer,
+                           typename B::Event& event, std::size_t bytes, void* pointer,
                            const void* const_pointer, double factor) {
   typename B::Stream;
   typename B::Event;
@@ -47,6 +49,8 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   // Streams and ordering.
   { backend.default_stream() } -> std::same_as<typename B::Stream>;
   { backend.comm_stream() } -> std::same_as<typename B::Stream>;
+  { backend.create_event() } -> std::same_as<typename B::Event>;
+  backend.record(event, stream);                 // re-records a reusable event
   { backend.record(stream) } -> std::same_as<typename B::Event>;
   backend.wait(event, stream);
   backend.synchronize(stream);
