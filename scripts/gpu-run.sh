@@ -9,7 +9,7 @@
 #
 # The GPU machine has no compiler toolchain for this project's dependencies (doctest, Gloo), so
 # binaries are built here and carried (../shared/gpu.md). With the `run` tool of the GPU
-# machines (docs/gpu-runs.md has the exact call):
+# machines (docs/dev/gpu-runs.md has the exact call):
 #   run(kind="nvidia-h100-x4", carry=["build-gpu/carry"], command="scripts/gpu-run.sh run $OUT")
 #
 # `run` exits non-zero when anything failed, when a phase timed out, or when zero test cases
@@ -157,7 +157,7 @@ run_all() {
   #    messages get 2000 timed calls (20 rounds of 100) and the middle sizes 1000 (20 rounds of
   #    50): rounds of a dozen calls left the comparison to noise (runs 4-7), a median of 5
   #    rounds still let single rows land +3 to +11 us off where 20 rounds stayed within +1.8
-  #    (run 18, docs/gpu-runs.md), and 5 rounds of 40 at 1 MiB (a call of 11-18 us) moved the
+  #    (run 18, docs/dev/gpu-runs.md), and 5 rounds of 40 at 1 MiB (a call of 11-18 us) moved the
   #    same code by 5-10% from one sweep to the next (runs 35-37).
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_small.csv"

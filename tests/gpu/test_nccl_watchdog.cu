@@ -10,7 +10,7 @@
 // NCCL's aborted kernels stop waiting but keep signalling their peers (prims: a wait breaks on
 // the abort flag, the step counters are still posted), so a survivor whose direct peers in
 // NCCL's ring all aborted can see the collective complete, with undefined data, and fails
-// only at its next collective (GPU run 4, docs/gpu-runs.md). The drills accept that outcome
+// only at its next collective (GPU run 4, docs/dev/gpu-runs.md). The drills accept that outcome
 // only when it is explained so (some peer had already timed out) and the next collective
 // fails; they print the data and timing that show it. A failing rank announces its failure
 // through the store, and the other ranks' store links learn of it from there (watchdog.hpp):
@@ -256,7 +256,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
                    "destruction of an idle communicator whose peer is gone took " + std::to_string(took) + " s");
   } else if (drill == Drill::kDestroy) {
     comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);
-    // Pending work gets the timeout, then the communicator is aborted. Run 20 (docs/gpu-runs.md)
+    // Pending work gets the timeout, then the communicator is aborted. Run 20 (docs/dev/gpu-runs.md)
     // saw one rank never return from here.
     destroy_watched(comm, "rank " + std::to_string(r) + ": destroying a communicator with a hung collective");
     const double took = std::chrono::duration<double>(Clock::now() - start).count();

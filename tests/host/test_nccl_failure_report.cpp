@@ -1,6 +1,6 @@
 // FailureReport (ncclkit/nccl/failure_report.hpp): which ranks a failure report shows as
 // behind, and its text. Plain data, so it runs on machines without a GPU. The first cases
-// are the progress tables of GPU run 4 (docs/gpu-runs.md), where one survivor got a
+// are the progress tables of GPU run 4 (docs/dev/gpu-runs.md), where one survivor got a
 // collective ahead of the others and their reports blamed themselves.
 #include <doctest/doctest.h>
 
