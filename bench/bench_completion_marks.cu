@@ -1,5 +1,5 @@
 // bench_completion_marks: why the NCCL communicator tracks each collective with a
-// cudaEventRecord issued by the calling thread (docs/perf-nccl.md, "Where the overhead goes").
+// cudaEventRecord issued by the calling thread (docs/performance.md, "Host cost per NCCL call").
 //
 // 1. Host cost of the ways to mark a point on a stream that a watchdog thread could poll:
 //    cudaEventRecord, cuStreamWriteValue32 into mapped host memory, cudaLaunchHostFunc; and of

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times PyTorch's NCCL process group (torch.distributed) the way bench/perf_nccl times ncclkit.
 
-The peer side of docs/perf-nccl.md: the same method as bench/perf_engine.hpp, so the rows can
+The peer side of docs/performance.md's NCCL tables: the same method as bench/perf_engine.hpp, so the rows can
 be set beside perf_nccl's (scripts/perf_targets.py does). N local processes, one GPU each;
 for each collective and size: one correctness check against a known result, -w warm-up calls,
 then -R rounds of ceil(n/R) back-to-back calls, each round timed on the host from the first

@@ -9,7 +9,7 @@
 #
 # The GPU machine has no compiler toolchain for this project's dependencies (doctest, Gloo), so
 # binaries are built here and carried (../shared/gpu.md). With the `run` tool of the GPU
-# machines (docs/gpu-runs.md has the exact call):
+# machines (docs/dev/gpu-runs.md has the exact call):
 #   run(kind="nvidia-h100-x4", carry=["build-gpu/carry"], command="scripts/gpu-run.sh run $OUT")
 #
 # `run` exits non-zero when anything failed, when a phase timed out, or when zero test cases
@@ -155,10 +155,9 @@ run_all() {
   # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
   #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
   #    messages get 2000 timed calls (20 rounds of 100) and the middle sizes 1000 (20 rounds of
-  #    50): rounds of a dozen calls left the comparison to noise (runs 4-7), a median of 5
-  #    rounds still let single rows land +3 to +11 us off where 20 rounds stayed within +1.8
-  #    (run 18, docs/gpu-runs.md), and 5 rounds of 40 at 1 MiB (a call of 11-18 us) moved the
-  #    same code by 5-10% from one sweep to the next (runs 35-37).
+  #    50): rounds of a dozen calls leave the comparison to noise, a median of 5 rounds lets
+  #    single rows land +3 to +11 us off where 20 rounds stay within +1.8, and 5 rounds of 40
+  #    at 1 MiB (a call of 11-18 us) moved the same code by 5-10% from one sweep to the next.
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_small.csv"
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 1000 -w 20 -R 20 \
@@ -188,8 +187,8 @@ run_all() {
   CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
   # 6. One thread driving 4 GPUs (-g: one grouped call per step), ncclkit and raw: every
   #    collective checked, then all_reduce timed, with 100 steps per round as in perf-p4-small
-  #    (perf-p4 takes 40): with 40 (run 27 and before: -n 200 -R 5 from 8 B) a round's start and end
-  #    weighed on every step, and the raw step itself took 31 us instead of 22.
+  #    (perf-p4 takes 50): with 40 (-n 200 -R 5 from 8 B) a round's start and end weigh on
+  #    every step, and the raw step itself took 31 us instead of 22.
   CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
     -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
   CUDA_VISIBLE_DEVICES=$all phase perf-g$n-small 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \

@@ -7,7 +7,7 @@ For every (collective, placement, size) that has both an ncclkit and a raw row:
   - sizes >= 1 MiB: busbw within 2% of raw (ncclkit busbw >= 0.98 x raw);
   - sizes 8 B .. 64 KiB: time within 1 us of raw (ncclkit time <= raw time + 1 us).
 Prints a summary per file and the rows that miss, worst first. Exit status 0 always: the
-numbers are for docs/perf-nccl.md, not a pass/fail gate (timings vary run to run).
+numbers are for docs/performance.md, not a pass/fail gate (timings vary run to run).
 
 A file of PyTorch rows (bench/pytorch_nccl_bench.py --csv) named perf_torch_REST.csv is set
 beside the ncclkit rows of perf_REST.csv when that file is given too: per row the time of

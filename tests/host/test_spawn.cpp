@@ -111,7 +111,8 @@ TEST_CASE("workers start with default signal handlers, whatever the parent insta
 }
 
 TEST_CASE("exit statuses are collected even when the caller ignores SIGCHLD, which is restored") {
-  // With SIGCHLD ignored the kernel reaps children itself: spawn used to report "exit code -1".
+  // With SIGCHLD ignored the kernel reaps children itself, and waitpid finds no status to
+  // report ("exit code -1") unless spawn restores the default disposition while it runs.
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   auto previous = ::signal(SIGCHLD, SIG_IGN);
   auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo& world) { return world.rank == 1 ? 3 : 0; });
@@ -129,8 +130,8 @@ TEST_CASE("exit statuses are collected even when the caller ignores SIGCHLD, whi
 }
 
 TEST_CASE("a huge timeout (milliseconds::max()) does not stop the workers at once") {
-  // now + milliseconds::max() used to overflow into a deadline already passed: every worker
-  // was killed at once and the run reported as timed out.
+  // now + milliseconds::max() can overflow into a deadline already passed: every worker would
+  // be killed at once and the run reported as timed out.
   ncclkit::SpawnOptions options;
   options.timeout = std::chrono::milliseconds::max();
   auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo&) {

@@ -631,8 +631,8 @@ TEST_CASE("NCCLKIT_STORE_LINGER=0 means the hosting rank does not linger for con
 }
 
 TEST_CASE("a huge timeout (milliseconds::max()) means wait long, not time out at once") {
-  // timeout + the reply grace used to overflow, giving a deadline in the past: the get threw
-  // TimeoutError "after 0 ms" and dropped the connection instead of waiting for the key.
+  // timeout + the reply grace can overflow into a deadline in the past: the get would throw
+  // TimeoutError "after 0 ms" and drop the connection instead of waiting for the key.
   TcpStoreServer server;
   TcpStore waiter(client_of(server));
   TcpStore setter(client_of(server));

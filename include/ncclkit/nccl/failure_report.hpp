@@ -47,9 +47,9 @@ struct FailureReport {
 
   /// The sequence number a rank must have issued not to be shown behind: the failed
   /// collective's own when one was in flight (a rank that never issued it is what the others
-  /// waited for; a rank that issued more is no cause: in run 4 of docs/gpu-runs.md one rank
-  /// got ahead, and when "behind" meant "behind the most advanced rank" the other ranks'
-  /// reports blamed themselves), the last of them when the record covers several (any of
+  /// waited for; a rank that issued more is no cause: judged against the most advanced rank
+  /// instead, one rank that got ahead would put every other rank, the reporting one included,
+  /// behind), the last of them when the record covers several (any of
   /// them may be the one that did not complete), else the most any known rank issued.
   std::uint64_t needed_seq() const {
     if (has_operation && seq > 0) return std::max(seq, last_seq);

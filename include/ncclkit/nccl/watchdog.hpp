@@ -88,7 +88,7 @@ using Clock = std::chrono::steady_clock;
 ///
 /// Two NCCL communicators per ncclkit communicator, because NCCL's non-blocking mode costs
 /// about 90 us per collective (NCCL 2.28 launches every group of a non-blocking communicator
-/// from a helper thread; measured in docs/perf-nccl.md):
+/// from a helper thread), against about 8 us for a blocking one:
 ///   - `control`, non-blocking: init, split and finalize, each polled and so bounded;
 ///   - `comm`, blocking, split from `control` (bounded too, since its parent is non-blocking):
 ///     every collective. A blocking call that does not return (connection setup waiting for a
@@ -468,9 +468,8 @@ class Watchdog {
   /// and record. A stream runs in order, so the event completing still means that every
   /// collective of the record has; what a burst gives up is telling its members' completions
   /// apart (a report names the first and how many came after it). It spares the pool and the
-  /// queue a record per call, and keeps the events in use few: measured against the code
-  /// before it on one host, small collectives took 0.37 us less per call, and a 4-GPU step
-  /// of one thread 0.93 us less once groups joined (docs/perf-nccl.md, runs 28 and 29).
+  /// queue a record per call, and keeps the events in use few, which makes small collectives
+  /// cheaper per call (docs/performance.md, "Host cost per NCCL call").
   void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
              std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt,
              bool merge = false) {
