@@ -1,7 +1,9 @@
 #pragma once
 /// TcpStore: a key-value store served over TCP. A TcpStoreServer (inside rank 0, standalone,
 /// or started by spawn()) holds the keys; every process talks to it through a TcpStore
-/// client. The wire format is in ncclkit/store/detail/tcp_protocol.hpp.
+/// client. This header is the client and includes the rest: the server
+/// (store/tcp_store_server.hpp, its event loop in detail/tcp_store_server_loop.hpp), the
+/// options of both (store/tcp_store_options.hpp) and the wire format (detail/tcp_protocol.hpp).
 ///
 /// Server: one thread running an epoll loop over non-blocking sockets, so one slow or hostile
 /// peer never stalls the others. Blocking requests (get, wait) are parked per key and answered
