@@ -19,6 +19,8 @@
 #include "ncclkit/store/prefix_store.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
+#include "ncclkit/store/tcp_store_options.hpp"
+#include "ncclkit/store/tcp_store_server.hpp"
 
 #include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"

@@ -13,7 +13,6 @@
 #include <sys/wait.h>    // waitpid
 #include <unistd.h>      // fork, _exit
 
-#include <algorithm>    // std::min
 #include <cerrno>       // errno
 #include <chrono>       // std::chrono
 #include <cstdio>       // std::fflush
@@ -22,7 +21,6 @@
 #include <filesystem>   // std::filesystem::remove_all
 #include <optional>     // std::optional (the TcpStore server of SpawnStore::kTcp)
 #include <string>       // std::string
-#include <thread>       // std::this_thread::sleep_for
 #include <type_traits>  // std::invoke_result_t
 #include <vector>       // std::vector
 
@@ -31,6 +29,7 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/poll.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 #include "ncclkit/store/tcp_store.hpp"
 
@@ -270,7 +269,10 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
   int remaining = nprocs;
   bool terminating = false;
   Clock::time_point kill_at{};
-  auto poll_interval = std::chrono::microseconds(200);
+  // Children are polled (waitpid WNOHANG): from 200 µs, so that quick workers are reaped
+  // quickly, doubling up to 10 ms while nothing happens, and from the start after each exit.
+  detail::Backoff backoff(detail::BackoffPolicy{.first = std::chrono::microseconds(200),
+                                                .cap = std::chrono::milliseconds(10)});
   while (remaining > 0) {
     bool progressed = false;
     for (int rank = 0; rank < nprocs; ++rank) {
@@ -314,10 +316,9 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
       kill_at = now + std::chrono::seconds(1);  // re-send if something is slow to die
     }
     if (progressed) {
-      poll_interval = std::chrono::microseconds(200);
+      backoff.reset();
     } else {
-      std::this_thread::sleep_for(poll_interval);
-      poll_interval = std::min<std::chrono::microseconds>(poll_interval * 2, std::chrono::milliseconds(10));
+      backoff.sleep(terminating ? kill_at : deadline);
     }
   }
   if (own_dir) {

@@ -1,7 +1,7 @@
 #pragma once
 /// Deadlines from timeouts that cannot overflow. A caller may pass milliseconds::max() to mean
 /// "wait forever"; now() + that wraps into a deadline already passed, so every timeout is
-/// bounded by kLongestTimeout (a century: forever enough) before it is added to a time.
+/// bounded by kLongestTimeout (about 31.7 years: forever enough) before it is added to a time.
 ///
 /// Host code only: C++20.
 
@@ -10,8 +10,10 @@
 
 namespace ncclkit::detail {
 
-/// The longest timeout ncclkit acts on.
-inline constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::hours(24 * 365 * 100);
+/// The longest timeout ncclkit acts on, 1e9 s: the one limit of every timeout, both where a
+/// given timeout is refused as too long (an environment variable, Options::timeout) and where
+/// one is bounded before a deadline is computed from it. Far from the clock's overflow.
+inline constexpr std::chrono::milliseconds kLongestTimeout = std::chrono::seconds(1'000'000'000);
 
 /// `timeout` within [0, kLongestTimeout].
 inline std::chrono::milliseconds bounded_timeout(std::chrono::milliseconds timeout) {

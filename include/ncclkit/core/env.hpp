@@ -11,6 +11,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
+#include "ncclkit/core/deadline.hpp"  // detail::kLongestTimeout
 #include "ncclkit/core/error.hpp"
 
 namespace ncclkit {
@@ -55,9 +56,9 @@ inline std::optional<std::int64_t> env_int(const char* name) {
   return value;
 }
 
-/// The longest timeout ncclkit takes, in seconds (about 31 years): deadlines of now + timeout
-/// stay far from the clock's overflow.
-inline constexpr double kMaxTimeoutSeconds = 1e9;
+/// The longest timeout ncclkit takes, in seconds: detail::kLongestTimeout (core/deadline.hpp),
+/// the one limit, in the unit that timeouts are written in.
+inline constexpr double kMaxTimeoutSeconds = std::chrono::duration<double>(detail::kLongestTimeout).count();
 
 /// A timeout written in seconds ("300", "2.5"), in whole milliseconds (rounded to nearest, and
 /// at least 1 ms: never the 0 that means "the default"); nullopt unless it is a number > 0 and
