@@ -48,12 +48,12 @@
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "launch/detail/process_tree.hpp"
+#include "launch/group_result.hpp"
+#include "launch/output.hpp"
+#include "launch/signals.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/time_format.hpp"
-#include "ncclkit/launch/detail/process_tree.hpp"
-#include "ncclkit/launch/group_result.hpp"
-#include "ncclkit/launch/output.hpp"
-#include "ncclkit/launch/signals.hpp"
 
 namespace ncclkit::launch {
 
