@@ -37,10 +37,10 @@
 #include <string>
 #include <vector>
 
+#include "launch/gpus.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/coarse_clock.hpp"
-#include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"

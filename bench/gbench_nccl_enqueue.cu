@@ -27,9 +27,9 @@
 #include <memory>
 #include <vector>
 
+#include "launch/gpus.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
-#include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"

@@ -45,11 +45,11 @@
 #include "perf_engine.hpp"
 #include "raw_nccl_comm.hpp"
 
+#include "launch/gpus.hpp"
 #include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/launch/gpus.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/local_group.hpp"

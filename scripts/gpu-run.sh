@@ -44,7 +44,7 @@ build() {
   [[ -n "$lib" ]] && cp "$lib" "$CARRY/"
   strip --strip-debug "$CARRY"/*
   {
-    echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tests/gpu bench || echo ' (plus uncommitted changes)')"
+    echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tools tests/gpu bench || echo ' (plus uncommitted changes)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) for sm_90"
     echo "nvcc $(/usr/local/cuda/bin/nvcc --version | tail -1)"
   } >"$CARRY/BUILD_INFO"

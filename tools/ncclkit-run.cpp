@@ -1,15 +1,15 @@
 // ncclkit-run: starts one worker per GPU (or as many as asked) on this node, for one node or
-// many, and supervises them. The logic lives in include/ncclkit/launch/ (testable headers);
+// many, and supervises them. The logic lives in tools/launch/ (testable headers);
 // this file only maps it onto a process: arguments in, exit status out. docs/launch.md.
 #include <cstdio>     // std::fputs, std::printf
 #include <exception>  // std::exception
 #include <string>     // std::string
 
+#include "launch/check.hpp"
+#include "launch/launcher.hpp"
+#include "launch/options.hpp"
+#include "launch/signals.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/launch/check.hpp"
-#include "ncclkit/launch/launcher.hpp"
-#include "ncclkit/launch/options.hpp"
-#include "ncclkit/launch/signals.hpp"
 #include "ncclkit/version.hpp"
 
 namespace {

@@ -5,8 +5,8 @@
 
 #include <fstream>
 
+#include "launch/check.hpp"
 #include "launch/launch_test_support.hpp"
-#include "ncclkit/launch/check.hpp"
 
 using namespace ncclkit::launch;
 using namespace launch_test;

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "launch/gpus.hpp"
 #include "launch/launch_test_support.hpp"
-#include "ncclkit/launch/gpus.hpp"
-#include "ncclkit/launch/worker_env.hpp"
+#include "launch/worker_env.hpp"
 
 using namespace ncclkit::launch;
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "ncclkit/launch/options.hpp"
+#include "launch/options.hpp"
 
 using ncclkit::ConfigError;
 using ncclkit::launch::parse_launch_args;

@@ -9,7 +9,7 @@
 #include <random>
 #include <string>
 
-#include "ncclkit/launch/output.hpp"
+#include "launch/output.hpp"
 
 using ncclkit::launch::LinePrefixer;
 

@@ -1,4 +1,4 @@
-// The launchers' store (ncclkit/launch/launcher_store.hpp): the warning for a store that other
+// The launchers' store (tools/launch/launcher_store.hpp): the warning for a store that other
 // hosts can reach without a token, and that the coordinator gives it when it starts.
 #include <doctest/doctest.h>
 
@@ -6,8 +6,8 @@
 #include <string>  // std::string
 #include <vector>  // std::vector
 
-#include "ncclkit/launch/launcher_store.hpp"
-#include "ncclkit/launch/store_coordinator.hpp"
+#include "launch/launcher_store.hpp"
+#include "launch/store_coordinator.hpp"
 
 using ncclkit::TcpStore;
 using ncclkit::TcpStoreServer;

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "launch/launch_test_support.hpp"
+#include "launch/supervisor.hpp"
 
 using namespace launch_test;
 
@@ -422,4 +423,21 @@ TEST_CASE("usage errors give exit status 2") {
   REQUIRE(launcher.wait(30s));
   CHECK(launcher.status == 2);
   CHECK(contains(launcher.err(), "--nproc-per-node '0' must be a whole number in [1, 4096]"));
+}
+
+TEST_CASE("a worker group that cannot start leaves no descriptor open (its log files included)") {
+  TempDir dir;
+  ncclkit::launch::SignalCatcher signals;
+  auto open_descriptors = [] {
+    std::size_t count = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++count;
+    return count;
+  };
+  const std::size_t before = open_descriptors();
+  // Rank 0's log file is open when rank 1 turns out to have no program: nothing has started.
+  const std::vector<ncclkit::launch::WorkerSpec> specs{{0, 0, {"true"}, {}}, {1, 1, {}, {}}};
+  const ncclkit::launch::SuperviseOptions options{.log_dir = dir / "logs"};
+  CHECK_THROWS_WITH_AS(ncclkit::launch::run_worker_group(specs, signals, options),
+                       "ncclkit-run: worker 1 has no program", ncclkit::ConfigError);
+  CHECK(open_descriptors() == before);
 }

@@ -22,9 +22,9 @@
 #include <string>     // std::string
 #include <vector>     // std::vector
 
+#include "launch/signals.hpp"
 #include "ncclkit/core/rank_list.hpp"
 #include "ncclkit/core/time_format.hpp"
-#include "ncclkit/launch/signals.hpp"
 
 namespace ncclkit::launch {
 

@@ -11,7 +11,7 @@
 #include <string>    // std::string
 #include <vector>    // std::vector
 
-#include "ncclkit/launch/supervisor.hpp"
+#include "launch/supervisor.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 #include "ncclkit/store/file_store.hpp"  // detail::file_store::random_hex_id
 

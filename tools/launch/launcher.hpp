@@ -16,15 +16,15 @@
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "launch/coordinator.hpp"
+#include "launch/gpus.hpp"
+#include "launch/launcher_store.hpp"
+#include "launch/options.hpp"
+#include "launch/signals.hpp"
+#include "launch/store_coordinator.hpp"
+#include "launch/supervisor.hpp"
+#include "launch/worker_env.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/launch/coordinator.hpp"
-#include "ncclkit/launch/gpus.hpp"
-#include "ncclkit/launch/launcher_store.hpp"
-#include "ncclkit/launch/options.hpp"
-#include "ncclkit/launch/signals.hpp"
-#include "ncclkit/launch/store_coordinator.hpp"
-#include "ncclkit/launch/supervisor.hpp"
-#include "ncclkit/launch/worker_env.hpp"
 
 namespace ncclkit::launch {
 

@@ -19,8 +19,8 @@
 #include <utility>     // std::pair
 #include <vector>      // std::vector
 
+#include "launch/detail/subprocess.hpp"
 #include "ncclkit/core/env.hpp"
-#include "ncclkit/launch/detail/subprocess.hpp"
 
 namespace ncclkit::launch {
 

@@ -33,17 +33,17 @@
 #include <thread>      // std::thread (the listener)
 #include <vector>      // std::vector
 
+#include "launch/gpus.hpp"
+#include "launch/interfaces.hpp"
+#include "launch/launcher_store.hpp"
+#include "launch/options.hpp"
+#include "launch/output.hpp"
+#include "launch/store_coordinator.hpp"
+#include "launch/supervisor.hpp"
+#include "launch/versions.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/time_format.hpp"
-#include "ncclkit/launch/gpus.hpp"
-#include "ncclkit/launch/interfaces.hpp"
-#include "ncclkit/launch/launcher_store.hpp"
-#include "ncclkit/launch/options.hpp"
-#include "ncclkit/launch/output.hpp"
-#include "ncclkit/launch/store_coordinator.hpp"
-#include "ncclkit/launch/supervisor.hpp"
-#include "ncclkit/launch/versions.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 
 namespace ncclkit::launch {

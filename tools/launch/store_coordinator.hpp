@@ -42,11 +42,11 @@
 
 #include <unistd.h>  // gethostname, getpid
 
+#include "launch/coordinator.hpp"
+#include "launch/launcher_store.hpp"
+#include "launch/options.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/time_format.hpp"
-#include "ncclkit/launch/coordinator.hpp"
-#include "ncclkit/launch/launcher_store.hpp"
-#include "ncclkit/launch/options.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
 

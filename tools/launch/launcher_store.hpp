@@ -7,9 +7,9 @@
 #include <optional>    // std::optional
 #include <string>      // std::string
 
+#include "launch/interfaces.hpp"
+#include "launch/options.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/launch/interfaces.hpp"
-#include "ncclkit/launch/options.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
 
