@@ -110,23 +110,31 @@ class FusedLayout {
       throw ConfigError("ncclkit: FusedLayout::finalize: alignment " + std::to_string(options.alignment) +
                         " is not a power of two (256 suits every backend)");
     }
-    alignment_ = options.alignment;
+    // Computed aside and committed at the end, so that a refused layout is left as it was.
+    const auto align_for = [&](DataType dtype) {
+      return options.alignment > size_of(dtype) ? options.alignment : size_of(dtype);
+    };
+    std::vector<std::size_t> offsets(slots_.size());
+    std::array<std::vector<Slot>, kDataTypeCount> order{};
     std::array<std::size_t, kDataTypeCount> cursor{};
     for (std::size_t i = slots_.size(); i-- > 0;) {
-      Entry& entry = slots_[i];
+      const Entry& entry = slots_[i];
       const std::size_t type = static_cast<std::size_t>(entry.dtype);
-      const std::size_t align = alignment_of(entry.dtype);
+      const std::size_t align = align_for(entry.dtype);
       const std::size_t bytes = entry.count * size_of(entry.dtype);
       const std::size_t limit = std::numeric_limits<std::size_t>::max() - align;
       if (bytes > limit || cursor[type] > limit - bytes) {
         throw ConfigError("ncclkit: FusedLayout::finalize: the " + std::string(name_of(entry.dtype)) +
                           " allocation overflows std::size_t at tensor \"" + entry.name + "\"");
       }
-      entry.offset_bytes = cursor[type];
+      offsets[i] = cursor[type];
       cursor[type] = align_up(cursor[type] + bytes, align);
-      order_[type].push_back(Slot{static_cast<std::uint32_t>(i)});
+      order[type].push_back(Slot{static_cast<std::uint32_t>(i)});
     }
+    for (std::size_t i = 0; i < slots_.size(); ++i) slots_[i].offset_bytes = offsets[i];
+    order_ = std::move(order);
     total_bytes_ = cursor;
+    alignment_ = options.alignment;
     finalized_ = true;
   }
 
