@@ -10,21 +10,60 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
-#include <cstddef>  // std::size_t
-#include <cstdint>  // std::uint32_t
-#include <ranges>   // std::ranges::iota_view
-#include <string>   // std::string, std::to_string
-#include <utility>  // std::move
-#include <vector>   // std::vector
+#include <cstddef>   // std::size_t, std::ptrdiff_t
+#include <cstdint>   // std::uint32_t
+#include <iterator>  // std::forward_iterator_tag, std::input_iterator_tag
+#include <string>    // std::string, std::to_string
+#include <utility>   // std::move
+#include <vector>    // std::vector
 
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/layout.hpp"
 
 namespace ncclkit::fusion {
 
-/// Indices of buckets to launch, in plan order: `for (std::size_t b : range) launch(plan[b]);`.
-/// Always a contiguous run of the plan, since buckets launch in plan order.
-using BucketRange = std::ranges::iota_view<std::size_t, std::size_t>;
+/// Indices [first, last) of buckets to launch, in plan order:
+/// `for (std::size_t b : range) launch(plan[b]);`. Always a contiguous run of the plan, since
+/// buckets launch in plan order, so it needs no allocation. (Not std::ranges::iota_view: over
+/// std::size_t its difference type is a 128-bit integer-like class that standard containers'
+/// iterator-pair constructors reject in strict C++20 mode.)
+struct BucketRange {
+  /// Iterates the indices; a forward iterator whose reference is the index itself.
+  class Iterator {
+   public:
+    using iterator_concept = std::forward_iterator_tag;
+    using iterator_category = std::input_iterator_tag;  // dereferences to a value, not a reference
+    using value_type = std::size_t;
+    using difference_type = std::ptrdiff_t;
+    using reference = std::size_t;
+    using pointer = void;
+    constexpr Iterator() = default;
+    constexpr explicit Iterator(std::size_t at) : at_(at) {}
+    constexpr std::size_t operator*() const { return at_; }
+    constexpr Iterator& operator++() {
+      ++at_;
+      return *this;
+    }
+    constexpr Iterator operator++(int) {
+      Iterator before = *this;
+      ++at_;
+      return before;
+    }
+    friend constexpr bool operator==(Iterator, Iterator) = default;
+
+   private:
+    std::size_t at_ = 0;
+  };
+
+  std::size_t first = 0;
+  std::size_t last = 0;
+
+  constexpr Iterator begin() const { return Iterator(first); }
+  constexpr Iterator end() const { return Iterator(last); }
+  constexpr bool empty() const { return first == last; }
+  constexpr std::size_t size() const { return last - first; }
+  friend constexpr bool operator==(BucketRange, BucketRange) = default;
+};
 
 /// What `finish` does about tensors never marked ready in a step.
 enum class MissingTensors {
@@ -89,7 +128,7 @@ class ReadyTracker {
     marked_[slot.index] = true;
     ++marked_count_;
     const auto bucket = plan_.bucket_of(slot);
-    if (!bucket) return BucketRange(launched_, launched_);
+    if (!bucket) return BucketRange{launched_, launched_};
     --pending_[*bucket];
     return advance();
   }
@@ -100,7 +139,7 @@ class ReadyTracker {
   /// still to launch. ConfigError when called twice in a step.
   FinishResult finish() {
     if (finished_) throw ConfigError("ncclkit: ReadyTracker::finish: called twice; call reset() to start the next step");
-    FinishResult result{BucketRange(launched_, launched_), {}};
+    FinishResult result{BucketRange{launched_, launched_}, {}};
     for (std::uint32_t i = 0; i < marked_.size(); ++i) {
       if (!marked_[i] && plan_.count(Slot{i}) != 0) result.zeroed.push_back(Slot{i});
     }
@@ -114,7 +153,7 @@ class ReadyTracker {
     }
     const std::size_t first = launched_;
     launched_ = plan_.size();
-    result.launch = BucketRange(first, launched_);
+    result.launch = BucketRange{first, launched_};
     finished_ = true;
     return result;
   }
@@ -155,7 +194,7 @@ class ReadyTracker {
   BucketRange advance() {
     const std::size_t first = launched_;
     while (launched_ < pending_.size() && pending_[launched_] == 0) ++launched_;
-    return BucketRange(first, launched_);
+    return BucketRange{first, launched_};
   }
 
   BucketPlan plan_;
