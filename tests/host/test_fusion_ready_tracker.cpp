@@ -18,6 +18,7 @@
 
 using ncclkit::ConfigError;
 using ncclkit::DataType;
+using ncclkit::fusion::Bucket;
 using ncclkit::fusion::BucketOptions;
 using ncclkit::fusion::BucketPlan;
 using ncclkit::fusion::BucketRange;
@@ -271,4 +272,32 @@ TEST_CASE("a BucketRange is a forward range of indices") {
   CHECK_FALSE(range.empty());
   CHECK(std::vector<std::size_t>(range.begin(), range.end()) == std::vector<std::size_t>{2, 3, 4});
   CHECK(BucketRange{4, 4}.empty());
+}
+
+TEST_CASE("the example of docs/fusion.md") {
+  using namespace ncclkit;
+  using namespace ncclkit::fusion;
+  std::vector<std::string> launched;
+  const auto launch = [&](const Bucket& bucket) {
+    launched.push_back(std::to_string(bucket.begin_elements()) + "+" + std::to_string(bucket.count()));
+  };
+
+  FusedLayout layout;
+  const Slot weight = layout.add("fc.weight", {1000, 2048}, DataType::kFloat32);
+  const Slot bias = layout.add("fc.bias", {1000}, DataType::kFloat32);
+  layout.finalize();  // offsets: fc.bias at 0, fc.weight at 4096 (reverse order, 256-byte aligned)
+  CHECK(layout.offset_bytes(bias) == 0);
+  CHECK(layout.offset_bytes(weight) == 4096);
+
+  const BucketPlan plan = BucketPlan::compute(layout);  // 25 MiB buckets, first one 1 MiB
+
+  ReadyTracker tracker(plan);
+  for (int step = 0; step < 3; ++step) {
+    tracker.reset();
+    // ... backward writes fc.bias's gradient, then fc.weight's ...
+    for (std::size_t b : tracker.mark_ready(bias)) launch(plan[b]);    // bucket 0: fc.bias
+    for (std::size_t b : tracker.mark_ready(weight)) launch(plan[b]);  // bucket 1: fc.weight
+    tracker.finish();  // throws, naming them, if a tensor was never marked
+  }
+  CHECK(launched == std::vector<std::string>{"0+1024", "1024+2048000", "0+1024", "1024+2048000", "0+1024", "1024+2048000"});
 }

@@ -39,8 +39,8 @@ class ByteWriter {
   std::vector<std::byte> take() && { return std::move(bytes_); }
 
  private:
-  void put(std::uint64_t value, int width) {
-    for (int i = 0; i < width; ++i) bytes_.push_back(static_cast<std::byte>((value >> (8 * i)) & 0xff));
+  void put(std::uint64_t value, std::size_t width) {
+    for (std::size_t i = 0; i < width; ++i) bytes_.push_back(static_cast<std::byte>((value >> (8 * i)) & 0xff));
   }
   std::vector<std::byte> bytes_;
 };
@@ -80,11 +80,11 @@ class ByteReader {
                         " left of " + std::to_string(bytes_.size()));
     }
   }
-  std::uint64_t get(std::string_view field, int width) {
-    need(field, static_cast<std::size_t>(width));
+  std::uint64_t get(std::string_view field, std::size_t width) {
+    need(field, width);
     std::uint64_t value = 0;
-    for (int i = 0; i < width; ++i) value |= static_cast<std::uint64_t>(bytes_[at_ + i]) << (8 * i);
-    at_ += static_cast<std::size_t>(width);
+    for (std::size_t i = 0; i < width; ++i) value |= static_cast<std::uint64_t>(bytes_[at_ + i]) << (8 * i);
+    at_ += width;
     return value;
   }
 
