@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 #include <string>
 
@@ -112,4 +113,19 @@ TEST_CASE("a closed reader does not stop the prefixer (EPIPE is ignored)") {
   ::sigaction(SIGPIPE, &previous, nullptr);
   ::close(fds[1]);
   CHECK(lines.pending() == 0);
+}
+
+TEST_CASE("a reader that stops reading does not block the writer past the stall limit") {
+  int fds[2];
+  REQUIRE(::pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0);
+  const std::string block(4096, 'x');
+  while (::write(fds[1], block.data(), block.size()) > 0) {
+  }  // the pipe is full and nobody reads it
+  const auto start = std::chrono::steady_clock::now();
+  ncclkit::launch::detail::write_fully(fds[1], block, std::chrono::milliseconds(200));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  CHECK(waited >= std::chrono::milliseconds(150));
+  CHECK(waited < std::chrono::seconds(5));
+  ::close(fds[0]);
+  ::close(fds[1]);
 }

@@ -13,6 +13,8 @@
 #include <poll.h>    // poll, POLLOUT
 #include <unistd.h>  // write
 
+#include <algorithm>    // std::min
+#include <chrono>       // std::chrono::milliseconds, steady_clock
 #include <cstddef>      // std::size_t
 #include <string>       // std::string
 #include <string_view>  // std::string_view
@@ -22,20 +24,31 @@ namespace ncclkit::launch {
 
 namespace detail {
 
+/// How long write_fully waits for a full output to take more bytes before it drops the rest:
+/// a terminal paused with Ctrl-S or a pipe whose reader stopped reading must not stop the
+/// launcher from supervising its workers.
+inline constexpr std::chrono::milliseconds kOutputStallLimit{10000};
+
 /// Writes all of `data` to `fd`, retrying after EINTR and waiting out EAGAIN (a non-blocking
-/// descriptor that is full). Gives up silently when the reader is gone (EPIPE) or on another
-/// error: losing output must never stop the launcher from supervising its workers.
-inline void write_fully(int fd, std::string_view data) {
+/// descriptor that is full) for at most `stall_limit` without progress. Gives up silently when
+/// the reader is gone (EPIPE), on another error, or after the stall limit: losing output must
+/// never stop the launcher from supervising its workers.
+inline void write_fully(int fd, std::string_view data, std::chrono::milliseconds stall_limit = kOutputStallLimit) {
+  using Clock = std::chrono::steady_clock;
+  auto give_up = Clock::now() + stall_limit;
   while (!data.empty()) {
     const ssize_t written = ::write(fd, data.data(), data.size());
     if (written > 0) {
       data.remove_prefix(static_cast<std::size_t>(written));
+      give_up = Clock::now() + stall_limit;
       continue;
     }
     if (written < 0 && errno == EINTR) continue;
     if (written < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now()).count();
+      if (left <= 0) return;
       pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
+      ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 100)));
       continue;
     }
     return;
