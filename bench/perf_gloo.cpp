@@ -176,7 +176,7 @@ ncclkit::perf::Implementation raw_gloo(ncclkit::gloo::Communicator& comm) {
 
 int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& perf, const ToolOptions& tool) {
   auto store = ncclkit::make_store(world.init_url, world);
-  ncclkit::gloo::CommunicatorOptions options;
+  ncclkit::gloo::Options options;
   if (tool.timeout_seconds > 0) {
     options.timeout = std::chrono::milliseconds(static_cast<long long>(tool.timeout_seconds * 1000));
   }

@@ -40,7 +40,7 @@ int worker(const ncclkit::WorldInfo& world) {
 #if NCCLKIT_DEMO_WITH_GLOO
   // All-reduce 1 Mi floats over Gloo: each rank contributes values from its own seed, and
   // every rank checks the sum against a double-precision reference it computes itself.
-  ncclkit::gloo::CommunicatorOptions options;
+  ncclkit::gloo::Options options;
   if (world.num_nodes == 1 && options.interface.empty() && !ncclkit::env_string("NCCLKIT_GLOO_HOSTNAME") &&
       !ncclkit::env_string("NCCLKIT_GLOO_SOCKET_IFNAME")) {
     options.hostname = "127.0.0.1";  // all ranks on this host: loopback always works

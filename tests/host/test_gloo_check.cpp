@@ -28,7 +28,7 @@ using ncclkit::CollectiveMismatchError;
 using ncclkit::ReduceOp;
 using ncclkit::WorldInfo;
 using ncclkit::gloo::Communicator;
-using ncclkit::gloo::CommunicatorOptions;
+using ncclkit::gloo::Options;
 using ncclkit::testing::Checker;
 
 namespace {
@@ -51,7 +51,7 @@ ncclkit::SpawnResult run(int n, const std::string& variable,
         }
         ncclkit::set_log_level(ncclkit::LogLevel::kError);
         auto store = ncclkit::make_store(world.init_url, world);
-        CommunicatorOptions options;
+        Options options;
         options.timeout = kTimeout;
         Communicator comm(store, world, options);
         Checker check(world.rank);
@@ -168,8 +168,8 @@ TEST_CASE("matching arguments: every collective gives the right result with the 
     check.expect(gathered[0] == 0 && gathered[5] == 2, "all_gather");
     const std::vector<std::size_t> counts = {1, 2, 3};
     std::vector<std::int32_t> part(counts[static_cast<std::size_t>(r)], r), all(6, -1);
-    comm.all_gatherv(std::span<const std::int32_t>(part), std::span<std::int32_t>(all), counts);
-    check.expect(all[0] == 0 && all[2] == 1 && all[5] == 2, "all_gatherv");
+    comm.all_gather_uneven(std::span<const std::int32_t>(part), std::span<std::int32_t>(all), counts);
+    check.expect(all[0] == 0 && all[2] == 1 && all[5] == 2, "all_gather_uneven");
     std::vector<std::int32_t> scatter_in(static_cast<std::size_t>(3 * n), 1), scatter_out(3, 0);
     comm.reduce_scatter(std::span<const std::int32_t>(scatter_in), std::span<std::int32_t>(scatter_out));
     check.expect(scatter_out[0] == n, "reduce_scatter");
@@ -181,7 +181,7 @@ TEST_CASE("matching arguments: every collective gives the right result with the 
     for (int i = 0; i < 3; ++i) comm.all_reduce(std::span<double>(queued), ReduceOp::kSum, comm.comm_stream());
     comm.synchronize(comm.comm_stream());
     check.expect(queued[99] == 0.5 * n * n * n, "all_reduces on the comm stream");
-    check.expect(comm.sequence() == 11, "sequence " + std::to_string(comm.sequence()));
+    check.expect(comm.issued_sequence() == 11, "sequence " + std::to_string(comm.issued_sequence()));
     check.expect(!comm.failed(), "failed");
   });
   CHECK_MESSAGE(result.ok(), result.describe());
@@ -293,7 +293,7 @@ TEST_CASE("the check is an option too, and ranks that disagree on it get a Confi
         auto store = ncclkit::make_store(world.init_url, world);
         Checker check(world.rank);
         {
-          CommunicatorOptions options;
+          Options options;
           options.timeout = kTimeout;
           options.name = "on";
           options.check_collectives = true;  // the option, without the variable
@@ -301,7 +301,7 @@ TEST_CASE("the check is an option too, and ranks that disagree on it get a Confi
           std::vector<float> data(world.rank == 0 ? 3 : 4, 1.0f);
           expect_mismatch(check, comm, "option", [&] { comm.all_reduce(std::span<float>(data)); }, {"count (4 vs 3)"});
         }
-        CommunicatorOptions options;
+        Options options;
         options.timeout = kTimeout;
         options.name = "split";
         options.check_collectives = world.rank == 1;
@@ -347,7 +347,7 @@ TEST_CASE("without the variable nothing is compared: mismatched arguments run as
     std::vector<std::int32_t> ones(3, 1);
     comm.all_reduce(std::span<std::int32_t>(ones));
     check.expect(ones[0] == 2, "all_reduce");
-    check.expect(comm.sequence() == 2, "sequence");
+    check.expect(comm.issued_sequence() == 2, "sequence");
   });
   CHECK_MESSAGE(result.ok(), result.describe());
 }
@@ -364,7 +364,7 @@ TEST_CASE("cost of the check: all_reduce with and without it, interleaved (run b
       [](const WorldInfo& world) {
         ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
         auto store = ncclkit::make_store(world.init_url, world);
-        CommunicatorOptions plain_options, checked_options;
+        Options plain_options, checked_options;
         plain_options.name = "plain";
         checked_options.name = "checked";
         checked_options.check_collectives = true;

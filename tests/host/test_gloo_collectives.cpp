@@ -149,7 +149,7 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
         }
         compare(check, out.data(), want, ReduceOp::kMin, n, label<T>("all_gather", count, ReduceOp::kSum, in_place));
       }
-      // all_gatherv: rank r contributes (count + 3r) mod (count + 4) elements; rank 1 none
+      // all_gather_uneven: rank r contributes (count + 3r) mod (count + 4) elements; rank 1 none
       {
         std::vector<std::size_t> counts(static_cast<std::size_t>(n));
         for (int r = 0; r < n; ++r) counts[r] = r == 1 ? 0 : (count + 3 * static_cast<std::size_t>(r)) % (count + 4);
@@ -163,11 +163,11 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
         std::vector<T> out(total);
         if (in_place) {
           std::copy(parts[rank].begin(), parts[rank].end(), out.begin() + static_cast<std::ptrdiff_t>(before));
-          comm.all_gatherv(TensorView::of(out.data() + before, counts[rank]), TensorView::of(out.data(), total), counts);
+          comm.all_gather_uneven(TensorView::of(out.data() + before, counts[rank]), TensorView::of(out.data(), total), counts);
         } else {
-          comm.all_gatherv(std::span<const T>(parts[rank]), std::span<T>(out), counts);
+          comm.all_gather_uneven(std::span<const T>(parts[rank]), std::span<T>(out), counts);
         }
-        compare(check, out.data(), want, ReduceOp::kMin, n, label<T>("all_gatherv", total, ReduceOp::kSum, in_place));
+        compare(check, out.data(), want, ReduceOp::kMin, n, label<T>("all_gather_uneven", total, ReduceOp::kSum, in_place));
       }
     }
   }

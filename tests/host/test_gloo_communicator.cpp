@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/temp_dir.hpp"
@@ -72,7 +73,7 @@ TEST_CASE("a world of one rank needs no peers: every collective copies, avg divi
   CHECK(rs == rs_in);
   comm.broadcast(std::span<float>(in), 0);
   comm.barrier();
-  CHECK(comm.sequence() == 5);
+  CHECK(comm.issued_sequence() == 5);
 
   // Memory and element-wise work of the Backend concept, on both streams.
   auto* a = static_cast<float*>(comm.allocate(100 * sizeof(float)));
@@ -93,6 +94,61 @@ TEST_CASE("a world of one rank needs no peers: every collective copies, avg divi
   CHECK(static_cast<float>(h[1]) == -6.0f);
   comm.deallocate(a);
   comm.deallocate(b);
+}
+
+TEST_CASE("the dialect's accessors: name, timeout, issued and completed sequence numbers") {
+  TempDir dir;
+  auto store = std::make_shared<ncclkit::FileStore>(dir.path, ncclkit::FileStoreOptions{.world_size = 1});
+  Communicator comm(store, WorldInfo{}, {.timeout = 7s, .name = "grads"});
+  CHECK(comm.name() == "grads");
+  CHECK(comm.timeout() == 7s);
+  CHECK(comm.options().timeout == 7s);
+  CHECK(comm.issued_sequence() == 0);
+  CHECK(comm.completed_sequence() == 0);
+  std::vector<float> v{1.0f, 2.0f};
+  comm.all_reduce(v.data(), v.size());  // the pointer + count overload, in place
+  comm.all_reduce(std::span<float>(v), ReduceOp::kSum, comm.comm_stream());
+  CHECK(comm.issued_sequence() == 2);
+  comm.synchronize(comm.comm_stream());
+  CHECK(comm.completed_sequence() == 2);
+  comm.all_reduce(std::span<float>(v.data(), 0));  // nothing to move still counts
+  CHECK(comm.completed_sequence() == 3);
+}
+
+TEST_CASE("an event is created once and re-recorded: each record marks the work issued so far on that stream") {
+  TempDir dir;
+  auto store = std::make_shared<ncclkit::FileStore>(dir.path, ncclkit::FileStoreOptions{.world_size = 1});
+  Communicator comm(store, WorldInfo{}, {.timeout = 5s});
+  Communicator::Event event = comm.create_event();
+  CHECK(event.query());  // never recorded: complete
+  std::vector<float> x(4, 1.0f);
+  comm.scale(TensorView::of(x.data(), x.size()), 2.0, comm.comm_stream());
+  comm.record(event, comm.comm_stream());
+  comm.synchronize(comm.comm_stream());
+  CHECK(event.query());
+  const auto first_ticket = event.ticket();
+
+  // Hold the comm stream behind a gate (another queue's task that waits for a flag, at most
+  // 10 s), then re-record the same event after more work: it marks the new work, not done yet.
+  std::atomic<bool> release{false};
+  ncclkit::gloo::CommQueue gate("gate");
+  gate.submit([&] {
+    for (int i = 0; i < 1000 && !release.load(); ++i) std::this_thread::sleep_for(10ms);
+  });
+  comm.wait(gate.record(), comm.comm_stream());
+  comm.scale(TensorView::of(x.data(), x.size()), 2.0, comm.comm_stream());
+  comm.record(event, comm.comm_stream());
+  CHECK(event.ticket() > first_ticket);
+  CHECK_FALSE(event.query());
+  release.store(true);
+  event.wait();
+  CHECK(event.query());
+  CHECK(x[0] == 4.0f);
+
+  // Recorded on the inline stream, whose work is done when issued, it is complete at once.
+  comm.record(event, comm.default_stream());
+  CHECK(event.query());
+  comm.synchronize(comm.comm_stream());
 }
 
 TEST_CASE("options and misuse are ConfigErrors that say what is wrong, before Gloo sees anything") {
@@ -124,11 +180,11 @@ TEST_CASE("options and misuse are ConfigErrors that say what is wrong, before Gl
   CHECK_THROWS_WITH_AS(comm.reduce(TensorView::of(a.data(), 8), TensorView::of(b.data(), 8), ReduceOp::kSum, -1),
                        doctest::Contains("root -1"), ConfigError);
   const std::size_t counts[] = {1, 2};
-  CHECK_THROWS_WITH_AS(comm.all_gatherv(TensorView::of(a.data(), 1), TensorView::of(b.data(), 3), counts),
+  CHECK_THROWS_WITH_AS(comm.all_gather_uneven(TensorView::of(a.data(), 1), TensorView::of(b.data(), 3), counts),
                        doctest::Contains("one count per rank"), ConfigError);
   // Errors name the communicator and rank.
   CHECK_THROWS_WITH_AS(comm.all_gather(TensorView::of(a.data(), 2), TensorView::of(b.data(), 3)),
-                       doctest::Contains("'misuse' rank 0 of 1"), ConfigError);
+                       doctest::Contains("gloo communicator 'misuse' (rank 0 of 1)"), ConfigError);
   CHECK_FALSE(comm.failed());  // misuse does not break the communicator
   comm.all_reduce(std::span<float>(a));
 
@@ -195,7 +251,7 @@ ncclkit::SpawnResult run_with_tiny_chunks(int nprocs) {
             for (std::size_t i = 0; i < h.size(); ++i) worst = std::max(worst, std::abs(float(h[i]) - ref(i) / 64.0));
             check.expect(worst <= 0.05, "chunked half all_reduce count=" + std::to_string(count));
           }
-          // broadcast, all_gather (both placements), all_gatherv (uneven, one empty part).
+          // broadcast, all_gather (both placements), all_gather_uneven (uneven, one empty part).
           std::vector<std::int64_t> data(count);
           for (std::size_t i = 0; i < count; ++i) data[i] = static_cast<std::int64_t>(i) * 10 + rank;
           std::vector<std::int64_t> b = data;
@@ -221,12 +277,12 @@ ncclkit::SpawnResult run_with_tiny_chunks(int nprocs) {
           std::vector<std::int64_t> part(counts[rank]);
           for (std::size_t i = 0; i < part.size(); ++i) part[i] = static_cast<std::int64_t>(i) * 10 + rank;
           std::vector<std::int64_t> v(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
-          comm.all_gatherv(std::span<const std::int64_t>(part), std::span<std::int64_t>(v), counts);
+          comm.all_gather_uneven(std::span<const std::int64_t>(part), std::span<std::int64_t>(v), counts);
           ok = true;
           std::size_t at = 0;
           for (int r = 0; r < n; ++r)
             for (std::size_t i = 0; i < counts[r]; ++i) ok = ok && v[at++] == static_cast<std::int64_t>(i) * 10 + r;
-          check.expect(ok, "chunked all_gatherv count=" + std::to_string(count));
+          check.expect(ok, "chunked all_gather_uneven count=" + std::to_string(count));
         }
       },
       {.timeout = 30s, .chunk_elements = 7});

@@ -117,6 +117,35 @@ TEST_CASE("a peer that exits mid-run makes every other rank raise CommError nami
   CHECK(Clock::now() - start < 30s);
 }
 
+TEST_CASE("a peer that exits while others wait in gather or recv is named at once, long before the timeout") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  auto result = ncclkit::spawn(
+      3,
+      [](const WorldInfo& world) {
+        auto store = ncclkit::make_store(world.init_url, world);
+        Checker check(world.rank);
+        // A timeout far beyond expect_comm_error's bound: only the peer monitor can be that quick.
+        Communicator comm(store, world, {.timeout = 60s});
+        std::vector<float> part(1000, 1.0f), all(3000);
+        if (world.rank == 2) {
+          std::this_thread::sleep_for(500ms);  // the others are waiting by now
+          ::_exit(0);                          // never sends its part
+        }
+        if (world.rank == 0) {
+          expect_comm_error(check, "gather whose peer exited", [&] { comm.gather(part.data(), all.data(), 1000, 0); },
+                            /*expect_timeout_in_message=*/false, /*blame=*/2);
+        } else {
+          comm.gather(part.data(), all.data(), 1000, 0);  // rank 1's part reaches the root
+          expect_comm_error(check, "recv whose peer exited", [&] { comm.recv(part.data(), part.size(), 2); },
+                            /*expect_timeout_in_message=*/false, /*blame=*/2);
+        }
+        expect_refused(check, comm);
+        return check.code();
+      },
+      {.timeout = 60s});
+  CHECK_MESSAGE(result.ok(), result.describe());
+}
+
 TEST_CASE("a rank that resumes after its peers closed gets CommError, not SIGPIPE (which would kill it)") {
   // Rank 0 is stopped while rank 1 closes every connection; resumed, rank 0 may write before
   // its event loop has seen the close. Such a write raises SIGPIPE, whose default action kills

@@ -15,7 +15,7 @@ using namespace std::chrono_literals;
 TEST_CASE("init<gloo::Communicator>(world): four processes get world, store and communicator") {
   auto result = ncclkit::spawn(4, [](const ncclkit::WorldInfo& given) {
     auto [world, store, comm] = ncclkit::init<ncclkit::gloo::Communicator>(
-        given, ncclkit::gloo::CommunicatorOptions{.timeout = 60s, .hostname = "127.0.0.1"});
+        given, ncclkit::gloo::Options{.timeout = 60s, .hostname = "127.0.0.1"});
     if (world.rank != given.rank || comm.rank() != given.rank || comm.size() != 4) return 1;
     // The store is the job's: every rank sees the others' keys.
     store->set("init/" + std::to_string(world.rank), "here");

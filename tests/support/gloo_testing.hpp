@@ -45,7 +45,7 @@ class Checker {
 /// Runs `fn(comm, world, checker)` in `nprocs` ranks, each with the spawn store and a
 /// communicator made with `options`. `fn` returns nothing; the exit code is the checker's.
 template <class Fn>
-SpawnResult run_gloo(int nprocs, Fn fn, gloo::CommunicatorOptions options = {},
+SpawnResult run_gloo(int nprocs, Fn fn, gloo::Options options = {},
                      std::chrono::milliseconds limit = std::chrono::seconds(120)) {
   return spawn(
       nprocs,

@@ -35,7 +35,7 @@ struct DefaultCommunicatorOptions {};
 }  // namespace detail
 
 /// The store that `world.init_url` names (make_store), and a `Communicator` created over it
-/// for `world`, with `options` (the backend's options type: gloo::CommunicatorOptions or
+/// for `world`, with `options` (the backend's options type: gloo::Options or
 /// nccl::Options; left out: the communicator's defaults). Every rank of the job calls it.
 ///
 /// Throws what make_store() and the communicator's constructor throw: ConfigError for a bad

@@ -1,5 +1,5 @@
 #pragma once
-/// The Gloo communicator's half of CommunicatorOptions::check_collectives
+/// The Gloo communicator's half of Options::check_collectives
 /// (NCCLKIT_CHECK_COLLECTIVES): every rank's fingerprint of a collective, gathered by one small
 /// allgather on the communicator's own context and compared (core/collective_check.hpp); and
 /// the comparison of the setting itself at creation. Internal: used by gloo/communicator.hpp,
@@ -85,7 +85,7 @@ inline void agree_on_argument_check(const std::shared_ptr<::gloo::Context>& cont
   for (std::size_t r = 0; r < all.size(); ++r) (all[r] ? on : off).push_back(static_cast<int>(r));
   if (!on.empty() && !off.empty()) {
     throw ConfigError(who + ": the collective argument check (NCCLKIT_CHECK_COLLECTIVES, "
-                      "CommunicatorOptions::check_collectives) is on for " + ncclkit::detail::rank_or_ranks(on) +
+                      "Options::check_collectives) is on for " + ncclkit::detail::rank_or_ranks(on) +
                       " but off for " + ncclkit::detail::rank_or_ranks(off) + "; set it alike on every rank");
   }
 }

@@ -167,8 +167,8 @@ class MonitoredContext final : public ::gloo::rendezvous::Context {
 /// The sentinels, the watcher thread and the failure state of one communicator (world > 1).
 class PeerMonitor {
  public:
-  /// Slot prefix of the sentinels' receives (ncclkit's algorithms use 0x40..0x42; Gloo's own
-  /// collectives 0x01..0x08).
+  /// Slot prefix of the sentinels' receives (ncclkit's algorithms use 0x40..0x42 and
+  /// 0x44..0x46; Gloo's own collectives 0x01..0x08).
   static constexpr std::uint8_t kSentinelSlotPrefix = 0x43;
   /// How long after a peer's failure this rank closes its other connections.
   static constexpr std::chrono::milliseconds kCloseDelay{100};
