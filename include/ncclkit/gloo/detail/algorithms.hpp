@@ -69,7 +69,7 @@ inline constexpr std::size_t kPairWindowBytes = std::size_t{64} << 20;
 /// copy), then the ranks swap their reduced parts. Each part travels as up to 8 pieces of at
 /// least 1 MiB, all posted at once: Gloo's ring keeps 2 segments of at most 1 MiB in flight,
 /// each with its own send/receive handshake, and on loopback TCP those round trips, not the
-/// bytes, set its speed (this exchange measured ~10% faster at 16-64 MiB; docs/perf-gloo.md).
+/// bytes, set its speed (measured 20-30% faster than the ring at 16-64 MiB: docs/perf-gloo.md).
 inline void all_reduce_pair(CommunicatorState& s, const std::byte* in, std::byte* out, std::size_t count, std::size_t element,
                             ReduceFunction reduce, std::chrono::steady_clock::time_point deadline) {
   const int rank = s.rank;
