@@ -41,6 +41,45 @@ using ncclkit::testing::LoopbackWorld;
 using ncclkit::testing::message_of;
 using ncclkit::testing::run_ranks;
 
+namespace docs_example {
+// The example of docs/fusion.md, verbatim.
+template <ncclkit::Backend B>
+void train(B& backend, int steps) {
+  using namespace ncclkit;
+  using namespace ncclkit::fusion;
+
+  // 1. Register the parameters' gradients, in the model's order (input to output).
+  FusedLayout layout;
+  layout.add("fc1.weight", {256, 784}, DataType::kFloat32);
+  layout.add("fc1.bias", {256}, DataType::kFloat32);
+  layout.add("fc2.weight", {10, 256}, DataType::kFloat32);
+  layout.add("fc2.bias", {10}, DataType::kFloat32);
+  layout.finalize();
+
+  // 2. One allocation per element type; every gradient is a view into it.
+  FusedBuffer<B> gradients(backend, std::move(layout));
+  const TensorView fc2_weight = gradients.view("fc2.weight");  // bind to the model, once
+
+  // 3. The synchroniser: same plan on every rank (checked here, by a collective).
+  GradientSync<B> sync(gradients, BucketPlan::compute(gradients.layout()));
+
+  const auto compute = backend.default_stream();
+  for (int step = 0; step < steps; ++step) {
+    // 4. Backward writes each gradient on `compute`, output layer first, and marks it ready:
+    //    a complete bucket goes to the comm stream at once, behind an event.
+    backend.scale(fc2_weight, 0.5, compute);  // (stands for the kernel that writes it)
+    sync.mark_ready("fc2.bias", compute);
+    sync.mark_ready("fc2.weight", compute);
+    sync.mark_ready("fc1.bias", compute);
+    sync.mark_ready("fc1.weight", compute);
+    // 5. `compute` waits for every bucket (by an event; the host does not wait).
+    sync.finish(compute);
+    // 6. The optimizer, issued on `compute`, reads averaged gradients.
+  }
+  backend.synchronize(compute);
+}
+}  // namespace docs_example
+
 using Sync = GradientSync<LoopbackBackend>;
 using Buffer = FusedBuffer<LoopbackBackend>;
 
@@ -385,4 +424,15 @@ TEST_CASE("a plan made for another layout, or a reduction other than sum and ave
                        ConfigError);
   CHECK_THROWS_WITH_AS(Sync(buffer, BucketPlan::compute(buffer.layout()), {.op = ReduceOp::kMax}),
                        doctest::Contains("op max is not a gradient reduction"), ConfigError);
+}
+
+TEST_CASE("the example of docs/fusion.md") {
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    docs_example::train(backend, 3);
+    CHECK(backend.collectives_issued() == 1 + 3);  // the plan check, then one bucket a step
+    CHECK(backend.live_allocations() == 0);
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
 }
