@@ -306,6 +306,15 @@ TEST_CASE("buckets are launched from mark_ready, before finish, in plan order") 
     sync.finish();
     CHECK(sync.stats().launched_before_finish == 4);
     CHECK(errors_against_reference(buffer, 2, 0, ReduceOp::kAvg)[static_cast<std::size_t>(DataType::kFloat32)] <= 1e-6);
+    // Host timings: buckets 2 and 3 were ready before bucket 1 but launched after it.
+    const auto t = sync.timings();
+    REQUIRE(t.size() == 4);
+    for (const auto& bucket : t) CHECK(bucket.ready <= bucket.launched);
+    CHECK(t[0].launched <= t[2].ready);
+    CHECK(t[2].ready <= t[1].ready);
+    CHECK(t[3].ready <= t[1].ready);
+    CHECK(t[1].launched <= t[2].launched);
+    CHECK(t[2].launched <= t[3].launched);
   });
   for (const auto& e : errors) CHECK(message_of(e) == "");
 }

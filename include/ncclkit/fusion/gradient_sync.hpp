@@ -16,10 +16,12 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include <chrono>       // std::chrono::steady_clock
 #include <cstddef>      // std::size_t, std::byte
 #include <cstdint>      // std::uint64_t
 #include <cstdio>       // std::snprintf
 #include <optional>     // std::optional
+#include <span>         // std::span
 #include <string>       // std::string, std::to_string
 #include <string_view>  // std::string_view
 #include <utility>      // std::move
@@ -64,6 +66,14 @@ struct GradientSyncStats {
   std::size_t steps = 0;
 };
 
+/// Host times of one bucket in a step (steady_clock), for seeing the overlap: when its last
+/// tensor was marked ready (or `finish` zeroed it) and when its collective was issued. When
+/// the collective ends is the comm stream's business and is not recorded here.
+struct BucketTiming {
+  std::chrono::steady_clock::time_point ready;
+  std::chrono::steady_clock::time_point launched;
+};
+
 /// Synchronises the gradients of `buffer` along `plan`, one step at a time:
 /// `mark_ready(slot)` for every tensor as backward writes it, then `finish()`.
 ///
@@ -93,6 +103,12 @@ class GradientSync {
     ready_events_.reserve(buckets);
     for (std::size_t b = 0; b < buckets; ++b) ready_events_.push_back(backend_->create_event());
     stats_.buckets = buckets;
+    for (std::size_t b = 0; b < buckets; ++b) {
+      initial_pending_.push_back(static_cast<std::uint32_t>(tracker_.plan()[b].slots.size()));
+    }
+    pending_ = initial_pending_;
+    timings_.resize(buckets);
+    last_timings_.resize(buckets);
     if (options_.missing == MissingTensors::kReduceAsZeros) {
       static const std::byte kZeros[kZeroBytes] = {};
       zeros_ = detail::Allocation<B>(*backend_, kZeroBytes);
@@ -114,7 +130,13 @@ class GradientSync {
   /// Records that `slot`'s gradient has been written by work issued on `stream` (the compute
   /// stream), and launches the buckets that may go now. Never blocks the host. ConfigError,
   /// naming the tensor, when it was already marked this step or the slot is out of range.
-  void mark_ready(Slot slot, Stream stream) { launch(tracker_.mark_ready(slot), stream); }
+  void mark_ready(Slot slot, Stream stream) {
+    const BucketRange range = tracker_.mark_ready(slot);
+    if (const auto bucket = tracker_.plan().bucket_of(slot); bucket && --pending_[*bucket] == 0) {
+      timings_[*bucket].ready = Clock::now();
+    }
+    launch(range, stream);
+  }
   void mark_ready(Slot slot) { mark_ready(slot, backend_->default_stream()); }
   /// By name; ConfigError naming it when no tensor has that name.
   void mark_ready(std::string_view name, Stream stream) { mark_ready(buffer_->layout().slot(name), stream); }
@@ -129,6 +151,10 @@ class GradientSync {
   void finish(Stream stream) {
     const std::size_t launched_before = tracker_.launched();
     FinishResult result = tracker_.finish();
+    const auto now = Clock::now();
+    for (std::size_t b : result.launch) {
+      if (pending_[b] != 0) timings_[b].ready = now;
+    }
     for (Slot slot : result.zeroed) {
       detail::zero_fill(*backend_, buffer_->view(slot), zeros_.data(), zeros_.bytes(), stream);
     }
@@ -140,6 +166,8 @@ class GradientSync {
     stats_.launched_before_finish = launched_before;
     stats_.zeroed = result.zeroed.size();
     ++stats_.steps;
+    last_timings_.swap(timings_);
+    pending_ = initial_pending_;
     tracker_.reset();
   }
   void finish() { finish(backend_->default_stream()); }
@@ -150,10 +178,13 @@ class GradientSync {
   const ReadyTracker& tracker() const { return tracker_; }
   /// What the last finished step did.
   const GradientSyncStats& stats() const { return stats_; }
+  /// Per bucket, in plan order, when the last finished step found it ready and launched it.
+  std::span<const BucketTiming> timings() const { return last_timings_; }
   const Options& options() const { return options_; }
   Stream comm_stream() const { return comm_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
   static constexpr std::size_t kZeroBytes = 4096;
 
   /// `plan`, once it is known to fit `buffer`'s layout and the op is one gradients use.
@@ -184,6 +215,7 @@ class GradientSync {
       const TensorView all = buffer_->all(bucket.dtype);
       const TensorView view{static_cast<std::byte*>(all.data) + bucket.begin_bytes, bucket.count(), bucket.dtype,
                             B::memory_kind};
+      timings_[b].launched = Clock::now();
       backend_->all_reduce(view, view, options_.op, comm_);
     }
   }
@@ -236,6 +268,10 @@ class GradientSync {
   std::vector<Event> ready_events_;  // per bucket; a launch of several buckets uses its first's
   detail::Allocation<B> zeros_;  // kZeroBytes of zeros, for MissingTensors::kReduceAsZeros
   GradientSyncStats stats_;
+  std::vector<std::uint32_t> initial_pending_;  // non-empty tensors per bucket
+  std::vector<std::uint32_t> pending_;          // of those, not marked yet this step
+  std::vector<BucketTiming> timings_;           // this step's
+  std::vector<BucketTiming> last_timings_;      // the last finished step's
 };
 
 }  // namespace ncclkit::fusion
