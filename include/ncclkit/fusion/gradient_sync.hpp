@@ -47,7 +47,7 @@ struct GradientSyncOptions {
   /// What `finish` does about tensors never marked ready in a step (see MissingTensors).
   MissingTensors missing = MissingTensors::kError;
   /// Where buckets are reduced; the backend's `comm_stream()` when empty.
-  std::optional<typename B::Stream> comm_stream;
+  std::optional<typename B::Stream> comm_stream = std::nullopt;
   /// Compare the plan's fingerprint across ranks at construction (one all_gather of 8 bytes a
   /// rank) and throw ConfigError on every rank when they differ. Turn off only where every
   /// rank parsed rank 0's `serialize()`d plan already.
