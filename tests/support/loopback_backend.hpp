@@ -1,0 +1,482 @@
+#pragma once
+// A fake backend that models ncclkit::Backend in one process, for tests that run ranks as
+// threads: `LoopbackWorld world(n)` is shared by n `LoopbackBackend(world, rank)`s.
+//
+// - Memory is host memory (MemoryKind::kHost), 64-byte aligned.
+// - A collective blocks until the n ranks have issued their k-th collective (matched by a
+//   per-rank sequence number), then the last to arrive computes the result for everyone, in
+//   rank order (deterministic), in the element type (16-bit floats accumulate in float). The
+//   wait is bounded by the world's timeout: a broken test fails with TimeoutError, never hangs,
+//   and the world stays broken so the other ranks fail fast too. Ranks that issue different
+//   collectives (kind, type, count, op, root) get a CommError on every rank.
+// - Streams: the default stream runs work inline in the calling thread; the comm stream hands
+//   it to one worker thread per rank that runs it in order. Events and waits are real: an event
+//   recorded on the comm stream completes when the worker reaches it.
+// - Counters for tests: events made (create_event and one-off record), collectives issued.
+
+#include <algorithm>           // std::max
+#include <atomic>              // std::atomic
+#include <chrono>              // std::chrono
+#include <condition_variable>  // std::condition_variable
+#include <cstddef>             // std::size_t
+#include <cstdint>             // std::uint64_t
+#include <cstring>             // std::memcpy
+#include <deque>               // std::deque
+#include <exception>           // std::exception_ptr
+#include <functional>          // std::function
+#include <map>                 // std::map
+#include <memory>              // std::shared_ptr
+#include <mutex>               // std::mutex
+#include <new>                 // std::align_val_t
+#include <string>              // std::string
+#include <thread>              // std::thread
+#include <type_traits>         // std::conditional_t
+#include <utility>             // std::move
+#include <vector>              // std::vector
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/tensor.hpp"
+
+namespace ncclkit::testing {
+
+/// The n ranks of a loopback world: where their collectives meet.
+class LoopbackWorld {
+ public:
+  enum class Kind { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+  struct Call {
+    Kind kind = Kind::kAllReduce;
+    TensorView in;
+    TensorView out;
+    ReduceOp op = ReduceOp::kSum;
+    int root = 0;
+  };
+
+  explicit LoopbackWorld(int size, std::chrono::milliseconds timeout = std::chrono::seconds(10))
+      : size_(size), timeout_(timeout) {
+    if (size < 1) throw ConfigError("LoopbackWorld: size " + std::to_string(size) + " must be at least 1");
+  }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Rank `rank`'s collective number `sequence`: blocks until every rank has issued its own,
+  /// then returns with every rank's `out` written.
+  void collective(int rank, std::uint64_t sequence, const Call& call) {
+    std::unique_lock lock(mutex_);
+    if (!broken_.empty()) throw CommError(broken_);
+    Round& round = rounds_[sequence];
+    if (round.calls.empty()) round.calls.resize(size_);
+    round.calls[rank] = call;
+    if (++round.arrived == size_) {
+      round.error = run(round.calls, sequence);
+      round.done = true;
+      changed_.notify_all();
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + timeout_;
+      if (!changed_.wait_until(lock, deadline, [&] { return round.done || !broken_.empty(); })) {
+        broken_ = "LoopbackWorld: rank " + std::to_string(rank) + " waited " + std::to_string(timeout_.count()) +
+                  " ms in collective " + std::to_string(sequence) + " for the other ranks (" +
+                  std::to_string(round.arrived) + " of " + std::to_string(size_) + " arrived)";
+        changed_.notify_all();
+        throw TimeoutError(broken_);
+      }
+      if (!round.done) throw CommError(broken_);
+    }
+    const std::string error = round.error;
+    if (++round.left == size_) rounds_.erase(sequence);
+    if (!error.empty()) throw CommError(error);
+  }
+
+ private:
+  struct Round {
+    std::vector<Call> calls;
+    int arrived = 0;
+    int left = 0;
+    bool done = false;
+    std::string error;
+  };
+
+  template <class T>
+  using Accumulator = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+
+  /// Computes the round's results; returns an error message when the calls disagree.
+  std::string run(const std::vector<Call>& calls, std::uint64_t sequence) const {
+    const Call& first = calls[0];
+    for (int r = 1; r < size_; ++r) {
+      const Call& c = calls[r];
+      if (c.kind != first.kind || c.in.dtype != first.in.dtype || c.in.count != first.in.count ||
+          c.out.count != first.out.count || c.op != first.op || c.root != first.root) {
+        return "LoopbackWorld: collective " + std::to_string(sequence) + ": rank " + std::to_string(r) +
+               " issued a different collective than rank 0 (" + std::to_string(c.in.count) + " vs " +
+               std::to_string(first.in.count) + " elements of " + std::string(name_of(c.in.dtype)) + " vs " +
+               std::string(name_of(first.in.dtype)) + ")";
+      }
+    }
+    visit_data_type(first.in.dtype, [&]<class T>() { compute<T>(calls); });
+    return {};
+  }
+
+  template <class T>
+  void compute(const std::vector<Call>& calls) const {
+    using A = Accumulator<T>;
+    const auto in = [&](int r) { return static_cast<const T*>(calls[r].in.data); };
+    const auto out = [&](int r) { return static_cast<T*>(calls[r].out.data); };
+    const Call& first = calls[0];
+    switch (first.kind) {
+      case Kind::kAllReduce: {
+        std::vector<T> result(first.in.count);
+        for (std::size_t i = 0; i < first.in.count; ++i) {
+          A value = static_cast<A>(in(0)[i]);
+          for (int r = 1; r < size_; ++r) value = combine<A>(value, static_cast<A>(in(r)[i]), first.op);
+          if (first.op == ReduceOp::kAvg) value = static_cast<A>(value / static_cast<A>(size_));
+          result[i] = static_cast<T>(value);
+        }
+        for (int r = 0; r < size_; ++r) {
+          if (first.in.count > 0) std::memcpy(out(r), result.data(), first.in.count * sizeof(T));
+        }
+        break;
+      }
+      case Kind::kBroadcast: {
+        std::vector<T> result(in(first.root), in(first.root) + first.in.count);
+        for (int r = 0; r < size_; ++r) {
+          if (first.in.count > 0) std::memcpy(out(r), result.data(), first.in.count * sizeof(T));
+        }
+        break;
+      }
+      case Kind::kAllGather: {
+        std::vector<T> result;
+        for (int r = 0; r < size_; ++r) result.insert(result.end(), in(r), in(r) + first.in.count);
+        for (int r = 0; r < size_; ++r) {
+          if (!result.empty()) std::memcpy(out(r), result.data(), result.size() * sizeof(T));
+        }
+        break;
+      }
+      case Kind::kReduceScatter: {
+        const std::size_t part = first.out.count;
+        std::vector<T> result(first.in.count);
+        for (std::size_t i = 0; i < first.in.count; ++i) {
+          A value = static_cast<A>(in(0)[i]);
+          for (int r = 1; r < size_; ++r) value = combine<A>(value, static_cast<A>(in(r)[i]), first.op);
+          if (first.op == ReduceOp::kAvg) value = static_cast<A>(value / static_cast<A>(size_));
+          result[i] = static_cast<T>(value);
+        }
+        for (int r = 0; r < size_; ++r) {
+          if (part > 0) std::memcpy(out(r), result.data() + r * part, part * sizeof(T));
+        }
+        break;
+      }
+    }
+  }
+
+  template <class A>
+  static A combine(A a, A b, ReduceOp op) {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg: return static_cast<A>(a + b);
+      case ReduceOp::kProd: return static_cast<A>(a * b);
+      case ReduceOp::kMin: return b < a ? b : a;
+      case ReduceOp::kMax: return a < b ? b : a;
+    }
+    return a;
+  }
+
+  const int size_;
+  const std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::uint64_t, Round> rounds_;
+  std::string broken_;
+};
+
+/// Names one of a loopback backend's two queues.
+struct LoopbackStream {
+  enum class Queue { kInline, kComm };
+  Queue queue = Queue::kInline;
+  friend constexpr bool operator==(LoopbackStream, LoopbackStream) = default;
+};
+
+namespace detail {
+
+/// A point in a queue's work: complete once the worker has run everything before it.
+class LoopbackMarker {
+ public:
+  void complete() {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    changed_.notify_all();
+  }
+  bool wait_for(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, timeout, [&] { return done_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool done_ = false;
+};
+
+/// One rank's comm stream: a worker thread running tasks in submission order. After a task
+/// fails, later work is skipped (markers still complete, so nothing waits forever) and the
+/// failure is rethrown by `rethrow`.
+class LoopbackQueue {
+ public:
+  LoopbackQueue() : worker_([this] { run(); }) {}
+  ~LoopbackQueue() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    worker_.join();
+  }
+  LoopbackQueue(const LoopbackQueue&) = delete;
+  LoopbackQueue& operator=(const LoopbackQueue&) = delete;
+
+  /// `always`: runs even after a failure (markers).
+  void submit(std::function<void()> task, bool always = false) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(Task{std::move(task), always});
+    }
+    changed_.notify_all();
+  }
+  void rethrow() {
+    std::lock_guard lock(mutex_);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Task {
+    std::function<void()> run;
+    bool always = false;
+  };
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      changed_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      if (!task.always && (error_ || stop_)) continue;
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        task.run();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      if (failure && !error_) error_ = failure;
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Task> tasks_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts after the members it uses
+};
+
+}  // namespace detail
+
+/// A reusable event: the marker of the last `record`, or none (complete).
+class LoopbackEvent {
+ public:
+  bool query() const { return marker_ == nullptr || marker_->wait_for(std::chrono::milliseconds(0)); }
+
+ private:
+  friend class LoopbackBackend;
+  std::shared_ptr<detail::LoopbackMarker> marker_;
+};
+
+/// One rank of a LoopbackWorld. Not thread-safe, like a communicator's issuing side.
+class LoopbackBackend {
+ public:
+  using Stream = LoopbackStream;
+  using Event = LoopbackEvent;
+  static constexpr MemoryKind memory_kind = MemoryKind::kHost;
+
+  LoopbackBackend(LoopbackWorld& world, int rank) : world_(&world), rank_(rank) {
+    if (rank < 0 || rank >= world.size()) {
+      throw ConfigError("LoopbackBackend: rank " + std::to_string(rank) + " is outside a world of " +
+                        std::to_string(world.size()));
+    }
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return world_->size(); }
+
+  Stream default_stream() const { return Stream{Stream::Queue::kInline}; }
+  Stream comm_stream() const { return Stream{Stream::Queue::kComm}; }
+
+  Event create_event() {
+    ++events_created_;
+    return Event{};
+  }
+  void record(Event& event, Stream stream) {
+    if (stream.queue == Stream::Queue::kInline) {
+      event.marker_ = nullptr;  // inline work is done already
+      return;
+    }
+    auto marker = std::make_shared<detail::LoopbackMarker>();
+    queue_.submit([marker] { marker->complete(); }, true);
+    event.marker_ = std::move(marker);
+  }
+  Event record(Stream stream) {
+    Event event = create_event();
+    record(event, stream);
+    return event;
+  }
+  /// Takes what `event` marks now: a later `record` of it does not change this wait.
+  void wait(const Event& event, Stream stream) {
+    auto marker = event.marker_;
+    if (!marker) return;
+    // Longer than a collective's timeout, so that a collective that times out before the event
+    // reports its own, clearer error.
+    const auto timeout = 2 * world_->timeout() + std::chrono::seconds(1);
+    const auto wait_marker = [marker, timeout] {
+      if (!marker->wait_for(timeout)) throw TimeoutError("LoopbackBackend: an event did not complete in time");
+    };
+    if (stream.queue == Stream::Queue::kInline) {
+      const bool done = marker->wait_for(timeout);
+      queue_.rethrow();
+      if (!done) wait_marker();
+    } else {
+      queue_.submit(wait_marker);
+    }
+  }
+  void synchronize(Stream stream) {
+    if (stream.queue == Stream::Queue::kComm) {
+      Event event;
+      record(event, stream);
+      wait(event, default_stream());
+    }
+    queue_.rethrow();
+  }
+
+  void all_reduce(TensorView in, TensorView out, ReduceOp op, Stream stream) {
+    check(in, out, in.count == out.count, "all_reduce");
+    issue({LoopbackWorld::Kind::kAllReduce, in, out, op, 0}, stream);
+  }
+  void broadcast(TensorView in, TensorView out, int root, Stream stream) {
+    check(in, out, in.count == out.count, "broadcast");
+    issue({LoopbackWorld::Kind::kBroadcast, in, out, ReduceOp::kSum, root}, stream);
+  }
+  void all_gather(TensorView in, TensorView out, Stream stream) {
+    check(in, out, out.count == in.count * static_cast<std::size_t>(size()), "all_gather");
+    issue({LoopbackWorld::Kind::kAllGather, in, out, ReduceOp::kSum, 0}, stream);
+  }
+  void reduce_scatter(TensorView in, TensorView out, ReduceOp op, Stream stream) {
+    check(in, out, in.count == out.count * static_cast<std::size_t>(size()), "reduce_scatter");
+    issue({LoopbackWorld::Kind::kReduceScatter, in, out, op, 0}, stream);
+  }
+
+  void* allocate(std::size_t bytes) {
+    ++allocations_;
+    return ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{64});
+  }
+  void deallocate(void* pointer) {
+    if (pointer == nullptr) return;
+    --allocations_;
+    ::operator delete(pointer, std::align_val_t{64});
+  }
+  void copy(void* to, const void* from, std::size_t bytes, Stream stream) {
+    run_on(stream, [to, from, bytes] {
+      if (bytes > 0) std::memcpy(to, from, bytes);
+    });
+  }
+  void scale(TensorView out, double factor, Stream stream) {
+    run_on(stream, [out, factor] {
+      visit_data_type(out.dtype, [&]<class T>() {
+        T* data = static_cast<T*>(out.data);
+        for (std::size_t i = 0; i < out.count; ++i) {
+          if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+            data[i] = T(static_cast<float>(static_cast<double>(static_cast<float>(data[i])) * factor));
+          } else {
+            data[i] = static_cast<T>(static_cast<double>(data[i]) * factor);
+          }
+        }
+      });
+    });
+  }
+
+  // ---- what tests look at ---------------------------------------------------------------------
+
+  /// Events made so far (create_event and one-off record(stream)).
+  std::size_t events_created() const { return events_created_.load(); }
+  /// Collectives issued so far (counted when the call is made, before it runs).
+  std::size_t collectives_issued() const { return issued_.load(); }
+  /// Allocations not yet freed.
+  long live_allocations() const { return allocations_.load(); }
+
+ private:
+  void check(TensorView in, TensorView out, bool counts_fit, const char* what) const {
+    if (in.where != memory_kind || out.where != memory_kind) {
+      throw ConfigError(std::string("LoopbackBackend::") + what + ": views must be host memory");
+    }
+    if (in.dtype != out.dtype || !counts_fit) {
+      throw ConfigError(std::string("LoopbackBackend::") + what + ": element types or counts do not fit");
+    }
+  }
+  void issue(const LoopbackWorld::Call& call, Stream stream) {
+    const std::uint64_t sequence = sequence_++;
+    ++issued_;
+    LoopbackWorld* world = world_;
+    const int rank = rank_;
+    run_on(stream, [world, rank, sequence, call] { world->collective(rank, sequence, call); });
+  }
+  template <class Work>
+  void run_on(Stream stream, Work work) {
+    if (stream.queue == Stream::Queue::kInline) {
+      work();
+    } else {
+      queue_.submit(std::move(work));
+    }
+  }
+
+  LoopbackWorld* world_;
+  int rank_;
+  std::uint64_t sequence_ = 0;
+  std::atomic<std::size_t> events_created_{0};
+  std::atomic<std::size_t> issued_{0};
+  std::atomic<long> allocations_{0};
+  detail::LoopbackQueue queue_;  // last: its worker stops before the counters go
+};
+
+static_assert(Backend<LoopbackBackend>);
+
+/// Runs `body(rank)` for ranks 0..n-1 on n threads and returns what each threw (null where it
+/// returned): tests check every rank's outcome, not only the first failure.
+template <class Body>
+std::vector<std::exception_ptr> run_ranks(int n, Body body) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+/// The message of `error`, or "" when it is null.
+inline std::string message_of(const std::exception_ptr& error) {
+  if (!error) return {};
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(not a std::exception)";
+  }
+}
+
+}  // namespace ncclkit::testing
