@@ -12,7 +12,7 @@
 
 #include "ncclkit/bootstrap/init.hpp"
 #include "ncclkit/store.hpp"
-#include "ncclkit/fusion/ready_tracker.hpp"  // fusion: layout, bucket plan, ready tracker (host only)
+#include "ncclkit/fusion.hpp"  // fusion: layout, bucket plan, fused buffers, gradient sync
 
 // Gloo's reduction loops use GCC vector extensions that nvcc's front end rejects: .cu files
 // get the NCCL backend only (include the Gloo header from a .cpp file).
