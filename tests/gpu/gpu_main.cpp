@@ -3,9 +3,6 @@
 //
 // The GPU count is taken in a short-lived child process: CUDA must not be initialised in this
 // process, since tests fork workers and a CUDA context does not survive fork().
-#define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
 #include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -354,7 +354,7 @@ TEST_CASE("without the variable nothing is compared: mismatched arguments run as
 }
 
 // Not a test: the check's cost, printed, for docs/performance.md. Skipped unless asked for:
-//   build/tests/test_gloo_check --no-skip -tc="*cost*"
+//   build/tests/tests_gloo --no-skip -tc="*cost*"
 // Two processes, each with a checked and an unchecked communicator; rounds alternate between
 // them (who goes first rotates), so load on the machine hits both alike. Per-call time: each
 // round's mean; printed are the fastest round (the cost on a quiet machine: on a loaded one,

@@ -134,7 +134,7 @@ TEST_CASE("when rank 0 never arrives, the others say so after the timeout and a 
 
 // Not a test: what the NCCL backend's check adds to each collective on the host (the store
 // exchange; nothing runs on the GPU), printed for docs/performance.md. Skipped unless asked:
-//   build/tests/test_nccl_check_exchange --no-skip -tc="*cost*"
+//   build/tests/tests_nccl --no-skip -tc="*cost*"
 TEST_CASE("cost of one exchange on a TcpStore, 2 and 4 processes (run by hand)" * doctest::skip()) {
   for (int n : {2, 4}) {
     auto result = run_processes(n, [n](const WorldInfo& world, ncclkit::Store& scope) {
