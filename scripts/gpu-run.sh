@@ -22,8 +22,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
-TESTS=(gpu_test_nccl_check gpu_test_nccl_communicator gpu_test_nccl_collectives gpu_test_nccl_collectives_grouped gpu_test_nccl_watchdog
-  gpu_test_nccl_large)
+TESTS=(tests_gpu tests_gpu_grouped)
 BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks)
 
 build() {
@@ -43,6 +42,16 @@ build() {
   lib=$(ldd "$CARRY/gbench_nccl_enqueue" | awk '/libbenchmark/ {print $3}')
   [[ -n "$lib" ]] && cp "$lib" "$CARRY/"
   strip --strip-debug "$CARRY"/*
+  # The phases below run one test file each, by the name of its CTest test: a script that runs
+  # the GPU test executable on that file's test cases (the communicator's with the kernels').
+  local name files
+  for name in check communicator collectives large watchdog; do
+    files="*/test_nccl_$name.cpp"
+    [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
+    printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
+  done
+  printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
+  chmod +x "$CARRY"/gpu_test_nccl_*
   {
     echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tools tests/gpu bench || echo ' (plus uncommitted changes)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) for sm_90"

@@ -1,5 +1,5 @@
-# test_nccl_fake_watchdog (the NCCL backend's watchdog, group and abort logic) and
-# test_nccl_fake_options (Options' ncclConfig_t knobs), against a fake CUDA runtime and NCCL
+# tests_nccl_fake: tests/fake/test_*.cpp (the NCCL backend's watchdog, group and abort logic,
+# Options' ncclConfig_t knobs, the argument check) against a fake CUDA runtime and NCCL
 # (tests/support/fake_cuda_nccl.hpp), label `host`, so that they run on every machine with the
 # CUDA and NCCL headers, GPU or not.
 #
@@ -10,9 +10,9 @@
 # would build it without the fake.
 
 # Headers only, so it is built with NCCLKIT_WITH_CUDA=OFF too (CI's sanitizer stage runs it).
-if(NOT TARGET ncclkit_test_main OR NOT COMMAND ncclkit_apply_test_properties)
+if(NOT TARGET ncclkit_test_main OR NOT COMMAND ncclkit_add_test_executable)
   message(FATAL_ERROR "tests/fake_nccl.cmake: include it after ncclkit_test_main and "
-                      "ncclkit_apply_test_properties are defined (tests/CMakeLists.txt)")
+                      "ncclkit_add_test_executable are defined (tests/CMakeLists.txt)")
 endif()
 
 # The toolkit's headers (cuda_runtime_api.h, cuda.h, cuda_fp16.h, nvtx3/) and nccl.h: where the
@@ -25,7 +25,7 @@ find_path(NCCLKIT_FAKE_NCCL_INCLUDE_DIR nccl.h
 mark_as_advanced(NCCLKIT_FAKE_CUDA_INCLUDE_DIR NCCLKIT_FAKE_NCCL_INCLUDE_DIR)
 if(NOT NCCLKIT_FAKE_CUDA_INCLUDE_DIR OR NOT NCCLKIT_FAKE_NCCL_INCLUDE_DIR
    OR NOT EXISTS "${NCCLKIT_FAKE_CUDA_INCLUDE_DIR}/nvtx3/nvToolsExt.h")
-  message(STATUS "test_nccl_fake_*: off (needs the CUDA toolkit's headers and nccl.h)")
+  message(STATUS "tests_nccl_fake: off (needs the CUDA toolkit's headers and nccl.h)")
   return()
 endif()
 
@@ -36,18 +36,14 @@ set(_fake_nccl_major "${CMAKE_MATCH_1}")
 string(REGEX MATCH "NCCL_MINOR +([0-9]+)" _fake_nccl_minor "${_fake_nccl_version}")
 set(_fake_nccl_minor "${CMAKE_MATCH_1}")
 if("${_fake_nccl_major}.${_fake_nccl_minor}" VERSION_LESS 2.18)
-  message(STATUS "test_nccl_fake_*: off (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
+  message(STATUS "tests_nccl_fake: off (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
                  "${_fake_nccl_major}.${_fake_nccl_minor}; ncclkit needs 2.18 or newer)")
   return()
 endif()
 
-foreach(_fake_test test_nccl_fake_watchdog test_nccl_fake_options test_nccl_fake_check)
-  set(_fake_test_source ${CMAKE_CURRENT_LIST_DIR}/fake/${_fake_test}.cpp)
-  add_executable(${_fake_test} ${_fake_test_source} ${CMAKE_CURRENT_LIST_DIR}/support/fake_cuda_nccl.cpp)
-  target_include_directories(${_fake_test} SYSTEM PRIVATE
-    ${NCCLKIT_FAKE_CUDA_INCLUDE_DIR} ${NCCLKIT_FAKE_NCCL_INCLUDE_DIR})
-  # No CUDA::cudart, no NCCL::nccl: the fake is both.
-  target_link_libraries(${_fake_test} PRIVATE ncclkit_test_main Threads::Threads)
-  add_test(NAME ${_fake_test} COMMAND ${_fake_test})
-  ncclkit_apply_test_properties(${_fake_test} ${_fake_test_source} host)
-endforeach()
+file(GLOB _fake_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/fake/test_*.cpp)
+ncclkit_add_test_executable(tests_nccl_fake host ${_fake_tests} ${CMAKE_CURRENT_LIST_DIR}/support/fake_cuda_nccl.cpp)
+target_include_directories(tests_nccl_fake SYSTEM PRIVATE
+  ${NCCLKIT_FAKE_CUDA_INCLUDE_DIR} ${NCCLKIT_FAKE_NCCL_INCLUDE_DIR})
+# No CUDA::cudart, no NCCL::nccl: the fake is both.
+target_link_libraries(tests_nccl_fake PRIVATE ncclkit_test_main Threads::Threads)

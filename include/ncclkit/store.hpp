@@ -16,6 +16,7 @@
 
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
+#include "ncclkit/store/memory_store.hpp"
 #include "ncclkit/store/prefix_store.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"

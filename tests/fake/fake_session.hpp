@@ -17,6 +17,7 @@
 #include "ncclkit/store/store.hpp"
 #include "support/fake_cuda_nccl.hpp"
 #include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
 namespace ncclkit_test {
 
@@ -57,7 +58,6 @@ std::string message_of(Call&& call) {
   return {};
 }
 
-inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 /// Starts each test from a fresh fake; at the end, after everything the test made is gone,
 /// the test calls check_clean().

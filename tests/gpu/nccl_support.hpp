@@ -19,6 +19,7 @@
 #include <vector>       // std::vector
 
 #include "gpu/gpu_support.hpp"
+#include "support/checker.hpp"
 #include "support/element_conversions.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
@@ -70,33 +71,6 @@ inline bool have_gpus(int n, const char* what) {
   MESSAGE("skipped " << what << ": needs " << n << " GPUs, " << gpus << " visible");
   return false;
 }
-
-/// Counts a worker's checks and failures; the worker's exit code says whether all passed.
-class Checker {
- public:
-  explicit Checker(int rank) : rank_(rank) {}
-  bool expect(bool ok, const std::string& what) {
-    ++checks_;
-    if (!ok) {
-      ++failures_;
-      if (failures_ <= 25) ncclkit::log_error("CHECK FAILED: " + what);
-    }
-    return ok;
-  }
-  long checks() const { return checks_; }
-  int failures() const { return failures_; }
-  /// Prints the tally and returns the exit code (0: every check passed).
-  int finish(const std::string& what) const {
-    std::printf("rank %d %s: %ld checks, %d failed\n", rank_, what.c_str(), checks_, failures_);
-    std::fflush(stdout);
-    return failures_ == 0 ? 0 : 1;
-  }
-
- private:
-  int rank_;
-  long checks_ = 0;
-  int failures_ = 0;
-};
 
 /// Runs `fn(world, store)` in `n` worker processes (returning an exit code) and CHECKs that
 /// every worker exited 0.

@@ -16,6 +16,7 @@
 #include "ncclkit/core/poll.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
+#include "support/checker.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::FileStore;
@@ -23,9 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-void require(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
+using ncclkit_test::require;
 
 FileStore open_store(const ncclkit::WorldInfo& world) {
   return FileStore(world.init_url.substr(7), {.world_size = world.world_size, .timeout = 60s});

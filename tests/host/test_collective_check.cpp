@@ -13,6 +13,7 @@
 #include <vector>   // std::vector
 
 #include "ncclkit/core/collective_check.hpp"
+#include "support/text.hpp"
 
 namespace {
 
@@ -21,7 +22,7 @@ using ncclkit::DataType;
 using ncclkit::ReduceOp;
 using ncclkit::detail::find_mismatch;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 CollectiveFingerprint all_reduce(std::size_t count, DataType type = DataType::kFloat32, ReduceOp op = ReduceOp::kSum,
                                  std::uint64_t seq = 7) {

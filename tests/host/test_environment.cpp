@@ -5,6 +5,7 @@
 #include <string>   // std::string
 
 #include "ncclkit/bootstrap/environment.hpp"
+#include "support/text.hpp"
 
 using ncclkit::ConfigError;
 using ncclkit::detect_world;
@@ -18,7 +19,7 @@ WorldInfo from_env(std::map<std::string, std::string, std::less<>> variables, Wo
   return detect_world(overrides, fixed_environment(std::move(variables)));
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 }  // namespace
 

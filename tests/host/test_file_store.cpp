@@ -26,6 +26,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
+#include "support/checker.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -534,9 +535,7 @@ ncclkit::SpawnResult run_on(const std::string& dir, int n, Fn fn) {
   }, {.timeout = 120s, .grace = 200ms, .rendezvous_dir = dir});
 }
 
-void require(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
+using ncclkit_test::require;
 
 /// A second run in `dir`: must start fresh, see none of the old keys, count from zero, and
 /// leave only the lock file behind.

@@ -25,6 +25,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
+#include "support/checker.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -48,9 +49,7 @@ std::uint64_t hash_of(const Bytes& bytes) {
 }
 
 /// Worker-side assertion: a failed one ends the worker with code 1 and a logged reason.
-void require(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
+using ncclkit_test::require;
 
 /// Runs fn(store, rank, world) in `n` processes sharing one folder, then checks that all
 /// succeeded and that the last rank to leave removed the run's files.

@@ -22,6 +22,7 @@
 
 #include "ncclkit/core/collective_check.hpp"
 #include "support/gloo_testing.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::CollectiveMismatchError;
@@ -33,9 +34,9 @@ using ncclkit::testing::Checker;
 
 namespace {
 
-constexpr auto kTimeout = 5s;
+constexpr auto kCheckTimeout = 5s;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 /// Runs `fn(comm, world, check)` in `n` ranks, with NCCLKIT_CHECK_COLLECTIVES set to
 /// `variable` (unset when empty) in each worker before its communicator is made.
@@ -52,7 +53,7 @@ ncclkit::SpawnResult run(int n, const std::string& variable,
         ncclkit::set_log_level(ncclkit::LogLevel::kError);
         auto store = ncclkit::make_store(world.init_url, world);
         Options options;
-        options.timeout = kTimeout;
+        options.timeout = kCheckTimeout;
         Communicator comm(store, world, options);
         Checker check(world.rank);
         fn(comm, world, check);
@@ -294,7 +295,7 @@ TEST_CASE("the check is an option too, and ranks that disagree on it get a Confi
         Checker check(world.rank);
         {
           Options options;
-          options.timeout = kTimeout;
+          options.timeout = kCheckTimeout;
           options.name = "on";
           options.check_collectives = true;  // the option, without the variable
           Communicator comm(store, world, options);
@@ -302,7 +303,7 @@ TEST_CASE("the check is an option too, and ranks that disagree on it get a Confi
           expect_mismatch(check, comm, "option", [&] { comm.all_reduce(std::span<float>(data)); }, {"count (4 vs 3)"});
         }
         Options options;
-        options.timeout = kTimeout;
+        options.timeout = kCheckTimeout;
         options.name = "split";
         options.check_collectives = world.rank == 1;
         try {
@@ -320,7 +321,7 @@ TEST_CASE("the check is an option too, and ranks that disagree on it get a Confi
 TEST_CASE("a rank that never reaches the collective makes the others fail with CommError within the timeout") {
   auto result = run(2, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
     if (world.rank == 1) {
-      std::this_thread::sleep_for(kTimeout + 2s);  // arrives after rank 0 gave up
+      std::this_thread::sleep_for(kCheckTimeout + 2s);  // arrives after rank 0 gave up
       return;
     }
     std::vector<float> data(8, 1.0f);
@@ -331,7 +332,7 @@ TEST_CASE("a rank that never reaches the collective makes the others fail with C
     } catch (const ncclkit::CommError& e) {
       check.expect(contains(e.what(), "comparing its arguments"), std::string("message: ") + e.what());
     }
-    check.expect(std::chrono::steady_clock::now() - start < kTimeout + 5s, "the error came late");
+    check.expect(std::chrono::steady_clock::now() - start < kCheckTimeout + 5s, "the error came late");
     check.expect(comm.failed(), "not failed after the timeout");
   });
   CHECK_MESSAGE(result.ok(), result.describe());
@@ -353,7 +354,7 @@ TEST_CASE("without the variable nothing is compared: mismatched arguments run as
 }
 
 // Not a test: the check's cost, printed, for docs/performance.md. Skipped unless asked for:
-//   build/tests/test_gloo_check --no-skip -tc="*cost*"
+//   build/tests/tests_gloo --no-skip -tc="*cost*"
 // Two processes, each with a checked and an unchecked communicator; rounds alternate between
 // them (who goes first rotates), so load on the machine hits both alike. Per-call time: each
 // round's mean; printed are the fastest round (the cost on a quiet machine: on a loaded one,

@@ -8,6 +8,7 @@
 
 #include "launch/launcher_store.hpp"
 #include "launch/store_coordinator.hpp"
+#include "support/text.hpp"
 
 using ncclkit::TcpStore;
 using ncclkit::TcpStoreServer;
@@ -15,7 +16,7 @@ using ncclkit::launch::store_token_warning;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 /// What a StoreCoordinator over `server` reports when it starts.
 std::vector<std::string> reports_at_start(std::unique_ptr<TcpStoreServer> server, const std::string& token) {

@@ -1,8 +1,8 @@
 // The store protocol NCCL communicators compare collective arguments through when
 // NCCLKIT_CHECK_COLLECTIVES is on (ncclkit/nccl/detail/check_exchange.hpp): every rank gets
 // the same verdict, a rank that never arrives is named within the timeout, and keys do not
-// pile up. Pure store logic, so it runs here with real processes on a TcpStore (as the
-// launcher gives), on machines without a GPU.
+// pile up. Pure store logic, so it runs here, on machines without a GPU, with ranks as threads
+// on a MemoryStore (the cost measurement: processes on a TcpStore, as the launcher gives).
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::sort
@@ -18,6 +18,8 @@
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/nccl/detail/check_exchange.hpp"
 #include "ncclkit/store/prefix_store.hpp"
+#include "support/thread_ranks.hpp"
+#include "support/text.hpp"
 
 namespace {
 
@@ -28,15 +30,25 @@ using ncclkit::WorldInfo;
 using ncclkit::nccl::detail::exchange_fingerprints;
 using namespace std::chrono_literals;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 CollectiveFingerprint all_reduce(std::uint64_t number, std::size_t count) {
   return CollectiveFingerprint::of("all_reduce", count, DataType::kFloat32).with_op(ReduceOp::kSum).with_sequence(number);
 }
 
-// Exit codes of the workers: 0 as expected, 2.. which expectation failed.
+// Codes of the ranks: 0 as expected, 2.. which expectation failed. The ranks are threads on a
+// MemoryStore (tests/support/thread_ranks.hpp), each with the scope "comm/1" of it.
 template <class Fn>
-ncclkit::SpawnResult run(int n, Fn fn) {
+ncclkit_test::ThreadRanksResult run_scoped(int n, Fn fn) {
+  return ncclkit_test::run_thread_ranks(n, [&](const WorldInfo& world, ncclkit::Store& store) {
+    ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
+    return fn(world, scope);
+  });
+}
+
+// The same in processes on a TcpStore, for the cost measurement below.
+template <class Fn>
+ncclkit::SpawnResult run_processes(int n, Fn fn) {
   return ncclkit::spawn(
       n,
       [&](const WorldInfo& world) -> int {
@@ -50,7 +62,7 @@ ncclkit::SpawnResult run(int n, Fn fn) {
 }  // namespace
 
 TEST_CASE("ranks that agree go on, round after round, and old keys are deleted") {
-  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& scope) {
+  auto result = run_scoped(3, [](const WorldInfo& world, ncclkit::Store& scope) {
     constexpr std::uint64_t kRounds = 40;
     for (std::uint64_t n = 1; n <= kRounds; ++n) {
       exchange_fingerprints(scope, world.rank, world.world_size, n, all_reduce(n, 100 + n), 20s, "test");
@@ -68,7 +80,7 @@ TEST_CASE("ranks that agree go on, round after round, and old keys are deleted")
 }
 
 TEST_CASE("a mismatch is the same CollectiveMismatchError on every rank, and the next round works") {
-  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& scope) {
+  auto result = run_scoped(3, [](const WorldInfo& world, ncclkit::Store& scope) {
     exchange_fingerprints(scope, world.rank, world.world_size, 1, all_reduce(1, 8), 20s, "test");
     try {
       exchange_fingerprints(scope, world.rank, world.world_size, 2, all_reduce(2, world.rank == 1 ? 4 : 8), 20s,
@@ -89,7 +101,7 @@ TEST_CASE("a mismatch is the same CollectiveMismatchError on every rank, and the
 }
 
 TEST_CASE("a rank that never arrives is named by rank 0 and, through its verdict, by the others") {
-  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& scope) {
+  auto result = run_scoped(3, [](const WorldInfo& world, ncclkit::Store& scope) {
     if (world.rank == 2) return 0;  // skips the collective
     try {
       exchange_fingerprints(scope, world.rank, world.world_size, 1, all_reduce(1, 8), 1s, "test");
@@ -108,7 +120,7 @@ TEST_CASE("a rank that never arrives is named by rank 0 and, through its verdict
 }
 
 TEST_CASE("when rank 0 never arrives, the others say so after the timeout and a few seconds") {
-  auto result = run(2, [](const WorldInfo& world, ncclkit::Store& scope) {
+  auto result = run_scoped(2, [](const WorldInfo& world, ncclkit::Store& scope) {
     if (world.rank == 0) return 0;
     try {
       exchange_fingerprints(scope, world.rank, world.world_size, 1, all_reduce(1, 8), 200ms, "test");
@@ -122,10 +134,10 @@ TEST_CASE("when rank 0 never arrives, the others say so after the timeout and a 
 
 // Not a test: what the NCCL backend's check adds to each collective on the host (the store
 // exchange; nothing runs on the GPU), printed for docs/performance.md. Skipped unless asked:
-//   build/tests/test_nccl_check_exchange --no-skip -tc="*cost*"
+//   build/tests/tests_nccl --no-skip -tc="*cost*"
 TEST_CASE("cost of one exchange on a TcpStore, 2 and 4 processes (run by hand)" * doctest::skip()) {
   for (int n : {2, 4}) {
-    auto result = run(n, [n](const WorldInfo& world, ncclkit::Store& scope) {
+    auto result = run_processes(n, [n](const WorldInfo& world, ncclkit::Store& scope) {
       constexpr int kRounds = 41, kCalls = 50;
       std::vector<double> times;
       std::uint64_t number = 0;

@@ -11,6 +11,7 @@
 #include <vector>   // std::vector
 
 #include "ncclkit/nccl/failure_report.hpp"
+#include "support/text.hpp"
 
 namespace {
 
@@ -41,7 +42,7 @@ FailureReport report_of(int rank, std::uint64_t seq, std::vector<PeerProgress> p
   return report;
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 TEST_CASE("the rank that never issued the failed collective is behind; a rank that got ahead is not") {
   // Rank 0's report in a skip drill: rank 3 skipped seq 2, rank 1 had issued seq 3.

@@ -1,16 +1,15 @@
 // The store protocol NCCL communicators are created with (ncclkit/nccl/rendezvous.hpp): version
 // exchange, the unique id from rank 0, errors that name ranks. Pure store logic, so it runs
-// here, with real processes and a FileStore, on machines without a GPU.
+// here, on machines without a GPU, with ranks as threads on a MemoryStore.
 #include <doctest/doctest.h>
 
 #include <chrono>   // std::chrono
 #include <string>   // std::string
 #include <vector>   // std::vector
 
-#include "ncclkit/bootstrap/init_url.hpp"
-#include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/nccl/rendezvous.hpp"
 #include "ncclkit/store/prefix_store.hpp"
+#include "support/thread_ranks.hpp"
 
 namespace {
 
@@ -26,17 +25,12 @@ Bytes fake_id() {
   return id;
 }
 
-// Exit codes of the workers: 0 as expected, 2.. which expectation failed.
-template <class Fn>
-ncclkit::SpawnResult run(int n, Fn fn) {
-  return ncclkit::spawn(n, [&](const WorldInfo& world) -> int {
-    auto store = ncclkit::make_store(world.init_url, world);
-    return fn(world, *store);
-  }, ncclkit::SpawnOptions{.timeout = std::chrono::seconds(60)});
-}
+// Ranks as threads (tests/support/thread_ranks.hpp); their codes: 0 as expected, 2.. which
+// expectation failed.
+using ncclkit_test::run_thread_ranks;
 
 TEST_CASE("every rank gets rank 0's unique id when versions agree") {
-  auto result = run(4, [](const WorldInfo& world, ncclkit::Store& store) {
+  auto result = run_thread_ranks(4, [](const WorldInfo& world, ncclkit::Store& store) {
     ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
     const Bytes id = init_rendezvous(scope, world.rank, world.world_size, kVersions, std::chrono::seconds(20), fake_id, "test");
     return id == fake_id() ? 0 : 2;
@@ -45,7 +39,7 @@ TEST_CASE("every rank gets rank 0's unique id when versions agree") {
 }
 
 TEST_CASE("a version mismatch is a ConfigError on every rank, naming the ranks") {
-  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& store) {
+  auto result = run_thread_ranks(3, [](const WorldInfo& world, ncclkit::Store& store) {
     ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
     const std::string mine = world.rank == 2 ? "NCCL 2.27.3, CUDA runtime 12.8, ncclkit 0.1.0" : kVersions;
     try {
@@ -62,7 +56,7 @@ TEST_CASE("a version mismatch is a ConfigError on every rank, naming the ranks")
 }
 
 TEST_CASE("a rank that never arrives is named, within the timeout") {
-  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& store) {
+  auto result = run_thread_ranks(3, [](const WorldInfo& world, ncclkit::Store& store) {
     if (world.rank == 1) return 0;  // never takes part
     ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
     const auto start = std::chrono::steady_clock::now();
@@ -86,7 +80,7 @@ TEST_CASE("a rank that never arrives is named, within the timeout") {
 }
 
 TEST_CASE("when rank 0 never arrives, the others say so") {
-  auto result = run(3, [](const WorldInfo& world, ncclkit::Store& store) {
+  auto result = run_thread_ranks(3, [](const WorldInfo& world, ncclkit::Store& store) {
     if (world.rank == 0) return 0;  // never takes part
     ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
     try {
@@ -101,7 +95,7 @@ TEST_CASE("when rank 0 never arrives, the others say so") {
 }
 
 TEST_CASE("two scopes on one store do not mix") {
-  auto result = run(2, [](const WorldInfo& world, ncclkit::Store& store) {
+  auto result = run_thread_ranks(2, [](const WorldInfo& world, ncclkit::Store& store) {
     auto base = std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {});
     ncclkit::PrefixStore first("comm/1", base), second("comm/2", base);
     // The second scope disagrees on versions; the first must still succeed.

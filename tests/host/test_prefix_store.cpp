@@ -16,6 +16,7 @@
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/prefix_store.hpp"
+#include "support/checker.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::FileStore;
@@ -27,9 +28,7 @@ namespace {
 using ncclkit_test::TempDir;
 
 
-void require(bool condition, const std::string& what) {
-  if (!condition) throw std::runtime_error(what);
-}
+using ncclkit_test::require;
 
 }  // namespace
 

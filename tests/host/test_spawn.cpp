@@ -115,15 +115,21 @@ TEST_CASE("exit statuses are collected even when the caller ignores SIGCHLD, whi
   // report ("exit code -1") unless spawn restores the default disposition while it runs.
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   auto previous = ::signal(SIGCHLD, SIG_IGN);
-  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo& world) { return world.rank == 1 ? 3 : 0; });
+  // Rank 1's failure makes spawn stop rank 0 if rank 0 has not exited yet (under load it may
+  // not have): rank 1 fails a little later, and rank 0 may have either fate.
+  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo& world) {
+    if (world.rank == 0) return 0;
+    std::this_thread::sleep_for(100ms);
+    return 3;
+  });
   struct sigaction after {};
   ::sigaction(SIGCHLD, nullptr, &after);
   ::signal(SIGCHLD, previous);
   const bool restored = after.sa_handler == SIG_IGN;
   CHECK_MESSAGE(restored, "the caller's SIGCHLD disposition is restored");
   CHECK_FALSE(result.ok());
-  CHECK(result.workers[0].exited);
-  CHECK(result.workers[0].exit_code == 0);
+  const auto& first = result.workers[0];
+  CHECK_MESSAGE(((first.exited && first.exit_code == 0) || (first.stopped_by_spawn && !first.exited)), first.describe());
   CHECK(result.workers[1].exited);
   CHECK(result.workers[1].exit_code == 3);
   CHECK(result.describe().find("exited with code 3") != std::string::npos);

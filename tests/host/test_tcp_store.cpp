@@ -24,6 +24,7 @@
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/tcp_store.hpp"
 #include "support/raw_tcp_peer.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -38,7 +39,7 @@ using namespace ncclkit_test;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 Bytes random_bytes(std::mt19937_64& random, std::size_t n) {
   Bytes b(n);

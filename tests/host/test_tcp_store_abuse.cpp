@@ -29,6 +29,7 @@
 #include "ncclkit/store/tcp_store.hpp"
 #include "support/raw_tcp_peer.hpp"
 #include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -43,7 +44,7 @@ using namespace ncclkit_test;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 std::size_t count_of(const std::string& text, const std::string& part) {
   std::size_t count = 0;

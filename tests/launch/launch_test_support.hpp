@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
 #ifndef NCCLKIT_RUN_EXE
 #error "NCCLKIT_RUN_EXE (the launcher's path) is set by tests/launch/CMakeLists.txt"
@@ -200,7 +201,7 @@ inline std::vector<std::string> lines_starting_with(const std::string& text, con
   return lines;
 }
 
-inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 /// A free TCP port on the loopback address (bound, read back, released).
 inline int free_port() {

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/checker.hpp"
 #include "support/element_conversions.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
@@ -22,25 +23,7 @@
 
 namespace ncclkit::testing {
 
-/// Counts failed expectations of one rank and prints each with its rank.
-class Checker {
- public:
-  explicit Checker(int rank) : rank_(rank) {}
-  bool expect(bool ok, const std::string& what) {
-    if (!ok) {
-      ++failures_;
-      if (failures_ <= 20) log_error("CHECK FAILED: " + what);
-    }
-    return ok;
-  }
-  int failures() const { return failures_; }
-  /// The worker's exit code: 0 when every expectation held.
-  int code() const { return failures_ == 0 ? 0 : 1; }
-
- private:
-  int rank_;
-  int failures_ = 0;
-};
+using ncclkit_test::Checker;
 
 /// Runs `fn(comm, world, checker)` in `nprocs` ranks, each with the spawn store and a
 /// communicator made with `options`. `fn` returns nothing; the exit code is the checker's.

@@ -20,6 +20,7 @@
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
+#include "support/text.hpp"
 
 namespace {
 
@@ -33,7 +34,7 @@ using ncclkit::nccl::DeviceBuffer;
 using ncclkit::nccl::GroupGuard;
 using ncclkit::nccl::Options;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using ncclkit_test::contains;
 
 /// Expects `call` to throw CollectiveMismatchError whose message has `part`, and the
 /// communicator to stay usable.
