@@ -510,7 +510,7 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   comm.all_reduce(in.data(), out.data(), count, ReduceOp::kSum, capture_stream);
   comm.all_gather(out.data(), gathered.data(), count, capture_stream);
   comm.synchronize(capture_stream);
-  const auto issued_before = comm.issued_seq();
+  const auto issued_before = comm.issued_sequence();
 
   cudaGraph_t graph = nullptr;
   NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, mode));
@@ -532,7 +532,7 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   cudaGraphExec_t exec = nullptr;
   NCCLKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   Checker local(r);
-  local.expect(comm.issued_seq() == issued_before, "captured collectives take no sequence numbers");
+  local.expect(comm.issued_sequence() == issued_before, "captured collectives take no sequence numbers");
   for (int replay = 0; replay < 3; ++replay) {
     const std::uint64_t seed = 500 + static_cast<std::uint64_t>(replay);
     upload(in, make_input<float>(seed, r, count), capture_stream);
@@ -552,7 +552,7 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   NCCLKIT_CUDA_CHECK(cudaGraphDestroy(graph));
   // Eager collectives still work and are watched again.
   comm.barrier();
-  local.expect(comm.issued_seq() == issued_before + 1, "eager collectives after capture take sequence numbers");
+  local.expect(comm.issued_sequence() == issued_before + 1, "eager collectives after capture take sequence numbers");
   (void)checker;
   return local.failures() == 0 ? "" : std::to_string(local.failures()) + " replay checks failed";
 }
@@ -915,7 +915,7 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
       {
         constexpr int kSteps = 300;
         std::vector<std::uint64_t> before;
-        for (int i = 0; i < n; ++i) before.push_back(local[i].issued_seq());
+        for (int i = 0; i < n; ++i) before.push_back(local[i].issued_sequence());
         for (int step = 0; step < kSteps; ++step) {
           GroupGuard group;
           for (int i = 0; i < n; ++i)
@@ -941,16 +941,16 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
           auto& comm = local[i];
           comm.synchronize(comm.default_stream());
           comm.synchronize(comm.comm_stream());
-          checker.expect(comm.issued_seq() == before[static_cast<std::size_t>(i)] + kSteps + 3,
-                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_seq()) + ", expected " +
+          checker.expect(comm.issued_sequence() == before[static_cast<std::size_t>(i)] + kSteps + 3,
+                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_sequence()) + ", expected " +
                              std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 3));
           // The watchdog retires what completed on its next poll (every timeout / 20 at most).
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-          while (comm.completed_seq() != comm.issued_seq() && std::chrono::steady_clock::now() < deadline)
+          while (comm.completed_sequence() != comm.issued_sequence() && std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          checker.expect(comm.completed_seq() == comm.issued_seq(),
-                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_seq()) + " of " +
-                             std::to_string(comm.issued_seq()) + " after synchronize");
+          checker.expect(comm.completed_sequence() == comm.issued_sequence(),
+                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_sequence()) + " of " +
+                             std::to_string(comm.issued_sequence()) + " after synchronize");
         }
         // Max over ranks of the all_reduce sums above is the sum itself: unchanged.
         for (int i = 0; i < n; ++i) {

@@ -67,6 +67,7 @@
 #include <vector>              // std::vector
 
 #include "ncclkit/core/coarse_clock.hpp"
+#include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
@@ -88,7 +89,7 @@ using Clock = std::chrono::steady_clock;
 ///
 /// Two NCCL communicators per ncclkit communicator, because NCCL's non-blocking mode costs
 /// about 90 us per collective (NCCL 2.28 launches every group of a non-blocking communicator
-/// from a helper thread; measured in docs/perf-nccl.md):
+/// from a helper thread; measured in docs/dev/perf-nccl.md):
 ///   - `control`, non-blocking: init, split and finalize, each polled and so bounded;
 ///   - `comm`, blocking, split from `control` (bounded too, since its parent is non-blocking):
 ///     every collective. A blocking call that does not return (connection setup waiting for a
@@ -468,9 +469,9 @@ class Watchdog {
   /// and record. A stream runs in order, so the event completing still means that every
   /// collective of the record has; what a burst gives up is telling its members' completions
   /// apart (a report names the first and how many came after it). It spares the pool and the
-  /// queue a record per call, and keeps the events in use few: measured against the code
-  /// before it on one host, small collectives took 0.37 us less per call, and a 4-GPU step
-  /// of one thread 0.93 us less once groups joined (docs/perf-nccl.md, runs 28 and 29).
+  /// queue a record per call, and keeps the events in use few: on one host it saves about
+  /// 0.4 us per small collective, and about 0.9 us per 4-GPU step of one thread once groups
+  /// join (docs/dev/perf-nccl.md).
   void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
              std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt,
              bool merge = false) {
@@ -481,6 +482,10 @@ class Watchdog {
     // The default-stream handles name a different stream per device and thread: they never
     // count as one stream.
     const bool shared_handle = is_default_stream_handle(stream);
+    // Such a handle means the current device's stream: record on this communicator's (a group
+    // ends with any device current).
+    std::optional<DeviceGuard> on_device;
+    if (shared_handle) on_device.emplace(s.device);
     std::lock_guard lock(s.queue_mutex);
     if (merge && !shared_handle && !s.in_flight.empty()) {
       detail::WorkRecord& back = s.in_flight.back();
@@ -574,8 +579,9 @@ class Watchdog {
       s.control_cv.wait_for(lock, std::chrono::seconds(5), [&] { return s.report_ready; });
     }
     if (s.report_ready) throw CommError("ncclkit: " + s.report.describe());
-    throw CommError("ncclkit: communicator '" + s.name + "' (rank " + std::to_string(s.rank) + " of " +
-                    std::to_string(s.world) + ") failed: " + s.requested_reason +
+    throw CommError("ncclkit: " +
+                    ncclkit::detail::communicator_label("nccl", s.name, s.rank, s.world, "GPU " + std::to_string(s.device)) +
+                    " failed: " + s.requested_reason +
                     " (the full report was not ready yet)");
   }
 
@@ -659,8 +665,10 @@ class Watchdog {
       if (now >= deadline) {
         throw TimeoutError(what + " timed out after " +
                            FailureReport::format_seconds(std::chrono::duration<double>(now - start).count()) +
-                           " on communicator '" + state_->name + "' (rank " + std::to_string(state_->rank) +
-                           "); work on the stream did not finish (a kernel of your own that does not end?)");
+                           " on " +
+                           ncclkit::detail::communicator_label("nccl", state_->name, state_->rank, state_->world,
+                                                               "GPU " + std::to_string(state_->device)) +
+                           "; work on the stream did not finish (a kernel of your own that does not end?)");
       }
       if (now - start < std::chrono::milliseconds(20)) {
         std::this_thread::yield();

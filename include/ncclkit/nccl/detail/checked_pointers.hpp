@@ -2,12 +2,12 @@
 /// A per-communicator memory of the last buffer addresses (up to kSlots) that
 /// cudaPointerGetAttributes found to be device memory of the communicator's GPU, so that a
 /// training loop, which passes the same gradient buffers every step, pays for that query once
-/// per buffer instead of once per call (measured in docs/perf-nccl.md: the query is the
+/// per buffer instead of once per call (measured in docs/dev/perf-nccl.md: the query is the
 /// largest part of the argument checks). Internal: used by nccl::Communicator.
 ///
 /// Size and lookup. 64 addresses: a loop over more buffers than the memory holds misses on
 /// every call (the oldest goes first), and a trainer's buckets, or the layers of a model
-/// reduced one by one, easily number more than the 8 this held before. A lookup is a hash
+/// reduced one by one, easily number more than a handful. A lookup is a hash
 /// table's (about one compare, whatever the order of the calls), not a scan of the 64.
 ///
 /// Forgetting. Memory freed through ncclkit (DeviceBuffer, Communicator::deallocate) bumps a
@@ -21,7 +21,7 @@
 /// The same memory, on a generation of its own, holds the stream handles that
 /// cudaStreamGetDevice found to be of the communicator's GPU (a caller's stream passed every
 /// call cost +0.2 to +0.65 us per call for that query and the capture-mode switch around it:
-/// docs/perf-nccl.md, runs 26-29). Streams destroyed through ncclkit (nccl::Stream) bump it. A
+/// docs/dev/perf-nccl.md). Streams destroyed through ncclkit (nccl::Stream) bump it. A
 /// stream the caller destroys with cudaStreamDestroy is not seen: should a new stream of
 /// another GPU get the same handle, the check lets it through, and the call fails further on
 /// with a CUDA error (NCCL's launch, or the completion event's record) instead of the misuse

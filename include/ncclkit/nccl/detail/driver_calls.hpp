@@ -6,7 +6,7 @@
 ///
 /// Why: one thread driving several GPUs (LocalGroup, perf_nccl -g) makes both calls once per
 /// GPU per step, so what the runtime adds to each call counts several times in a step
-/// (docs/perf-nccl.md, bench/bench_completion_marks.cu). The functions are resolved once,
+/// (docs/dev/perf-nccl.md, bench/bench_completion_marks.cu). The functions are resolved once,
 /// through cudaGetDriverEntryPointByVersion, so nothing links libcuda.
 ///
 /// Same semantics as the runtime calls: a cudaStream_t is a CUstream and a cudaEvent_t a
