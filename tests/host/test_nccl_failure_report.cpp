@@ -1,7 +1,7 @@
 // FailureReport (ncclkit/nccl/failure_report.hpp): which ranks a failure report shows as
 // behind, and its text. Plain data, so it runs on machines without a GPU. The first cases
-// are the progress tables of GPU run 4 (docs/gpu-runs.md), where one survivor got a
-// collective ahead of the others and their reports blamed themselves.
+// are progress tables of a skip drill on GPUs, where one survivor got a collective ahead of
+// the others: their reports must not blame themselves.
 #include <doctest/doctest.h>
 
 #include <cstdint>  // std::uint64_t
@@ -44,7 +44,7 @@ FailureReport report_of(int rank, std::uint64_t seq, std::vector<PeerProgress> p
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 TEST_CASE("the rank that never issued the failed collective is behind; a rank that got ahead is not") {
-  // Rank 0's report in run 4's skip drill: rank 3 skipped seq 2, rank 1 had issued seq 3.
+  // Rank 0's report in a skip drill: rank 3 skipped seq 2, rank 1 had issued seq 3.
   const auto report = report_of(0, 2, {known(0, 2, 1, true), known(1, 3, 2), known(2, 2, 1, true), known(3, 1, 1)});
   CHECK(report.needed_seq() == 2);
   CHECK(report.ranks_behind() == std::vector<int>{3});
@@ -53,7 +53,10 @@ TEST_CASE("the rank that never issued the failed collective is behind; a rank th
   CHECK(contains(text, "\n    rank 1: 3/2\n"));
   CHECK(contains(text, "\n    rank 2: 2/1  (failed too)\n"));
   CHECK(contains(text, "\n    rank 3: 1/1  <- behind: has not issued seq 2\n"));
-  CHECK(contains(text, "in flight: all_reduce seq 2, 4194304 bytes (4.0 MiB), waited 5.01 s"));
+  CHECK(contains(text, "in flight: all_reduce seq 2, 4194304 bytes (4.0 MiB), waited 5.010 s"));
+  // One label for communicators in every message, one format for durations (core/).
+  CHECK(text.rfind("nccl communicator 'drill' (rank 0 of 4, GPU 0) failed: ", 0) == 0);
+  CHECK(contains(text, "ncclCommAbort took 1.090 s"));
 }
 
 TEST_CASE("a rank failing at a later collective shows every rank that never issued it") {
