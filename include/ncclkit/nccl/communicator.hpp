@@ -59,15 +59,13 @@
 /// kernels of kernels.cuh, which nvcc translation units get from here automatically (one
 /// such file in the program is enough).
 
-#include <cuda_runtime_api.h>  // cudaStream_t, cudaStreamLegacy, cudaMalloc, ...
+#include <cuda_runtime_api.h>  // cudaStream_t, cudaStreamLegacy, cudaMalloc, cudaMemcpyAsync
 #include <nccl.h>              // ncclComm_t and the collectives
 
 #include <chrono>    // std::chrono
 #include <cstddef>   // std::size_t
-#include <cstdint>   // std::uint64_t, std::int64_t
-#include <cstring>   // std::memcpy
+#include <cstdint>   // std::uint64_t
 #include <memory>    // std::unique_ptr, std::shared_ptr
-#include <mutex>     // std::unique_lock
 #include <optional>  // std::optional
 #include <span>      // std::span
 #include <string>    // std::string
@@ -78,7 +76,6 @@
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
@@ -88,13 +85,12 @@
 #include "ncclkit/nccl/detail/issue.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
 #include "ncclkit/nccl/detail/shutdown.hpp"
+#include "ncclkit/nccl/detail/split.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/options.hpp"
-#include "ncclkit/nccl/rendezvous.hpp"
 #include "ncclkit/nccl/stream.hpp"
 #include "ncclkit/nccl/types.hpp"
 #include "ncclkit/nccl/watchdog.hpp"
-#include "ncclkit/store/prefix_store.hpp"
 #include "ncclkit/store/store.hpp"
 
 #if defined(__CUDACC__)
@@ -116,53 +112,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// Creates this rank's communicator of the job `world` describes; blocks until every rank
   /// has joined (bounded by the timeout). `store` is shared by all ranks (its keys are scoped
   /// here) and is kept for the progress exchange of failure reports.
-  Communicator(std::shared_ptr<Store> store, const WorldInfo& world, Options options = {}) {
-    world.validate();
-    if (!store) {
-      throw ConfigError(ncclkit::detail::communicator_label("nccl", options.name, world.rank, world.world_size) +
-                        ": the store is null");
-    }
-    auto core = detail::make_core(std::move(options), world.rank, world.world_size, world.local_rank);
-    const std::string who = core->who();
-    const std::string base = "ncclkit/nccl/" + core->options.name;
-    const std::int64_t index = store->add(base + "/instances/" + std::to_string(world.rank), 1);
-    core->scope = std::make_shared<PrefixStore>(base + "/" + std::to_string(index), store);
-
-    // The argument check works only if every rank makes it: the setting is compared here too.
-    const std::string compared = version_text() + (core->options.check_collectives ? ", collective argument check on" : "");
-    Bytes id_bytes = detail::init_rendezvous(
-        *core->scope, core->rank, core->size, compared, core->options.timeout,
-        [] {
-          ncclUniqueId id;
-          NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
-          return Bytes(reinterpret_cast<const std::uint8_t*>(id.internal),
-                       reinterpret_cast<const std::uint8_t*>(id.internal) + sizeof(id.internal));
-        },
-        who);
-    ncclUniqueId id;
-    if (id_bytes.size() != sizeof(id.internal)) {
-      throw StoreError(who + " init: the unique id from rank 0 has " + std::to_string(id_bytes.size()) +
-                       " bytes, expected " + std::to_string(sizeof(id.internal)));
-    }
-    std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
-
-    core->scope->set("joined/" + std::to_string(core->rank), "1");
-    const auto deadline = detail::Clock::now() + core->options.timeout;
-    ncclConfig_t config = detail::make_config(core->options, /*blocking=*/false);
-    ncclComm_t control = nullptr;
-    {
-      DeviceGuard guard(core->device);
-      const ncclResult_t status = ncclCommInitRankConfig(&control, core->size, id, core->rank, &config);
-      if (status != ncclSuccess && status != ncclInProgress) {
-        if (control != nullptr) (void)ncclCommAbort(control);
-        check_nccl(status, who + " init (ncclCommInitRankConfig)");
-      }
-    }
-    detail::wait_for_init(control, deadline, *core, "init (ncclCommInitRankConfig)", /*abort_on_failure=*/true,
-                          /*picks_network=*/true);
-    ncclComm_t comm = detail::split_working(control, core->rank, deadline, *core);
-    adopt(std::move(core), control, comm);
-  }
+  Communicator(std::shared_ptr<Store> store, const WorldInfo& world, Options options = {})
+      : core_(detail::adopt_handles(detail::init_communicator(std::move(store), world, std::move(options)))) {}
   /// As above, with a store the caller owns; it must outlive the communicator.
   Communicator(Store& store, const WorldInfo& world, Options options = {})
       : Communicator(std::shared_ptr<Store>(std::shared_ptr<Store>{}, &store), world, std::move(options)) {}
@@ -569,80 +520,10 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// over the parent's network: an empty Options::net_name takes the parent's, another one
   /// is a ConfigError.
   std::optional<Communicator> split(int color, int key, std::optional<Options> options = std::nullopt) {
-    auto& parent = core();
-    parent.watchdog.throw_if_failed();
-    Options child_options = options ? std::move(*options) : parent.options;
-    if (!options) {
-      child_options.name = parent.options.name + ".split";
-      child_options.stream = nullptr;
-    }
-    child_options.device = parent.device;
-    if (child_options.timeout.count() == 0) child_options.timeout = parent.options.timeout;
-    // NCCL splits over the parent's network: in its source (2.28) another name fails the
-    // split with "does not match the parent", and is compared with the parent's name even
-    // when the parent has none (a null pointer). Neither was tried on a GPU. NCCL_NET, where
-    // set, replaces both names inside NCCL, so they cannot differ there.
-    if (child_options.net_name.empty()) {
-      child_options.net_name = parent.options.net_name;
-    } else if (!detail::same_net_name(child_options.net_name, parent.options.net_name) && !env_string("NCCL_NET")) {
-      const std::string parents = parent.options.net_name.empty()
-                                      ? "this communicator was made without one"
-                                      : "this communicator's is '" + parent.options.net_name + "'";
-      throw ConfigError(parent.who() + " split: Options::net_name is '" + child_options.net_name + "', but " + parents +
-                        "; a split communicator uses its parent's network, so leave net_name empty or the same");
-    }
-    // The child's rank is known only after the split: refusals name the parent and this rank.
-    auto child = detail::make_core(std::move(child_options), 0, 1, 0, parent.who() + " split");
-    const std::uint64_t index = parent.splits++;
-    const std::string what = "split(color " + std::to_string(color) + ", key " + std::to_string(key) + ")";
-    const auto deadline = detail::Clock::now() + child->options.timeout;
-    ncclConfig_t config = detail::make_config(child->options, /*blocking=*/false);
-    ncclComm_t control = nullptr;
-    {
-      // Split the parent's non-blocking control communicator: polled, hence bounded.
-      std::unique_lock lock(parent.handle().mutex);
-      if (parent.handle().aborted) {
-        lock.unlock();
-        parent.watchdog.throw_failure();
-      }
-      DeviceGuard guard(parent.device);
-      const ncclResult_t status =
-          ncclCommSplit(parent.handle().control, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &control, &config);
-      if (status != ncclSuccess && status != ncclInProgress) {
-        lock.unlock();
-        detail::on_nccl_error(parent, status, "split");
-      }
-    }
-    ncclResult_t parent_state = ncclSuccess;
-    try {
-      parent_state = detail::wait_while_in_progress(parent, deadline, what, /*control=*/true);
-    } catch (const TimeoutError& e) {
-      if (control != nullptr) (void)ncclCommAbort(control);
-      detail::fail_issue(parent, "split", 0, e.what());
-    }
-    if (parent_state != ncclSuccess) {
-      if (control != nullptr) (void)ncclCommAbort(control);
-      detail::on_nccl_error(parent, parent_state, "split");
-    }
-    if (color < 0) return std::nullopt;
-    try {
-      control = detail::await_child(control, parent.handle().control, deadline, *child, what);
-    } catch (const std::exception& e) {
-      detail::fail_issue(parent, "split", 0, e.what());
-    }
-    detail::wait_for_init(control, deadline, *child, what);
-    int child_rank = 0, child_size = 1;
-    NCCLKIT_NCCL_CHECK(ncclCommUserRank(control, &child_rank));
-    NCCLKIT_NCCL_CHECK(ncclCommCount(control, &child_size));
-    child->rank = child_rank;
-    child->size = child_size;
-    if (parent.scope) {
-      child->scope = std::make_shared<PrefixStore>(
-          "split/" + std::to_string(index) + "/color/" + std::to_string(color), parent.scope);
-    }
-    ncclComm_t comm = detail::split_working(control, child_rank, deadline, *child);
+    auto ready = detail::split_communicator(core(), color, key, std::move(options));
+    if (!ready) return std::nullopt;
     Communicator result;
-    result.adopt(std::move(child), control, comm);
+    result.core_ = detail::adopt_handles(std::move(*ready));
     return result;
   }
 
@@ -659,7 +540,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
       // expected: the report is written
     }
   }
-
 
  private:
   friend class LocalGroup;
@@ -688,29 +568,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     return static_cast<const char*>(base) + static_cast<std::size_t>(index) * count * size_of(type);
   }
 
-  /// Completes a core whose NCCL handles are ready: streams, scratch, the watchdog. Aborts the
-  /// handles if any of that fails.
+  /// Completes a core whose NCCL handles are ready (detail::adopt_handles).
   void adopt(std::unique_ptr<detail::CommCore> core, ncclComm_t control, ncclComm_t comm) {
-    try {
-      DeviceGuard guard(core->device);
-      core->own_comm_stream = nccl::Stream(core->device, core->options.stream_priority);
-      core->comm_stream = core->own_comm_stream.get();
-      core->default_stream = core->options.stream != nullptr ? core->options.stream : cudaStreamLegacy;
-      core->sync_event = Event(core->device);
-      NCCLKIT_CUDA_CHECK(cudaMalloc(&core->scratch, 8));
-      NCCLKIT_CUDA_CHECK(cudaMemset(core->scratch, 0, 8));
-      core->watchdog = Watchdog(Watchdog::Config{core->options.name, core->rank, core->size, core->device,
-                                                 core->options.timeout, core->scope});
-    } catch (...) {
-      (void)ncclCommAbort(comm);
-      (void)ncclCommAbort(control);
-      if (core->scratch != nullptr) (void)cudaFree(core->scratch);
-      throw;
-    }
-    core->watchdog.handle().control = control;
-    core->watchdog.handle().comm = comm;
-    core->watchdog.start();
-    core_ = std::move(core);
+    core_ = detail::adopt_handles({std::move(core), control, comm});
   }
 
 #if !NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER

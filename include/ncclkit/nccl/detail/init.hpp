@@ -3,17 +3,21 @@
 /// NCCL's config, and the polled (hence bounded) waits for init and for a split's new handle.
 /// Internal: use ncclkit/nccl/communicator.hpp or ncclkit/nccl/local_group.hpp.
 
-#include <cuda_runtime_api.h>  // cudaRuntimeGetVersion
+#include <cuda_runtime_api.h>  // cudaRuntimeGetVersion, cudaMalloc, cudaStreamLegacy
 #include <nccl.h>              // ncclConfig_t, ncclCommGetAsyncError, ncclCommSplit, ...
 
 #include <algorithm>  // std::min, std::max, std::equal
 #include <atomic>     // std::atomic_ref
 #include <cctype>     // std::tolower
 #include <chrono>     // std::chrono
+#include <cstdint>    // std::uint8_t, std::int64_t
+#include <cstring>    // std::memcpy
 #include <memory>     // std::unique_ptr
 #include <string>     // std::string
 #include <thread>     // std::this_thread::sleep_for
+#include <utility>    // std::move
 
+#include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
@@ -22,6 +26,9 @@
 #include "ncclkit/nccl/options.hpp"
 #include "ncclkit/nccl/rendezvous.hpp"
 #include "ncclkit/nccl/stream.hpp"
+#include "ncclkit/nccl/watchdog.hpp"
+#include "ncclkit/store/prefix_store.hpp"
+#include "ncclkit/store/store.hpp"
 #include "ncclkit/version.hpp"
 
 namespace ncclkit::nccl {
@@ -39,6 +46,13 @@ inline std::string version_text() {
 }
 
 namespace detail {
+
+/// A core and the NCCL handles made for it (the control and the working communicator).
+struct ReadyHandles {
+  std::unique_ptr<CommCore> core;
+  ncclComm_t control = nullptr;
+  ncclComm_t comm = nullptr;
+};
 
 /// A fresh core with options resolved: device chosen, timeout filled in. `who` opens the
 /// messages of the options it refuses (default: the communicator's name and rank).
@@ -198,6 +212,86 @@ inline ncclComm_t split_working(ncclComm_t control, int rank, Clock::time_point 
     throw;
   }
   return comm;
+}
+
+/// Completes a core whose NCCL handles are ready: streams, scratch, the watchdog. Aborts the
+/// handles if any of that fails.
+inline std::unique_ptr<CommCore> adopt_handles(ReadyHandles ready) {
+  auto& core = ready.core;
+  const ncclComm_t control = ready.control, comm = ready.comm;
+  try {
+    DeviceGuard guard(core->device);
+    core->own_comm_stream = nccl::Stream(core->device, core->options.stream_priority);
+    core->comm_stream = core->own_comm_stream.get();
+    core->default_stream = core->options.stream != nullptr ? core->options.stream : cudaStreamLegacy;
+    core->sync_event = Event(core->device);
+    NCCLKIT_CUDA_CHECK(cudaMalloc(&core->scratch, 8));
+    NCCLKIT_CUDA_CHECK(cudaMemset(core->scratch, 0, 8));
+    core->watchdog = Watchdog(Watchdog::Config{core->options.name, core->rank, core->size, core->device,
+                                               core->options.timeout, core->scope});
+  } catch (...) {
+    (void)ncclCommAbort(comm);
+    (void)ncclCommAbort(control);
+    if (core->scratch != nullptr) (void)cudaFree(core->scratch);
+    throw;
+  }
+  core->watchdog.handle().control = control;
+  core->watchdog.handle().comm = comm;
+  core->watchdog.start();
+  return std::move(core);
+}
+
+
+/// Creates this rank's NCCL communicators of the job `world` describes (Communicator's
+/// constructor): scope in the store, version exchange and unique id (rendezvous.hpp), the
+/// non-blocking control communicator, then the blocking one split from it. Bounded by the
+/// timeout.
+inline ReadyHandles init_communicator(std::shared_ptr<Store> store, const WorldInfo& world, Options options) {
+  world.validate();
+  if (!store) {
+    throw ConfigError(ncclkit::detail::communicator_label("nccl", options.name, world.rank, world.world_size) +
+                      ": the store is null");
+  }
+  auto core = make_core(std::move(options), world.rank, world.world_size, world.local_rank);
+  const std::string who = core->who();
+  const std::string base = "ncclkit/nccl/" + core->options.name;
+  const std::int64_t index = store->add(base + "/instances/" + std::to_string(world.rank), 1);
+  core->scope = std::make_shared<PrefixStore>(base + "/" + std::to_string(index), store);
+
+  // The argument check works only if every rank makes it: the setting is compared here too.
+  const std::string compared = version_text() + (core->options.check_collectives ? ", collective argument check on" : "");
+  Bytes id_bytes = init_rendezvous(
+      *core->scope, core->rank, core->size, compared, core->options.timeout,
+      [] {
+        ncclUniqueId id;
+        NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
+        return Bytes(reinterpret_cast<const std::uint8_t*>(id.internal),
+                     reinterpret_cast<const std::uint8_t*>(id.internal) + sizeof(id.internal));
+      },
+      who);
+  ncclUniqueId id;
+  if (id_bytes.size() != sizeof(id.internal)) {
+    throw StoreError(who + " init: the unique id from rank 0 has " + std::to_string(id_bytes.size()) +
+                     " bytes, expected " + std::to_string(sizeof(id.internal)));
+  }
+  std::memcpy(id.internal, id_bytes.data(), sizeof(id.internal));
+
+  core->scope->set("joined/" + std::to_string(core->rank), "1");
+  const auto deadline = Clock::now() + core->options.timeout;
+  ncclConfig_t config = make_config(core->options, /*blocking=*/false);
+  ncclComm_t control = nullptr;
+  {
+    DeviceGuard guard(core->device);
+    const ncclResult_t status = ncclCommInitRankConfig(&control, core->size, id, core->rank, &config);
+    if (status != ncclSuccess && status != ncclInProgress) {
+      if (control != nullptr) (void)ncclCommAbort(control);
+      check_nccl(status, who + " init (ncclCommInitRankConfig)");
+    }
+  }
+  wait_for_init(control, deadline, *core, "init (ncclCommInitRankConfig)", /*abort_on_failure=*/true,
+                        /*picks_network=*/true);
+  ncclComm_t comm = split_working(control, core->rank, deadline, *core);
+  return ReadyHandles{std::move(core), control, comm};
 }
 
 }  // namespace detail
