@@ -548,6 +548,8 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
   Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "api"});
   Checker checker(world.rank);
   const int n = comm.size(), r = comm.rank(), device = comm.device();
+  // The default stream is the legacy stream, which raw CUDA calls take as the current device's.
+  DeviceGuard on_its_gpu(device);
   const cudaStream_t s = comm.default_stream();
 
   backend_round_trip(comm, checker);

@@ -119,6 +119,7 @@ Attempt all_reduce_and_wait(Communicator& comm, DeviceBuffer<float>& buffer) {
 
 std::vector<float> download_now(const DeviceBuffer<float>& buffer, cudaStream_t stream) {
   std::vector<float> host(kCount);
+  ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());  // a default-stream handle: the buffer's GPU's
   NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost, stream));
   NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the stream is idle but for this copy
   return host;
