@@ -515,8 +515,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
   /// ncclCommSplit: ranks with the same `color` form a new communicator, ordered by `key`
   /// (then by rank). A negative color takes no part and gets nullopt. Collective over this
-  /// communicator. The child gets `options` (default: this one's, named "<name>.split", with
-  /// streams of its own) and keeps its keys under this communicator's store scope. NCCL splits
+  /// communicator. The child gets `options` (default: this one's, named "<name>.split", with a
+  /// comm stream of its own and no Options::stream) and keeps its keys under this
+  /// communicator's store scope. NCCL splits
   /// over the parent's network: an empty Options::net_name takes the parent's, another one
   /// is a ConfigError.
   std::optional<Communicator> split(int color, int key, std::optional<Options> options = std::nullopt) {
