@@ -103,7 +103,7 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   std::vector<DeviceBuffer<float>> many;
   for (int i = 0; i < kTooMany; ++i) many.emplace_back(2, checked.device());
   int next_remembered = 0, next_too_many = 0;
-  const cudaStream_t stream = checked.default_stream();
+  const cudaStream_t stream = checked.comm_stream();
   ncclkit::nccl::Stream user_stream(checked.device());
   cudaEvent_t marker = nullptr;
   NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming));
@@ -136,9 +136,9 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   variants.push_back({"raw ncclAllReduce on ncclkit's NCCL comm", 1,
                       [&] {
                         NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, unchecked.native(),
-                                                         unchecked.default_stream()));
+                                                         unchecked.comm_stream()));
                       },
-                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(unchecked.default_stream())); }, {}});
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(unchecked.comm_stream())); }, {}});
   variants.push_back({"ncclkit all_reduce (pointer checks on)", 1,
                       [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
   variants.push_back({"ncclkit checks on, out of place", 1,

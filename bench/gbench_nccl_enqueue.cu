@@ -140,7 +140,7 @@ int run_rank(const ncclkit::WorldInfo& world) {
   ncclkit::nccl::DeviceGuard guard(s.checked->device());
   s.raw = ncclkit::bench::init_raw_comm(*store, world, "gbench/raw_id");
   s.buffer = std::make_unique<ncclkit::nccl::DeviceBuffer<float>>(2 * kGroup, s.checked->device());
-  s.stream = s.checked->default_stream();
+  s.stream = s.checked->comm_stream();
   NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&s.marker, cudaEventDisableTiming));
   setup = &s;
 

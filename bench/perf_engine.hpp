@@ -321,6 +321,20 @@ struct HostTransfer {
   }
 };
 
+/// The stream the engine issues and times work on: for a device backend its comm_stream(), a
+/// stream of the communicator's own, as nccl-tests times on a stream of its own (the default
+/// stream of NCCL's backend is CUDA's legacy stream, which synchronises with every blocking
+/// stream of the GPU); for a host backend its default stream (work runs inline, as a caller
+/// without a stream gets it).
+template <Backend B>
+typename B::Stream work_stream(B& backend) {
+  if constexpr (B::memory_kind == MemoryKind::kDevice) {
+    return backend.comm_stream();
+  } else {
+    return backend.default_stream();
+  }
+}
+
 // ---- implementations under test -----------------------------------------------------------------
 
 /// One implementation of the collectives: ncclkit's backend, or a raw library driven in the
@@ -339,7 +353,7 @@ struct Implementation {
                                                                               ReduceOp) { return true; };
 };
 
-/// ncclkit's own collectives on each backend's default stream. `group`: what brackets one call
+/// ncclkit's own collectives on each backend's work_stream(). `group`: what brackets one call
 /// per backend when there are several (see Implementation).
 template <Backend B>
 Implementation backend_implementation(std::vector<B*> backends, std::string name = "ncclkit",
@@ -348,7 +362,7 @@ Implementation backend_implementation(std::vector<B*> backends, std::string name
   impl.name = std::move(name);
   impl.issue = [backends](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
     B& backend = *backends[static_cast<std::size_t>(local)];
-    const auto stream = backend.default_stream();
+    const auto stream = work_stream(backend);
     switch (c) {
       case Collective::kAllReduce: return backend.all_reduce(in, out, op, stream);
       case Collective::kBroadcast: return backend.broadcast(in, out, root, stream);
@@ -364,7 +378,7 @@ Implementation backend_implementation(std::vector<B*> backends, std::string name
     throw ConfigError(std::string("this backend has no ") + std::string(name_of(c)));
   };
   impl.complete = [backends] {
-    for (B* backend : backends) backend->synchronize(backend->default_stream());
+    for (B* backend : backends) backend->synchronize(work_stream(*backend));
   };
   impl.begin_group = std::move(begin_group);
   impl.end_group = std::move(end_group);
@@ -596,7 +610,7 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
   // One backend call per local rank (the engine's own: lining up, combining).
   auto on_every_rank = [&](auto&& call) { grouped_calls(begin_group, end_group, call); };
   auto synchronize_all = [&] {
-    for (B* backend : backends) backend->synchronize(backend->default_stream());
+    for (B* backend : backends) backend->synchronize(work_stream(*backend));
   };
   auto issue_all = [&](Implementation& impl, Collective c, const std::vector<TensorView>& in,
                        const std::vector<TensorView>& out, ReduceOp op, int root) {
@@ -613,7 +627,7 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
     }
     on_every_rank([&](std::size_t j) {
       TensorView view{buffer(j).scratch, n, DataType::kFloat64, B::memory_kind};
-      backends[j]->all_reduce(view, view, how, backends[j]->default_stream());
+      backends[j]->all_reduce(view, view, how, work_stream(*backends[j]));
     });
     synchronize_all();
     HostTransfer<B>::download(*backends.front(), host.data(), buffer(0).scratch, n * sizeof(double));
@@ -623,7 +637,7 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
   auto line_up = [&] {
     on_every_rank([&](std::size_t j) {
       TensorView view{buffer(j).scratch, 1, DataType::kFloat64, B::memory_kind};
-      backends[j]->all_reduce(view, view, ReduceOp::kSum, backends[j]->default_stream());
+      backends[j]->all_reduce(view, view, ReduceOp::kSum, work_stream(*backends[j]));
     });
     synchronize_all();
   };

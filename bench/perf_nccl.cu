@@ -55,7 +55,7 @@
 #include "ncclkit/nccl/local_group.hpp"
 #include "ncclkit/nccl/types.hpp"
 
-/// Host staging for the engine: stream-ordered copies on the communicator's default stream,
+/// Host staging for the engine: stream-ordered copies on the stream the engine works on,
 /// completed through synchronize (bounded, and a failed communicator throws), with the
 /// communicator's GPU current (one thread may drive several).
 template <>
@@ -63,14 +63,14 @@ struct ncclkit::perf::HostTransfer<ncclkit::nccl::Communicator> {
   static void upload(ncclkit::nccl::Communicator& comm, void* device, const void* host, std::size_t bytes) {
     if (bytes == 0) return;
     ncclkit::nccl::DeviceGuard guard(comm.device());
-    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, comm.default_stream()));
-    comm.synchronize(comm.default_stream());
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, comm.comm_stream()));
+    comm.synchronize(comm.comm_stream());
   }
   static void download(ncclkit::nccl::Communicator& comm, void* host, const void* device, std::size_t bytes) {
     if (bytes == 0) return;
     ncclkit::nccl::DeviceGuard guard(comm.device());
-    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, comm.default_stream()));
-    comm.synchronize(comm.default_stream());
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, comm.comm_stream()));
+    comm.synchronize(comm.comm_stream());
   }
 };
 
@@ -244,10 +244,10 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
     // The raw communicator's id travels through the same store, under a key of its own.
     ncclkit::nccl::DeviceGuard guard(comm.device());
     raw = RawComm(ncclkit::bench::init_raw_comm(*store, world, "perf_nccl/raw_id"));
-    if (tool.raw) impls.push_back(raw_nccl({raw.comm}, {comm.default_stream()}));
-    if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.default_stream()}, {comm.device()}, tool.event_ring));
+    if (tool.raw) impls.push_back(raw_nccl({raw.comm}, {comm.comm_stream()}));
+    if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.comm_stream()}, {comm.device()}, tool.event_ring));
   }
-  if (tool.raw_native) impls.push_back(raw_nccl({comm.native()}, {comm.default_stream()}, "raw@ncclkit"));
+  if (tool.raw_native) impls.push_back(raw_nccl({comm.native()}, {comm.comm_stream()}, "raw@ncclkit"));
   ncclkit::nccl::DeviceGuard guard(comm.device());
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
   return summary.ok() ? 0 : 2;
@@ -280,7 +280,7 @@ int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOption
   std::vector<cudaStream_t> streams;
   for (auto& member : local) {
     members.push_back(&member);
-    streams.push_back(member.default_stream());
+    streams.push_back(member.comm_stream());
   }
   const GroupCalls group;
   std::vector<ncclkit::perf::Implementation> impls;

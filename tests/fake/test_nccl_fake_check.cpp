@@ -122,7 +122,7 @@ TEST_CASE("a count mismatch is a CollectiveMismatchError on both ranks, nothing 
     CAPTURE(rank);
     CHECK_MESSAGE(log.fatal.empty(), log.fatal);
     REQUIRE(log.errors.size() == 2);
-    CHECK_MESSAGE(contains(log.errors[0], "mismatch: communicator 'checked' (rank " + std::to_string(rank) + " of 2"),
+    CHECK_MESSAGE(contains(log.errors[0], "mismatch: nccl communicator 'checked' (rank " + std::to_string(rank) + " of 2"),
                   log.errors[0]);
     CHECK_MESSAGE(contains(log.errors[0], "collective argument mismatch at seq 1: rank 1 called all_reduce(count=100, "
                                           "float, sum) but rank 0 called all_reduce(count=120, float, sum): count (100 "

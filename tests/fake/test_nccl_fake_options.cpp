@@ -4,10 +4,13 @@
 // gets them; values NCCL would refuse with a bare "invalid argument", or clamp silently, are
 // ConfigErrors before NCCL is called. The fake checks configs as NCCL 2.28 does, so a config
 // NCCL would refuse fails here too. tests/gpu/test_nccl_communicator.cu shows real NCCL
-// acting on them.
+// acting on them. Also where work goes: the stream NCCL gets with and without a stream given
+// (Options::stream, else CUDA's legacy default stream of the communicator's GPU), and events
+// made once and recorded many times.
 #include <doctest/doctest.h>
 
 #include <climits>   // INT_MIN (NCCL_CONFIG_UNDEF_INT)
+#include <memory>    // std::unique_ptr
 #include <cstdlib>   // setenv, unsetenv
 #include <optional>  // std::optional
 #include <string>    // std::string
@@ -203,5 +206,94 @@ TEST_CASE("an init that fails as an unknown network does names the network asked
     CHECK_FALSE(contains(message_of<NcclError>([&] { Communicator comm(job.store, job.world, plain); }), "net_name"));
   }
   CHECK(fake::live_comms() == 0);  // every failed init aborted what it made
+  FakeSession::check_clean();
+}
+
+// ---- streams and events ------------------------------------------------------------------
+
+namespace {
+
+struct FreeDevice {
+  void operator()(float* data) const { (void)cudaFree(data); }
+};
+using DeviceFloats = std::unique_ptr<float, FreeDevice>;
+constexpr std::size_t kCount = 256;
+
+}  // namespace
+
+TEST_CASE("a collective without a stream runs on stream 0 of the communicator's GPU, after the caller's kernels") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    Options on_1 = ncclkit_test::fake_options("default-stream");
+    on_1.device = 1;  // not the current device (0): the legacy stream must be found on GPU 1
+    Communicator comm(job.store, job.world, on_1);
+    DeviceFloats buffer(static_cast<float*>(comm.allocate(kCount * sizeof(float))));
+    CHECK(comm.default_stream() == cudaStreamLegacy);
+    CHECK(comm.comm_stream() != cudaStreamLegacy);
+
+    const long events_before = fake::events_created();
+    comm.all_reduce(buffer.get(), buffer.get(), kCount, ncclkit::ReduceOp::kAvg);  // no stream named anywhere
+    fake::CallSeen seen = fake::last_call(comm.native());
+    // NCCL's null stream is the legacy default stream, where kernel<<<grid, block>>>(...) ran:
+    // the collective is ordered after it, and work launched there next is ordered after the
+    // collective. On the communicator's own non-blocking stream it would race both.
+    CHECK(seen.stream == nullptr);
+    CHECK(seen.device == 1);
+    CHECK(fake::current_device() == 0);  // left as it was
+    comm.broadcast(buffer.get(), kCount, 0);
+    seen = fake::last_call(comm.native());
+    CHECK(seen.stream == nullptr);
+    CHECK(seen.device == 1);
+    comm.synchronize();
+    CHECK(fake::events_created() == events_before);  // no event or wait of its own
+
+    // A given stream reaches NCCL as it is, with no device switch.
+    comm.all_reduce(buffer.get(), buffer.get(), kCount, ncclkit::ReduceOp::kSum, comm.comm_stream());
+    seen = fake::last_call(comm.native());
+    CHECK(seen.stream == comm.comm_stream());
+    CHECK(seen.device == 0);
+    comm.synchronize(comm.comm_stream());
+  }
+  FakeSession::check_clean();
+}
+
+TEST_CASE("Options::stream is where a collective without a stream runs") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    ncclkit::nccl::Stream compute(0);
+    Options options = ncclkit_test::fake_options("user-stream");
+    options.stream = compute;
+    Communicator comm(job.store, job.world, options);
+    DeviceFloats buffer(static_cast<float*>(comm.allocate(kCount * sizeof(float))));
+    CHECK(comm.default_stream() == compute.get());
+    comm.all_reduce(buffer.get(), buffer.get(), kCount);
+    CHECK(fake::last_call(comm.native()).stream == compute.get());
+    comm.synchronize();
+  }
+  FakeSession::check_clean();
+}
+
+TEST_CASE("an event is made once and recorded many times") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    Communicator comm(job.store, job.world, ncclkit_test::fake_options("events"));
+    Communicator::Event event = comm.create_event();
+    const cudaEvent_t handle = event.get();
+    REQUIRE(handle != nullptr);
+    const long made = fake::events_created();
+    for (int step = 0; step < 5; ++step) {
+      comm.record(event, comm.comm_stream());
+      comm.wait(event);  // the default stream waits for the comm stream's work
+      comm.record(event);
+    }
+    CHECK(event.get() == handle);
+    CHECK(fake::events_created() == made);  // no CUDA event per record
+    Communicator::Event once = comm.record(comm.comm_stream());  // the one-off form makes one
+    CHECK(once.get() != handle);
+    CHECK(fake::events_created() == made + 1);
+  }
   FakeSession::check_clean();
 }

@@ -82,14 +82,14 @@ TEST_CASE("a member that fails with an op queued in an open group is aborted onl
     const ncclComm_t healthy_comm = healthy.native(), failing_comm = failing.native();
     const ncclComm_t failing_control = fake::parent_of(failing_comm);
     DeviceFloats a = allocate(healthy), b = allocate(failing);
-    const cudaStream_t failing_stream = failing.default_stream();
+    const cudaStream_t failing_stream = failing.comm_stream();
 
     fake::stall_stream(failing_stream);
     const auto start = Clock::now();
-    failing.all_reduce(b.get(), b.get(), kCount);  // seq 1: never completes
+    failing.all_reduce(b.get(), b.get(), kCount, ncclkit::ReduceOp::kSum, failing_stream);  // seq 1: never completes
     GroupGuard guard;
-    healthy.all_reduce(a.get(), a.get(), kCount);    // seq 1, queued
-    failing.all_reduce(b.get(), b.get(), kCount);    // seq 2, queued before the timeout ends
+    healthy.all_reduce(a.get(), a.get(), kCount);                                           // seq 1, queued
+    failing.all_reduce(b.get(), b.get(), kCount, ncclkit::ReduceOp::kSum, failing_stream);  // seq 2, queued in time
     CHECK(fake::launched(healthy_comm) == 0);
     CHECK(fake::launched(failing_comm) == 1);
 
@@ -100,7 +100,7 @@ TEST_CASE("a member that fails with an op queued in an open group is aborted onl
     CHECK_FALSE(failing.failure_report().has_value());
 
     const std::string message = message_of<CommError>([&] { guard.end(); });
-    CHECK(contains(message, "communicator 'grouped' (rank 1 of 2, GPU 1) failed"));
+    CHECK(contains(message, "nccl communicator 'grouped' (rank 1 of 2, GPU 1) failed"));
     CHECK(contains(message, "did not complete within the timeout"));
     CHECK(contains(message, "all_reduce seq 1"));
     // The group launched both ops, then the failed member was aborted, both of its communicators.
@@ -113,11 +113,11 @@ TEST_CASE("a member that fails with an op queued in an open group is aborted onl
     // The healthy member is not failed, and its op of the group is tracked.
     CHECK_FALSE(healthy.failed());
     CHECK_FALSE(fake::aborted(healthy_comm));
-    CHECK(healthy.issued_seq() == 1);
-    CHECK(wait_until([&] { return healthy.completed_seq() == healthy.issued_seq(); }));
+    CHECK(healthy.issued_sequence() == 1);
+    CHECK(wait_until([&] { return healthy.completed_sequence() == healthy.issued_sequence(); }));
     healthy.all_reduce(a.get(), a.get(), kCount);
     healthy.synchronize();
-    CHECK(wait_until([&] { return healthy.completed_seq() == 2; }));  // the watchdog retires it
+    CHECK(wait_until([&] { return healthy.completed_sequence() == 2; }));  // the watchdog retires it
   }
   FakeSession::check_clean();
 }
@@ -146,7 +146,7 @@ TEST_CASE("abort() of a member with an op queued in an open group waits for the 
     CHECK(fake::launched(failing_comm) == 1);
     CHECK(fake::aborted(failing_comm));
     CHECK_FALSE(healthy.failed());
-    CHECK(wait_until([&] { return healthy.completed_seq() == 1; }));
+    CHECK(wait_until([&] { return healthy.completed_sequence() == 1; }));
     CHECK_FALSE(fake::aborted(healthy_comm));
     // Every later call on the aborted member throws the same failure, and touches no NCCL.
     CHECK(contains(message_of<CommError>([&] { failing.all_reduce(b.get(), b.get(), kCount); }), "the test aborted it"));
@@ -163,15 +163,15 @@ TEST_CASE("a collective captured into a CUDA graph inside an open group holds th
     const ncclComm_t failing_comm = failing.native();
     DeviceFloats a = allocate(failing), b = allocate(healthy);
     ncclkit::nccl::Stream graph_stream(0);
-    const cudaStream_t failing_stream = failing.default_stream();
+    const cudaStream_t failing_stream = failing.comm_stream();
 
     fake::stall_stream(failing_stream);
-    failing.all_reduce(a.get(), a.get(), kCount);  // seq 1: never completes
+    failing.all_reduce(a.get(), a.get(), kCount, ncclkit::ReduceOp::kSum, failing_stream);  // seq 1: never completes
     fake::set_capturing(graph_stream, true);
     GroupGuard guard;
     failing.all_reduce(a.get(), a.get(), kCount, ncclkit::ReduceOp::kSum, graph_stream.get());  // captured
     healthy.all_reduce(b.get(), b.get(), kCount);
-    CHECK(failing.issued_seq() == 1);  // a captured collective gets no sequence number
+    CHECK(failing.issued_sequence() == 1);  // a captured collective gets no sequence number
 
     REQUIRE(wait_until([&] { return failing.failed(); }));
     check_abort_held_back([&] { return fake::event_queries(failing_stream); }, failing_comm);
@@ -184,7 +184,7 @@ TEST_CASE("a collective captured into a CUDA graph inside an open group holds th
     fake::set_capturing(graph_stream, false);
     CHECK(fake::records_during_capture() == 0);  // no completion event recorded into the graph
     CHECK_FALSE(healthy.failed());
-    CHECK(wait_until([&] { return healthy.completed_seq() == 1; }));
+    CHECK(wait_until([&] { return healthy.completed_sequence() == 1; }));
   }
   FakeSession::check_clean();
 }
@@ -244,7 +244,10 @@ TEST_CASE("LocalGroup whose cudaSetDevice fails for the second GPU throws CudaEr
 TEST_CASE("a collective that never completes fails the next call and synchronize, naming it") {
   FakeSession session;
   OneRankJob job;
-  std::optional<Communicator> comm(std::in_place, job.store, job.world, options("stuck"));
+  ncclkit::nccl::Stream work(0);  // Options::stream: calls without a stream run on it
+  Options stuck = options("stuck");
+  stuck.stream = work;
+  std::optional<Communicator> comm(std::in_place, job.store, job.world, stuck);
   const ncclComm_t handle = comm->native();
   DeviceFloats buffer = allocate(*comm);
 
@@ -257,7 +260,7 @@ TEST_CASE("a collective that never completes fails the next call and synchronize
     INFO("synchronize threw after " << waited << " s: " << message);
     CHECK(waited >= 1.0);
     CHECK(waited < 1.0 + kSlackSeconds);
-    CHECK(contains(message, "communicator 'stuck' (rank 0 of 1, GPU 0) failed"));
+    CHECK(contains(message, "nccl communicator 'stuck' (rank 0 of 1, GPU 0) failed"));
     CHECK(contains(message, "did not complete within the timeout"));
     CHECK(contains(message, "all_reduce seq 1"));
     CHECK(fake::aborted(handle));
@@ -270,7 +273,7 @@ TEST_CASE("a collective that never completes fails the next call and synchronize
     const std::string message = message_of<CommError>([&] { comm->broadcast(buffer.get(), kCount, 0); });
     CHECK(contains(message, "all_reduce seq 1"));
     CHECK(contains(message, "issued seq 1, completed seq 0"));
-    CHECK(comm->issued_seq() == 1);  // the refused broadcast took no number
+    CHECK(comm->issued_sequence() == 1);  // the refused broadcast took no number
   }
 
   const auto destroy_start = Clock::now();
@@ -282,7 +285,10 @@ TEST_CASE("a collective that never completes fails the next call and synchronize
 TEST_CASE("destroying a communicator whose collective never completes waits the timeout, then aborts") {
   FakeSession session;
   OneRankJob job;
-  std::optional<Communicator> comm(std::in_place, job.store, job.world, options("shutdown"));
+  ncclkit::nccl::Stream work(0);  // Options::stream: calls without a stream run on it
+  Options shutdown = options("shutdown");
+  shutdown.stream = work;
+  std::optional<Communicator> comm(std::in_place, job.store, job.world, shutdown);
   const ncclComm_t handle = comm->native();
   const ncclComm_t control = fake::parent_of(handle);
   DeviceFloats buffer = allocate(*comm);
@@ -335,20 +341,20 @@ TEST_CASE("barrier inside an open group, and synchronize or barrier on a capturi
       CHECK(contains(message_of<ConfigError>([&] { comm.barrier(); }), "inside an open GroupGuard"));
       guard.end();  // nothing was queued: ends cleanly
     }
-    CHECK(comm.issued_seq() == 0);
+    CHECK(comm.issued_sequence() == 0);
 
     ncclkit::nccl::Stream graph_stream(0);
     fake::set_capturing(graph_stream, true);
     CHECK(contains(message_of<ConfigError>([&] { comm.synchronize(graph_stream.get()); }), "capturing a CUDA graph"));
     CHECK(contains(message_of<ConfigError>([&] { comm.barrier(graph_stream.get()); }), "capturing a CUDA graph"));
     fake::set_capturing(graph_stream, false);
-    CHECK(comm.issued_seq() == 0);
+    CHECK(comm.issued_sequence() == 0);
 
     // Misuse leaves the communicator usable.
     CHECK_FALSE(comm.failed());
     comm.barrier();
-    CHECK(comm.issued_seq() == 1);
-    CHECK(wait_until([&] { return comm.completed_seq() == 1; }));  // the watchdog retires it
+    CHECK(comm.issued_sequence() == 1);
+    CHECK(wait_until([&] { return comm.completed_sequence() == 1; }));  // the watchdog retires it
   }
   FakeSession::check_clean();
 }

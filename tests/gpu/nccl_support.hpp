@@ -270,6 +270,9 @@ template <class T>
 void upload(ncclkit::nccl::DeviceBuffer<T>& buffer, std::span<const std::type_identity_t<T>> host, cudaStream_t stream,
             std::size_t offset = 0) {
   if (host.empty()) return;
+  // A default-stream handle (comm.default_stream()) names the current device's stream: make
+  // it the buffer's GPU's, the stream the communicator uses it as.
+  ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());
   NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(buffer.data() + offset, host.data(), host.size() * sizeof(T),
                                      cudaMemcpyHostToDevice, stream));
   // Pageable uploads may return before the copy ends; the host memory must outlive it.
@@ -283,6 +286,7 @@ std::vector<T> download(Comm& comm, const ncclkit::nccl::DeviceBuffer<T>& buffer
                         std::size_t offset, std::size_t count) {
   std::vector<T> host(count);
   if (count != 0) {
+    ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());  // as in upload
     NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.data() + offset, count * sizeof(T), cudaMemcpyDeviceToHost,
                                        stream));
   }

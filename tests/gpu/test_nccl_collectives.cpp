@@ -373,9 +373,9 @@ void run_matrix(Ranks& ranks, Checker& checker) {
     }
   });
   ranks.each([&](Communicator& comm, std::size_t) {
-    checker.expect(comm.completed_seq() <= comm.issued_seq() && comm.issued_seq() > 0,
+    checker.expect(comm.completed_sequence() <= comm.issued_sequence() && comm.issued_sequence() > 0,
                    "sequence numbers advance on rank " + std::to_string(comm.rank()) + " (issued " +
-                       std::to_string(comm.issued_seq()) + ")");
+                       std::to_string(comm.issued_sequence()) + ")");
   });
 }
 
@@ -548,6 +548,8 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
   Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "api"});
   Checker checker(world.rank);
   const int n = comm.size(), r = comm.rank(), device = comm.device();
+  // The default stream is the legacy stream, which raw CUDA calls take as the current device's.
+  DeviceGuard on_its_gpu(device);
   const cudaStream_t s = comm.default_stream();
 
   backend_round_trip(comm, checker);
@@ -559,14 +561,14 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
     DeviceBuffer<double> a(count, device), b(count, device);
     upload(a, make_input<double>(11, r, count), s);
     upload(b, make_input<double>(12, r, count), s);
-    const auto issued_before = comm.issued_seq();
+    const auto issued_before = comm.issued_sequence();
     {
       GroupGuard group;
       comm.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
       comm.all_reduce(b.data(), b.data(), count, ReduceOp::kMax, comm.comm_stream());
       group.end();
     }
-    checker.expect(comm.issued_seq() == issued_before + 2, "a group of 2 collectives takes 2 sequence numbers");
+    checker.expect(comm.issued_sequence() == issued_before + 2, "a group of 2 collectives takes 2 sequence numbers");
     check_reduction<double>(checker, download(comm, a, s), 11, n, 0, ReduceOp::kSum, "grouped all_reduce (default stream)");
     check_reduction<double>(checker, download(comm, b, comm.comm_stream()), 12, n, 0, ReduceOp::kMax,
                             "grouped all_reduce (comm stream)");
@@ -574,7 +576,7 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
 
   comm.barrier();
   comm.barrier();
-  checker.expect(comm.completed_seq() <= comm.issued_seq(), "completed <= issued");
+  checker.expect(comm.completed_sequence() <= comm.issued_sequence(), "completed <= issued");
   return checker.finish("API on " + std::to_string(n) + " GPUs");
 }
 

@@ -9,9 +9,9 @@
 #include <cuda_bf16.h>  // __nv_bfloat16
 #include <cuda_fp16.h>  // __half
 
-#include <algorithm>  // std::max
+#include <algorithm>  // std::max, std::all_of
 #include <chrono>   // std::chrono
-#include <cmath>    // std::nearbyint
+#include <cmath>    // std::nearbyint, std::fabs
 #include <cstdio>   // std::printf, std::fopen, std::fgets, std::fclose
 #include <cstdlib>  // setenv, unsetenv, std::atoi
 #include <limits>   // std::numeric_limits
@@ -281,6 +281,75 @@ TEST_CASE("a failed communicator in a group fails alone, after the group's launc
   }
 }
 
+// ---- streams ------------------------------------------------------------------------------
+
+/// Spins for `cycles` clock cycles, then writes `value` to data[0, count): a kernel slow enough
+/// (milliseconds) that work not ordered after it surely starts before it writes. One block, so
+/// that every thread writes after the spin.
+__global__ void slow_fill(float* data, std::size_t count, float value, long long cycles) {
+  if (threadIdx.x == 0) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+  }
+  __syncthreads();
+  for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) data[i] = value;
+}
+__global__ void double_values(float* data, std::size_t count) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) data[i] *= 2;
+}
+
+// The usage of the header's own example, with no stream named anywhere: a kernel on CUDA's
+// default stream writes the input, the collective reduces it, a kernel on the default stream
+// uses the output, and cudaMemcpy (the default stream too) reads it. A collective that ran on
+// a stream of its own, not ordered with stream 0, would start while slow_fill still spins and
+// reduce the previous round's input; double_values could also run before the collective wrote.
+TEST_CASE("a collective without a stream is ordered after and before the caller's kernels on stream 0") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "stream-0"});
+      ncclkit::nccl::DeviceGuard on_its_gpu(comm.device());  // the user's kernels run on the communicator's GPU
+      const int r = comm.rank(), size = comm.size();
+      constexpr std::size_t kCount = 1 << 14;
+      constexpr int kRounds = 20;
+      int khz = 0;
+      NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, comm.device()));
+      const long long two_ms = 2LL * khz;
+      DeviceBuffer<float> in(kCount, comm.device()), out(kCount, comm.device());
+      NCCLKIT_CUDA_CHECK(cudaMemset(in.data(), 0, kCount * sizeof(float)));
+      NCCLKIT_CUDA_CHECK(cudaMemset(out.data(), 0, kCount * sizeof(float)));
+      std::vector<float> got(kCount);
+      int wrong_rounds = 0;
+      for (int round = 0; round < kRounds; ++round) {
+        // Out of place, sum: 2 * sum over ranks of (rank + 1 + round).
+        slow_fill<<<1, 256>>>(in.data(), kCount, static_cast<float>(r + 1 + round), two_ms);
+        NCCLKIT_CUDA_CHECK(cudaGetLastError());
+        comm.all_reduce(in.data(), out.data(), kCount);
+        double_values<<<16, 256>>>(out.data(), kCount);
+        NCCLKIT_CUDA_CHECK(cudaGetLastError());
+        NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost));
+        const float sum = 2.0f * static_cast<float>(size * (size + 1) / 2 + size * round);
+        bool right = std::all_of(got.begin(), got.end(), [&](float v) { return v == sum; });
+        // In place, average, as in the header's example: 3 * ((size + 1) / 2 + round).
+        slow_fill<<<1, 256>>>(in.data(), kCount, 3.0f * static_cast<float>(r + 1 + round), two_ms);
+        NCCLKIT_CUDA_CHECK(cudaGetLastError());
+        comm.all_reduce(in.data(), in.data(), kCount, ReduceOp::kAvg);
+        NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), in.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost));
+        const float average = 3.0f * (static_cast<float>(size + 1) / 2.0f + static_cast<float>(round));
+        // Within rounding: NCCL may scale by 1/size before summing.
+        right = right && std::all_of(got.begin(), got.end(), [&](float v) { return std::fabs(v - average) <= 1e-5f * average; });
+        if (!right) ++wrong_rounds;
+      }
+      comm.synchronize();
+      checker.expect(wrong_rounds == 0, std::to_string(wrong_rounds) + " of " + std::to_string(kRounds) +
+                                            " rounds read data not ordered with stream 0");
+      return checker.finish("collectives without a stream, between kernels on stream 0");
+    });
+  }
+}
+
 TEST_CASE("barrier returns only once every rank has called it") {
   for (int n : world_sizes()) {
     if (n < 2) continue;
@@ -343,7 +412,7 @@ TEST_CASE("buffers and streams of another GPU are refused") {
         }
         ncclkit::nccl::DeviceGuard on_1(1);
         expect_misuse(checker, special == nullptr ? "legacy stream while GPU 1 is current" : "per-thread stream while GPU 1 is current",
-                      special == nullptr ? "the legacy default stream is the current device's"
+                      special == nullptr ? "the null stream is the current device's"
                                          : "the per-thread default stream is the current device's",
                       [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, special); });
       }
@@ -467,7 +536,7 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   comm.all_reduce(in.data(), out.data(), count, ReduceOp::kSum, capture_stream);
   comm.all_gather(out.data(), gathered.data(), count, capture_stream);
   comm.synchronize(capture_stream);
-  const auto issued_before = comm.issued_seq();
+  const auto issued_before = comm.issued_sequence();
 
   cudaGraph_t graph = nullptr;
   NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, mode));
@@ -489,7 +558,7 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   cudaGraphExec_t exec = nullptr;
   NCCLKIT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   Checker local(r);
-  local.expect(comm.issued_seq() == issued_before, "captured collectives take no sequence numbers");
+  local.expect(comm.issued_sequence() == issued_before, "captured collectives take no sequence numbers");
   for (int replay = 0; replay < 3; ++replay) {
     const std::uint64_t seed = 500 + static_cast<std::uint64_t>(replay);
     upload(in, make_input<float>(seed, r, count), capture_stream);
@@ -509,7 +578,7 @@ std::string capture_round(const WorldInfo& world, const std::shared_ptr<Store>& 
   NCCLKIT_CUDA_CHECK(cudaGraphDestroy(graph));
   // Eager collectives still work and are watched again.
   comm.barrier();
-  local.expect(comm.issued_seq() == issued_before + 1, "eager collectives after capture take sequence numbers");
+  local.expect(comm.issued_sequence() == issued_before + 1, "eager collectives after capture take sequence numbers");
   (void)checker;
   return local.failures() == 0 ? "" : std::to_string(local.failures()) + " replay checks failed";
 }
@@ -872,7 +941,7 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
       {
         constexpr int kSteps = 300;
         std::vector<std::uint64_t> before;
-        for (int i = 0; i < n; ++i) before.push_back(local[i].issued_seq());
+        for (int i = 0; i < n; ++i) before.push_back(local[i].issued_sequence());
         for (int step = 0; step < kSteps; ++step) {
           GroupGuard group;
           for (int i = 0; i < n; ++i)
@@ -898,16 +967,16 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
           auto& comm = local[i];
           comm.synchronize(comm.default_stream());
           comm.synchronize(comm.comm_stream());
-          checker.expect(comm.issued_seq() == before[static_cast<std::size_t>(i)] + kSteps + 3,
-                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_seq()) + ", expected " +
+          checker.expect(comm.issued_sequence() == before[static_cast<std::size_t>(i)] + kSteps + 3,
+                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_sequence()) + ", expected " +
                              std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 3));
           // The watchdog retires what completed on its next poll (every timeout / 20 at most).
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-          while (comm.completed_seq() != comm.issued_seq() && std::chrono::steady_clock::now() < deadline)
+          while (comm.completed_sequence() != comm.issued_sequence() && std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          checker.expect(comm.completed_seq() == comm.issued_seq(),
-                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_seq()) + " of " +
-                             std::to_string(comm.issued_seq()) + " after synchronize");
+          checker.expect(comm.completed_sequence() == comm.issued_sequence(),
+                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_sequence()) + " of " +
+                             std::to_string(comm.issued_sequence()) + " after synchronize");
         }
         // Max over ranks of the all_reduce sums above is the sum itself: unchanged.
         for (int i = 0; i < n; ++i) {

@@ -119,6 +119,7 @@ Attempt all_reduce_and_wait(Communicator& comm, DeviceBuffer<float>& buffer) {
 
 std::vector<float> download_now(const DeviceBuffer<float>& buffer, cudaStream_t stream) {
   std::vector<float> host(kCount);
+  ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());  // a default-stream handle: the buffer's GPU's
   NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost, stream));
   NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the stream is idle but for this copy
   return host;
@@ -160,7 +161,7 @@ void explain_early_completion(Checker& checker, Communicator& comm, Store& store
               r, victim, took, peer_offset, peer_offset + static_cast<double>(timeout) * 1e-9,
               capture_status != cudaSuccess ? "query failed"
               : capture == cudaStreamCaptureStatusNone ? "no" : "YES",
-              static_cast<unsigned long long>(comm.issued_seq()), static_cast<unsigned long long>(comm.completed_seq()),
+              static_cast<unsigned long long>(comm.issued_sequence()), static_cast<unsigned long long>(comm.completed_sequence()),
               comm.failed() ? 1 : 0, wrong, kCount, n, first_wrong, static_cast<double>(got[first_wrong]),
               n * static_cast<double>(before[first_wrong]), unchanged);
   std::fflush(stdout);
@@ -201,7 +202,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
   upload(buffer, make_input<float>(1, r, kCount), s);
   comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 1, on every rank
   comm->synchronize();
-  checker.expect(comm->completed_seq() == 1 || wait_published(*comm, "1 1"), "seq 1 completed");
+  checker.expect(comm->completed_sequence() == 1 || wait_published(*comm, "1 1"), "seq 1 completed");
 
   if (r == victim) {
     checker.expect(wait_published(*comm, "1 1"), "victim's progress published");
@@ -279,7 +280,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     // The call waits for the report of the abort its store link started (~1 s): not a hang.
     checker.expect(waited < std::chrono::duration<double>(kTimeout).count(),
                    "refused within the timeout (took " + std::to_string(waited) + " s)");
-    checker.expect(comm->issued_seq() == 1, "the refused all_reduce took no sequence number");
+    checker.expect(comm->issued_sequence() == 1, "the refused all_reduce took no sequence number");
     expect_comm_error(checker, "a later all_reduce", [&] { comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum); });
     expect_comm_error(checker, "a later synchronize", [&] { comm->synchronize(); });
     comm.reset();

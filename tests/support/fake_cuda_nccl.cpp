@@ -60,6 +60,7 @@ struct FakeComm {
   int launched = 0;
   long async_error_queries = 0;  ///< ncclCommGetAsyncError calls (a watchdog polls it)
   int inside = 0;  ///< threads inside an NCCL call on it (a launch, possibly blocked)
+  CallSeen last_call;  ///< the stream handle and current device of its last collective call
 };
 
 struct Allocation {
@@ -91,6 +92,7 @@ struct State {
   std::uint64_t next_unique_id = 1;
   ncclResult_t next_init_error = ncclSuccess;  ///< fail_next_init
   int records_during_capture = 0;
+  long events_created = 0;
   int capturing_streams = 0;
   std::vector<ncclComm_t> abort_order;
   int released_by_abort = 0;
@@ -279,6 +281,7 @@ ncclResult_t collective(const char* operation, ncclComm_t handle, cudaStream_t s
   FakeStream* target = nullptr;
   if (!find_stream(s, stream, operation, &target)) return ncclInvalidArgument;
   ThreadState& thread = this_thread();
+  comm->last_call = {stream, thread.device};
   if (thread.group_depth > 0) {
     thread.queued.push_back({comm, target, operation});
     return ncclSuccess;
@@ -373,6 +376,11 @@ long event_queries(cudaStream_t stream) {
   const auto found = s.streams.find(stream);
   return found == s.streams.end() ? 0 : found->second->queries;
 }
+long events_created() {
+  std::lock_guard lock(state().mutex);
+  return state().events_created;
+}
+
 int records_during_capture() {
   std::lock_guard lock(state().mutex);
   return state().records_during_capture;
@@ -436,6 +444,13 @@ bool destroyed(ncclComm_t comm) {
   const FakeComm* c = known_comm(s, comm, "fake::destroyed");
   return c != nullptr && c->destroyed;
 }
+CallSeen last_call(ncclComm_t comm) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  const FakeComm* c = known_comm(s, comm, "fake::last_call");
+  return c == nullptr ? CallSeen{} : c->last_call;
+}
+
 int launched(ncclComm_t comm) {
   State& s = state();
   std::lock_guard lock(s.mutex);
@@ -693,6 +708,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   fake::State& s = fake::state();
   std::lock_guard lock(s.mutex);
   auto object = std::make_unique<fake::FakeEvent>();
+  ++s.events_created;
   *event = reinterpret_cast<cudaEvent_t>(object.get());
   s.events.emplace(object.get(), std::move(object));
   return cudaSuccess;

@@ -97,6 +97,8 @@ void set_capturing(cudaStream_t stream, bool on);
 long event_queries(cudaStream_t stream);
 /// cudaEventRecord calls on a stream that was capturing.
 int records_during_capture();
+/// cudaEventCreateWithFlags calls since reset().
+long events_created();
 
 // ---- NCCL -------------------------------------------------------------------------------
 
@@ -132,6 +134,13 @@ void fail_next_init(ncclResult_t error);
 bool aborted(ncclComm_t comm);
 /// Whether ncclCommDestroy was called on `comm`.
 bool destroyed(ncclComm_t comm);
+/// What the last collective or point-to-point call on `comm` was given: its stream handle (a
+/// default-stream handle as passed, such as null) and the calling thread's current device.
+struct CallSeen {
+  cudaStream_t stream = nullptr;
+  int device = -1;
+};
+CallSeen last_call(ncclComm_t comm);
 /// Ops of `comm` launched so far (queued ones count once their group ends).
 int launched(ncclComm_t comm);
 /// ncclCommGetAsyncError calls on `comm` so far (a watchdog polls it while the comm is usable).

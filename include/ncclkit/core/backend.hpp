@@ -7,9 +7,14 @@
 /// path has no runtime dispatch and each backend keeps its native handle types.
 ///
 /// Streams. Every operation takes a `Stream` last. Work on one stream runs in issue order; work
-/// on different streams may overlap. `default_stream()` is where compute runs;
-/// `comm_stream()` is a stream reserved for communication, so collectives can overlap compute:
-///   - NCCL: `Stream` is `cudaStream_t`, `Event` a CUDA event; nothing blocks the host.
+/// on different streams may overlap. `default_stream()` is where the caller's work runs when
+/// it names no stream, so work issued there without a stream is ordered with it, no event
+/// needed; `comm_stream()` is a stream reserved for communication, so collectives can overlap
+/// compute, ordered with other streams only by events:
+///   - NCCL: `Stream` is `cudaStream_t`, `Event` a CUDA event; nothing blocks the host. The
+///     default stream is Options::stream, else CUDA's legacy default stream ("stream 0") of
+///     the communicator's GPU, where `kernel<<<grid, block>>>` runs; the comm stream is the
+///     communicator's own non-blocking stream.
 ///   - Gloo: `Stream` names a work queue. The default stream runs work inline in the calling
 ///     thread (the call returns when it is done); the comm stream hands work to one worker
 ///     thread per communicator that runs it in submission order (the call returns at once).

@@ -80,7 +80,15 @@ class DeviceBuffer {
   }
   /// Sets every byte to `byte` on `stream` (used to poison outputs before a collective).
   void fill_bytes(unsigned char byte, cudaStream_t stream = nullptr) {
-    if (count_ != 0) NCCLKIT_CUDA_CHECK(cudaMemsetAsync(data_, byte, bytes(), stream));
+    if (count_ == 0) return;
+    // A default-stream handle (a communicator's default_stream() among them) then means the
+    // buffer's GPU's stream, whatever device is current.
+    if (is_default_stream_handle(stream)) {
+      DeviceGuard guard(device_);
+      NCCLKIT_CUDA_CHECK(cudaMemsetAsync(data_, byte, bytes(), stream));
+    } else {
+      NCCLKIT_CUDA_CHECK(cudaMemsetAsync(data_, byte, bytes(), stream));
+    }
   }
 
  private:

@@ -5,11 +5,15 @@
 /// tested on machines without a GPU (tests/host/test_nccl_failure_report.cpp).
 
 #include <algorithm>  // std::max
+#include <chrono>     // std::chrono::duration
 #include <cstddef>    // std::size_t
 #include <cstdint>    // std::uint64_t
 #include <cstdio>     // std::snprintf
 #include <string>     // std::string, std::to_string
 #include <vector>     // std::vector
+
+#include "ncclkit/core/detail/communicator_label.hpp"
+#include "ncclkit/core/time_format.hpp"
 
 namespace ncclkit::nccl {
 
@@ -47,9 +51,9 @@ struct FailureReport {
 
   /// The sequence number a rank must have issued not to be shown behind: the failed
   /// collective's own when one was in flight (a rank that never issued it is what the others
-  /// waited for; a rank that issued more is no cause: judged against the most advanced rank
-  /// instead, one rank that got ahead would put every other rank, the reporting one included,
-  /// behind), the last of them when the record covers several (any of
+  /// waited for; a rank that issued more is no cause: ranks do get ahead of each other, and
+  /// measuring "behind" against the most advanced rank would make the waiting ranks' reports
+  /// blame themselves), the last of them when the record covers several (any of
   /// them may be the one that did not complete), else the most any known rank issued.
   std::uint64_t needed_seq() const {
     if (has_operation && seq > 0) return std::max(seq, last_seq);
@@ -70,8 +74,8 @@ struct FailureReport {
 
   /// A multi-line account, the text of the CommError every later call throws.
   std::string describe() const {
-    std::string text = "communicator '" + name + "' (rank " + std::to_string(rank) + " of " +
-                       std::to_string(world) + ", GPU " + std::to_string(device) + ") failed: " + reason;
+    std::string text = ncclkit::detail::communicator_label("nccl", name, rank, world, "GPU " + std::to_string(device)) +
+                       " failed: " + reason;
     if (has_operation) {
       text += "\n  in flight: " + operation + " seq " + std::to_string(seq) + ", " + format_bytes(bytes) +
               ", waited " + format_seconds(waited_s);
@@ -118,9 +122,7 @@ struct FailureReport {
     return buffer;
   }
   static std::string format_seconds(double seconds) {
-    char buffer[32];
-    std::snprintf(buffer, sizeof buffer, "%.2f s", seconds);
-    return buffer;
+    return ncclkit::format_seconds(std::chrono::duration<double>(seconds));
   }
 };
 

@@ -63,15 +63,15 @@ class LocalGroup {
     for (int i = 0; i < n; ++i) {
       Options member = options;
       member.device = devices[static_cast<std::size_t>(i)];
-      cores.push_back(Communicator::make_core(std::move(member), i, n, 0));
+      cores.push_back(detail::make_core(std::move(member), i, n, 0));
     }
     ncclUniqueId id;
     NCCLKIT_NCCL_CHECK(ncclGetUniqueId(&id));
     const auto at = [](auto& vector, int i) -> auto& { return vector[static_cast<std::size_t>(i)]; };
     std::vector<ncclConfig_t> configs, blocking_configs;
     for (auto& core : cores) {
-      configs.push_back(Communicator::make_config(core->options, /*blocking=*/false));
-      blocking_configs.push_back(Communicator::make_config(core->options, /*blocking=*/true));
+      configs.push_back(detail::make_config(core->options, /*blocking=*/false));
+      blocking_configs.push_back(detail::make_config(core->options, /*blocking=*/true));
     }
     std::vector<ncclComm_t> controls(static_cast<std::size_t>(n), nullptr), comms(static_cast<std::size_t>(n), nullptr);
     const auto deadline = detail::Clock::now() + cores.front()->options.timeout;
@@ -114,19 +114,19 @@ class LocalGroup {
     try {
       grouped("init", [&](int i) { return ncclCommInitRankConfig(&at(controls, i), n, id, i, &at(configs, i)); });
       for (int i = 0; i < n; ++i) {
-        Communicator::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group init",
+        detail::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group init",
                                     /*abort_on_failure=*/false, /*picks_network=*/true);
       }
       grouped("split", [&](int i) { return ncclCommSplit(at(controls, i), 0, i, &at(comms, i), &at(blocking_configs, i)); });
       // The children appear once their non-blocking parents are done.
       for (int i = 0; i < n; ++i) {
-        Communicator::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group split",
+        detail::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group split",
                                     /*abort_on_failure=*/false);
       }
       for (int i = 0; i < n; ++i) {
-        at(comms, i) = Communicator::await_child(at(comms, i), at(controls, i), deadline, *at(cores, i),
+        at(comms, i) = detail::await_child(at(comms, i), at(controls, i), deadline, *at(cores, i),
                                                  "single-process group split");
-        Communicator::wait_for_init(at(comms, i), deadline, *at(cores, i), "single-process group split",
+        detail::wait_for_init(at(comms, i), deadline, *at(cores, i), "single-process group split",
                                     /*abort_on_failure=*/false);
       }
     } catch (...) {
@@ -154,7 +154,7 @@ class LocalGroup {
     std::vector<detail::CommCore*> cores;
     for (auto& member : members_)
       if (member.core_) cores.push_back(member.core_.get());
-    Communicator::shutdown_all(cores);
+    detail::shutdown_all(cores);
   }
   LocalGroup(LocalGroup&&) noexcept = default;
   LocalGroup& operator=(LocalGroup&&) = delete;

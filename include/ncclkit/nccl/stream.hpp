@@ -1,5 +1,6 @@
 #pragma once
-/// Move-only RAII owners of CUDA streams and events, and a scoped current-device switch.
+/// Move-only RAII owners of CUDA streams and events, a scoped current-device switch, and
+/// StreamArg, the stream argument of the communicator's calls.
 ///
 /// Host code only: compiles with g++ given the CUDA include folder (link cudart).
 
@@ -163,6 +164,22 @@ class Event {
 
   cudaEvent_t event_ = nullptr;
   int device_ = -1;
+};
+
+/// The stream argument of every communicator call: a CUDA stream, or none (the default), which
+/// means the communicator's default_stream(). A given `nullptr` or `cudaStreamPerThread` means
+/// what CUDA says: a default stream of the *current* device.
+class StreamArg {
+ public:
+  StreamArg() = default;
+  StreamArg(cudaStream_t stream) : stream_(stream), given_(true) {}        // NOLINT: implicit on purpose
+  StreamArg(const nccl::Stream& stream) : stream_(stream.get()), given_(true) {}  // NOLINT
+  cudaStream_t resolve(cudaStream_t fallback) const { return given_ ? stream_ : fallback; }
+  bool given() const { return given_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  bool given_ = false;
 };
 
 }  // namespace ncclkit::nccl

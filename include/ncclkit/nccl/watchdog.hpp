@@ -67,6 +67,7 @@
 #include <vector>              // std::vector
 
 #include "ncclkit/core/coarse_clock.hpp"
+#include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
@@ -480,6 +481,10 @@ class Watchdog {
     // The default-stream handles name a different stream per device and thread: they never
     // count as one stream.
     const bool shared_handle = is_default_stream_handle(stream);
+    // Such a handle means the current device's stream: record on this communicator's (a group
+    // ends with any device current).
+    std::optional<DeviceGuard> on_device;
+    if (shared_handle) on_device.emplace(s.device);
     std::lock_guard lock(s.queue_mutex);
     if (merge && !shared_handle && !s.in_flight.empty()) {
       detail::WorkRecord& back = s.in_flight.back();
@@ -573,8 +578,9 @@ class Watchdog {
       s.control_cv.wait_for(lock, std::chrono::seconds(5), [&] { return s.report_ready; });
     }
     if (s.report_ready) throw CommError("ncclkit: " + s.report.describe());
-    throw CommError("ncclkit: communicator '" + s.name + "' (rank " + std::to_string(s.rank) + " of " +
-                    std::to_string(s.world) + ") failed: " + s.requested_reason +
+    throw CommError("ncclkit: " +
+                    ncclkit::detail::communicator_label("nccl", s.name, s.rank, s.world, "GPU " + std::to_string(s.device)) +
+                    " failed: " + s.requested_reason +
                     " (the full report was not ready yet)");
   }
 
@@ -658,8 +664,10 @@ class Watchdog {
       if (now >= deadline) {
         throw TimeoutError(what + " timed out after " +
                            FailureReport::format_seconds(std::chrono::duration<double>(now - start).count()) +
-                           " on communicator '" + state_->name + "' (rank " + std::to_string(state_->rank) +
-                           "); work on the stream did not finish (a kernel of your own that does not end?)");
+                           " on " +
+                           ncclkit::detail::communicator_label("nccl", state_->name, state_->rank, state_->world,
+                                                               "GPU " + std::to_string(state_->device)) +
+                           "; work on the stream did not finish (a kernel of your own that does not end?)");
       }
       if (now - start < std::chrono::milliseconds(20)) {
         std::this_thread::yield();

@@ -17,6 +17,7 @@
 #include <thread>   // std::this_thread::sleep_for
 #include <vector>   // std::vector
 
+#include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
@@ -41,9 +42,9 @@ struct CommCore {
   int size = 1;
   int device = 0;
   Watchdog watchdog;
-  Stream own_default_stream;  ///< empty when Options::stream was given
   Stream own_comm_stream;
-  cudaStream_t default_stream = nullptr;
+  /// Options::stream, else cudaStreamLegacy (CUDA's legacy default stream of this GPU).
+  cudaStream_t default_stream = cudaStreamLegacy;
   cudaStream_t comm_stream = nullptr;
   std::shared_ptr<Store> scope;  ///< this communicator's keys; null for single-process groups
   std::uint64_t splits = 0;      ///< split() calls so far (scopes the children's keys)
@@ -54,17 +55,15 @@ struct CommCore {
   /// this handle, and the watchdog must not abort it before then.
   bool joined = false;
   Event sync_event;  ///< recorded by synchronize()
-  bool capturing = false;  ///< whether the stream of the call being issued is capturing a graph
   void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
   CheckedPointers checked_pointers;  ///< buffers already found to be device memory of this GPU
   CheckedPointers checked_streams{destroyed_stream_generation()};  ///< streams found to be of this GPU
 
   CommHandle& handle() { return watchdog.handle(); }
 
-  /// "communicator 'grads' (rank 1 of 4, GPU 1)", for messages.
+  /// "nccl communicator 'grads' (rank 1 of 4, GPU 1)", for messages.
   std::string who() const {
-    return "communicator '" + options.name + "' (rank " + std::to_string(rank) + " of " + std::to_string(size) +
-           ", GPU " + std::to_string(device) + ")";
+    return ncclkit::detail::communicator_label("nccl", options.name, rank, size, "GPU " + std::to_string(device));
   }
 
   /// Hands the ops queued during a group that just ended to the watchdog: one completion
