@@ -1,9 +1,11 @@
 // The element-wise kernels of ncclkit/nccl/kernels.cuh (scale, fill) against the host, for every
-// element type. The only GPU test source nvcc compiles: the other GPU tests are host code.
+// element type, and collectives without a stream between kernels of the test's own. The only
+// GPU test source nvcc compiles: the other GPU tests are host code.
 // Including the kernels here registers the scale launcher for the whole GPU test executable.
 // ncclkit-test: labels=nccl timeout=300
 #include <doctest/doctest.h>
 
+#include <algorithm>  // std::all_of
 #include <chrono>  // std::chrono
 #include <cmath>   // std::nearbyint
 #include <limits>  // std::numeric_limits
@@ -24,6 +26,7 @@ using ncclkit::WorldInfo;
 using ncclkit::nccl::Communicator;
 using ncclkit::nccl::DeviceBuffer;
 using ncclkit::nccl::Options;
+using ncclkit::ReduceOp;
 
 TEST_CASE("the scale launcher is registered by including the kernels") {
   CHECK(static_cast<bool>(ncclkit::nccl::detail::scale_launcher() != nullptr));
@@ -69,6 +72,75 @@ TEST_CASE("scale and fill kernels agree with the host for every type") {
     checker.expect(download(comm, filled, s) == std::vector<float>(777, 2.5f), "fill");
     return checker.finish("kernels");
   });
+}
+
+// ---- streams ------------------------------------------------------------------------------
+
+/// Spins for `cycles` clock cycles, then writes `value` to data[0, count): a kernel slow enough
+/// (milliseconds) that work not ordered after it surely starts before it writes. One block, so
+/// that every thread writes after the spin.
+__global__ void slow_fill(float* data, std::size_t count, float value, long long cycles) {
+  if (threadIdx.x == 0) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+  }
+  __syncthreads();
+  for (std::size_t i = threadIdx.x; i < count; i += blockDim.x) data[i] = value;
+}
+__global__ void double_values(float* data, std::size_t count) {
+  for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) data[i] *= 2;
+}
+
+// The usage of the header's own example, with no stream named anywhere: a kernel on CUDA's
+// default stream writes the input, the collective reduces it, a kernel on the default stream
+// uses the output, and cudaMemcpy (the default stream too) reads it. A collective that ran on
+// a stream of its own, not ordered with stream 0, would start while slow_fill still spins and
+// reduce the previous round's input; double_values could also run before the collective wrote.
+TEST_CASE("a collective without a stream is ordered after and before the caller's kernels on stream 0") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "stream-0"});
+      ncclkit::nccl::DeviceGuard on_its_gpu(comm.device());  // the user's kernels run on the communicator's GPU
+      const int r = comm.rank(), size = comm.size();
+      constexpr std::size_t kCount = 1 << 14;
+      constexpr int kRounds = 20;
+      int khz = 0;
+      NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, comm.device()));
+      const long long two_ms = 2LL * khz;
+      DeviceBuffer<float> in(kCount, comm.device()), out(kCount, comm.device());
+      NCCLKIT_CUDA_CHECK(cudaMemset(in.data(), 0, kCount * sizeof(float)));
+      NCCLKIT_CUDA_CHECK(cudaMemset(out.data(), 0, kCount * sizeof(float)));
+      std::vector<float> got(kCount);
+      int wrong_rounds = 0;
+      for (int round = 0; round < kRounds; ++round) {
+        // Out of place, sum: 2 * sum over ranks of (rank + 1 + round).
+        slow_fill<<<1, 256>>>(in.data(), kCount, static_cast<float>(r + 1 + round), two_ms);
+        NCCLKIT_CUDA_CHECK(cudaGetLastError());
+        comm.all_reduce(in.data(), out.data(), kCount);
+        double_values<<<16, 256>>>(out.data(), kCount);
+        NCCLKIT_CUDA_CHECK(cudaGetLastError());
+        NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost));
+        const float sum = 2.0f * static_cast<float>(size * (size + 1) / 2 + size * round);
+        bool right = std::all_of(got.begin(), got.end(), [&](float v) { return v == sum; });
+        // In place, average, as in the header's example: 3 * ((size + 1) / 2 + round).
+        slow_fill<<<1, 256>>>(in.data(), kCount, 3.0f * static_cast<float>(r + 1 + round), two_ms);
+        NCCLKIT_CUDA_CHECK(cudaGetLastError());
+        comm.all_reduce(in.data(), in.data(), kCount, ReduceOp::kAvg);
+        NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), in.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost));
+        const float average = 3.0f * (static_cast<float>(size + 1) / 2.0f + static_cast<float>(round));
+        // Within rounding: NCCL may scale by 1/size before summing.
+        right = right && std::all_of(got.begin(), got.end(), [&](float v) { return std::fabs(v - average) <= 1e-5f * average; });
+        if (!right) ++wrong_rounds;
+      }
+      comm.synchronize();
+      checker.expect(wrong_rounds == 0, std::to_string(wrong_rounds) + " of " + std::to_string(kRounds) +
+                                            " rounds read data not ordered with stream 0");
+      return checker.finish("collectives without a stream, between kernels on stream 0");
+    });
+  }
 }
 
 }  // namespace
