@@ -28,13 +28,15 @@
 
 #include "ncclkit/nccl/detail/driver_calls.hpp"
 
-#define CK(x)                                                                             \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
+#define CK(x)                                                                                             \
+  do {                                                                                                    \
+    cudaError_t e_ = (x);                                                                                 \
     if (e_ != cudaSuccess) std::printf("%s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); \
   } while (0)
 
-__global__ void tiny(int* p) { if (p) *p += 1; }
+__global__ void tiny(int* p) {
+  if (p) *p += 1;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -91,23 +93,34 @@ int main() {
   int k = 0;
   std::printf("host ns per call (median of 15 batches of 256):\n");
   std::printf("  tiny kernel launch           %8.1f\n", per_call_ns([&] { tiny<<<1, 1, 0, s>>>(nullptr); }));
-  std::printf("  kernel + cudaEventRecord     %8.1f\n", per_call_ns([&] { tiny<<<1, 1, 0, s>>>(nullptr); CK(cudaEventRecord(pool[k++ % 4096], s)); }));
+  std::printf("  kernel + cudaEventRecord     %8.1f\n", per_call_ns([&] {
+                tiny<<<1, 1, 0, s>>>(nullptr);
+                CK(cudaEventRecord(pool[k++ % 4096], s));
+              }));
   std::printf("  kernel + cuStreamWriteValue32%8.1f\n", per_call_ns([&] {
                 tiny<<<1, 1, 0, s>>>(nullptr);
-                if (write_value(s, reinterpret_cast<CUdeviceptr>(device_view), 7, 0) != CUDA_SUCCESS) std::printf("wv fail\n");
+                if (write_value(s, reinterpret_cast<CUdeviceptr>(device_view), 7, 0) != CUDA_SUCCESS)
+                  std::printf("wv fail\n");
               }));
   std::printf("  cudaEventRecord, one event   %8.1f\n", per_call_ns([&] { CK(cudaEventRecord(ev, s)); }));
   std::printf("  cudaEventRecord, event pool  %8.1f\n", per_call_ns([&] { CK(cudaEventRecord(pool[k++ % 4096], s)); }));
   unsigned value = 0;
   std::printf("  cuStreamWriteValue32 (host)  %8.1f\n", per_call_ns([&] {
-                if (write_value(s, reinterpret_cast<CUdeviceptr>(device_view), ++value, 0) != CUDA_SUCCESS) std::printf("wv fail\n");
+                if (write_value(s, reinterpret_cast<CUdeviceptr>(device_view), ++value, 0) != CUDA_SUCCESS)
+                  std::printf("wv fail\n");
               }));
   cudaStreamCaptureStatus status;
   std::printf("  cudaStreamIsCapturing        %8.1f\n", per_call_ns([&] { CK(cudaStreamIsCapturing(s, &status)); }));
   unsigned long long id = 0;
-  std::printf("  cudaStreamGetCaptureInfo     %8.1f\n", per_call_ns([&] { CK(cudaStreamGetCaptureInfo(s, &status, &id)); }));
+  std::printf("  cudaStreamGetCaptureInfo     %8.1f\n",
+              per_call_ns([&] { CK(cudaStreamGetCaptureInfo(s, &status, &id)); }));
   std::printf("  cudaEventQuery (pending)     %8.1f\n", per_call_ns([&] { (void)cudaEventQuery(ev); }));
-  std::printf("  cudaLaunchHostFunc           %8.1f\n", per_call_ns([&] { CK(cudaLaunchHostFunc(s, [](void*) {}, nullptr)); }, 512));
+  std::printf("  cudaLaunchHostFunc           %8.1f\n", per_call_ns(
+                                                            [&] {
+                                                              CK(cudaLaunchHostFunc(
+                                                                  s, [](void*) {}, nullptr));
+                                                            },
+                                                            512));
   CK(cudaStreamSynchronize(s));
   (void)cudaGetLastError();
 
@@ -187,8 +200,8 @@ int main() {
     std::printf("GPU 1's stream, host ns per call (median of 15 batches of 256):\n");
     for (int current : {1, 0}) {
       CK(cudaSetDevice(current));
-      std::printf("  GPU %d current: cudaEventRecord %8.1f, cudaStreamIsCapturing %8.1f, tiny kernel launch %8.1f\n", current,
-                  per_call_ns([&] { CK(cudaEventRecord(ev1, s1)); }),
+      std::printf("  GPU %d current: cudaEventRecord %8.1f, cudaStreamIsCapturing %8.1f, tiny kernel launch %8.1f\n",
+                  current, per_call_ns([&] { CK(cudaEventRecord(ev1, s1)); }),
                   per_call_ns([&] { CK(cudaStreamIsCapturing(s1, &status)); }),
                   current == 1 ? per_call_ns([&] { tiny<<<1, 1, 0, s1>>>(nullptr); }) : 0.0);
     }
@@ -199,18 +212,19 @@ int main() {
                   CK(cudaSetDevice(1));
                   CK(cudaSetDevice(was));
                 }));
-    std::printf("  the same around cudaEventRecord + cudaStreamIsCapturing on GPU 1  %8.1f (without the switch %8.1f)\n",
-                per_call_ns([&] {
-                  CK(cudaGetDevice(&was));
-                  CK(cudaSetDevice(1));
-                  CK(cudaStreamIsCapturing(s1, &status));
-                  CK(cudaEventRecord(ev1, s1));
-                  CK(cudaSetDevice(was));
-                }),
-                per_call_ns([&] {
-                  CK(cudaStreamIsCapturing(s1, &status));
-                  CK(cudaEventRecord(ev1, s1));
-                }));
+    std::printf(
+        "  the same around cudaEventRecord + cudaStreamIsCapturing on GPU 1  %8.1f (without the switch %8.1f)\n",
+        per_call_ns([&] {
+          CK(cudaGetDevice(&was));
+          CK(cudaSetDevice(1));
+          CK(cudaStreamIsCapturing(s1, &status));
+          CK(cudaEventRecord(ev1, s1));
+          CK(cudaSetDevice(was));
+        }),
+        per_call_ns([&] {
+          CK(cudaStreamIsCapturing(s1, &status));
+          CK(cudaEventRecord(ev1, s1));
+        }));
     std::printf("  GPU 0 current, driver: cuEventRecord %8.1f, cuStreamIsCapturing %8.1f (runtime: %8.1f, %8.1f)\n",
                 per_call_ns([&] { cu_check(cu_record(ev1, s1), "cuEventRecord on GPU 1's stream"); }),
                 per_call_ns([&] { cu_check(cu_capturing(s1, &cu_status), "cuStreamIsCapturing on GPU 1's stream"); }),

@@ -76,16 +76,19 @@ void BM_FileStoreRendezvous(benchmark::State& state) {
   for (auto _ : state) {
     const std::string dir = make_temp_dir();
     const auto start = Clock::now();
-    auto result = ncclkit::spawn(n, [](const ncclkit::WorldInfo& world) {
-      ncclkit::FileStore store(world.init_url.substr(7), {.world_size = world.world_size});
-      store.set("rank/" + std::to_string(world.rank), "addr-" + std::to_string(world.rank));
-      std::vector<std::string> keys;
-      keys.reserve(static_cast<std::size_t>(world.world_size));
-      for (int r = 0; r < world.world_size; ++r) keys.push_back("rank/" + std::to_string(r));
-      store.wait(keys, std::chrono::seconds(60));
-      const int peer = (world.rank + 1) % world.world_size;
-      return store.get_string("rank/" + std::to_string(peer)) == "addr-" + std::to_string(peer) ? 0 : 2;
-    }, {.timeout = std::chrono::seconds(120), .rendezvous_dir = dir});
+    auto result = ncclkit::spawn(
+        n,
+        [](const ncclkit::WorldInfo& world) {
+          ncclkit::FileStore store(world.init_url.substr(7), {.world_size = world.world_size});
+          store.set("rank/" + std::to_string(world.rank), "addr-" + std::to_string(world.rank));
+          std::vector<std::string> keys;
+          keys.reserve(static_cast<std::size_t>(world.world_size));
+          for (int r = 0; r < world.world_size; ++r) keys.push_back("rank/" + std::to_string(r));
+          store.wait(keys, std::chrono::seconds(60));
+          const int peer = (world.rank + 1) % world.world_size;
+          return store.get_string("rank/" + std::to_string(peer)) == "addr-" + std::to_string(peer) ? 0 : 2;
+        },
+        {.timeout = std::chrono::seconds(120), .rendezvous_dir = dir});
     const auto elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     bool cleaned = true;
     for (const auto& entry : std::filesystem::directory_iterator(dir)) cleaned &= entry.path().filename() == "lock";
@@ -102,13 +105,7 @@ void BM_FileStoreRendezvous(benchmark::State& state) {
   }
   state.counters["processes"] = n;
 }
-BENCHMARK(BM_FileStoreRendezvous)
-    ->Arg(8)
-    ->Arg(64)
-    ->Arg(256)
-    ->UseManualTime()
-    ->Iterations(5)
-    ->Unit(benchmark::kSecond);
+BENCHMARK(BM_FileStoreRendezvous)->Arg(8)->Arg(64)->Arg(256)->UseManualTime()->Iterations(5)->Unit(benchmark::kSecond);
 
 void BM_FileStoreBarrier(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
@@ -116,21 +113,24 @@ void BM_FileStoreBarrier(benchmark::State& state) {
   for (auto _ : state) {
     const std::string dir = make_temp_dir();
     const std::string result_file = dir + ".seconds";
-    auto result = ncclkit::spawn(n, [&](const ncclkit::WorldInfo& world) {
-      ncclkit::FileStore store(world.init_url.substr(7), {.world_size = world.world_size});
-      ncclkit::barrier(store, world.rank, world.world_size, "warm-up", std::chrono::seconds(60));
-      const auto start = Clock::now();
-      for (int round = 0; round < kRounds; ++round)
-        ncclkit::barrier(store, world.rank, world.world_size, "timed", std::chrono::seconds(60));
-      if (world.rank == 0) {
-        const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / kRounds;
-        std::FILE* out = std::fopen(result_file.c_str(), "w");
-        if (out == nullptr) return 3;
-        std::fprintf(out, "%.9f\n", seconds);
-        std::fclose(out);
-      }
-      return 0;
-    }, {.timeout = std::chrono::seconds(120), .rendezvous_dir = dir});
+    auto result =
+        ncclkit::spawn(n,
+                       [&](const ncclkit::WorldInfo& world) {
+                         ncclkit::FileStore store(world.init_url.substr(7), {.world_size = world.world_size});
+                         ncclkit::barrier(store, world.rank, world.world_size, "warm-up", std::chrono::seconds(60));
+                         const auto start = Clock::now();
+                         for (int round = 0; round < kRounds; ++round)
+                           ncclkit::barrier(store, world.rank, world.world_size, "timed", std::chrono::seconds(60));
+                         if (world.rank == 0) {
+                           const double seconds = std::chrono::duration<double>(Clock::now() - start).count() / kRounds;
+                           std::FILE* out = std::fopen(result_file.c_str(), "w");
+                           if (out == nullptr) return 3;
+                           std::fprintf(out, "%.9f\n", seconds);
+                           std::fclose(out);
+                         }
+                         return 0;
+                       },
+                       {.timeout = std::chrono::seconds(120), .rendezvous_dir = dir});
     double seconds = 0;
     std::FILE* in = std::fopen(result_file.c_str(), "r");
     const bool have = in != nullptr && std::fscanf(in, "%lf", &seconds) == 1;

@@ -41,7 +41,8 @@ void run(benchmark::State& state, kg::ReduceFunction fn) {
     benchmark::ClobberMemory();
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(count));
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(count * 3 * sizeof(T)));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(count * 3 * sizeof(T)));
 }
 
 template <class T>
@@ -53,9 +54,7 @@ void ncclkit_sum(benchmark::State& state, kg::KernelIsa isa) {
   run<T>(state, kg::reduce_function(ncclkit::data_type_v<T>, ReduceOp::kSum, isa));
 }
 
-void gloo_sum_float(benchmark::State& state) {
-  run<float>(state, static_cast<kg::ReduceFunction>(&gloo::sum<float>));
-}
+void gloo_sum_float(benchmark::State& state) { run<float>(state, static_cast<kg::ReduceFunction>(&gloo::sum<float>)); }
 void gloo_sum_float16(benchmark::State& state) {
   run<ncclkit::Half>(state, static_cast<kg::ReduceFunction>(&gloo::sum<gloo::float16>));
 }
@@ -71,12 +70,24 @@ void sum_half(benchmark::State& state, kg::KernelIsa isa) { ncclkit_sum<ncclkit:
 void sum_bfloat16(benchmark::State& state, kg::KernelIsa isa) { ncclkit_sum<ncclkit::BFloat16>(state, isa); }
 
 BENCHMARK_CAPTURE(sum_float, avx2, kg::KernelIsa::kAvx2F16c)->Name("sum/float/ncclkit-avx2")->Arg(kSmall)->Arg(kLarge);
-BENCHMARK_CAPTURE(sum_float, generic, kg::KernelIsa::kGeneric)->Name("sum/float/ncclkit-generic")->Arg(kSmall)->Arg(kLarge);
+BENCHMARK_CAPTURE(sum_float, generic, kg::KernelIsa::kGeneric)
+    ->Name("sum/float/ncclkit-generic")
+    ->Arg(kSmall)
+    ->Arg(kLarge);
 BENCHMARK(gloo_sum_float)->Name("sum/float/gloo")->Arg(kSmall)->Arg(kLarge);
 BENCHMARK_CAPTURE(sum_half, avx2, kg::KernelIsa::kAvx2F16c)->Name("sum/half/ncclkit-avx2")->Arg(kSmall)->Arg(kLarge);
-BENCHMARK_CAPTURE(sum_half, generic, kg::KernelIsa::kGeneric)->Name("sum/half/ncclkit-generic")->Arg(kSmall)->Arg(kLarge);
+BENCHMARK_CAPTURE(sum_half, generic, kg::KernelIsa::kGeneric)
+    ->Name("sum/half/ncclkit-generic")
+    ->Arg(kSmall)
+    ->Arg(kLarge);
 BENCHMARK(gloo_sum_float16)->Name("sum/half/gloo")->Arg(kSmall)->Arg(kLarge);
-BENCHMARK_CAPTURE(sum_bfloat16, avx2, kg::KernelIsa::kAvx2F16c)->Name("sum/bfloat16/ncclkit-avx2")->Arg(kSmall)->Arg(kLarge);
-BENCHMARK_CAPTURE(sum_bfloat16, generic, kg::KernelIsa::kGeneric)->Name("sum/bfloat16/ncclkit-generic")->Arg(kSmall)->Arg(kLarge);
+BENCHMARK_CAPTURE(sum_bfloat16, avx2, kg::KernelIsa::kAvx2F16c)
+    ->Name("sum/bfloat16/ncclkit-avx2")
+    ->Arg(kSmall)
+    ->Arg(kLarge);
+BENCHMARK_CAPTURE(sum_bfloat16, generic, kg::KernelIsa::kGeneric)
+    ->Name("sum/bfloat16/ncclkit-generic")
+    ->Arg(kSmall)
+    ->Arg(kLarge);
 
 BENCHMARK_MAIN();

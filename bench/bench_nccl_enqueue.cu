@@ -63,7 +63,7 @@ struct Settings {
 struct Variant {
   std::string name;
   int calls_per_issue = 1;
-  std::function<void()> issue;       // one call (or one group)
+  std::function<void()> issue;        // one call (or one group)
   std::function<void()> synchronize;  // untimed, between batches
   std::vector<double> samples_ns;     // per call
 };
@@ -115,68 +115,96 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
   std::size_t next_event = 0;
 
   std::vector<Variant> variants;
-  variants.push_back({"raw ncclAllReduce", 1,
+  variants.push_back({"raw ncclAllReduce",
+                      1,
                       [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream)); },
-                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
-  variants.push_back({"raw ncclAllReduce + cudaEventRecord", 1,
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); },
+                      {}});
+  variants.push_back({"raw ncclAllReduce + cudaEventRecord",
+                      1,
                       [&] {
                         NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream));
                         NCCLKIT_CUDA_CHECK(cudaEventRecord(marker, stream));
                       },
-                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
-  variants.push_back({"raw + cudaEventRecord, 8192 events in turn", 1,
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); },
+                      {}});
+  variants.push_back({"raw + cudaEventRecord, 8192 events in turn",
+                      1,
                       [&] {
                         NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, raw, stream));
                         pool[next_event].record(stream);
                         next_event = (next_event + 1) % pool.size();
                       },
-                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); },
+                      {}});
   // ncclkit's own NCCL communicator (split from a non-blocking one, with a config) called
   // directly: whether NCCL's per-call cost differs from the plain communicator's.
-  variants.push_back({"raw ncclAllReduce on ncclkit's NCCL comm", 1,
+  variants.push_back({"raw ncclAllReduce on ncclkit's NCCL comm",
+                      1,
                       [&] {
                         NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, unchecked.native(),
                                                          unchecked.comm_stream()));
                       },
-                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(unchecked.comm_stream())); }, {}});
-  variants.push_back({"ncclkit all_reduce (pointer checks on)", 1,
-                      [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
-  variants.push_back({"ncclkit checks on, out of place", 1,
-                      [&] { checked.all_reduce(data, data + 2, 2, ReduceOp::kSum); }, [&] { checked.synchronize(); }, {}});
-  variants.push_back({"ncclkit checks on, caller's stream", 1,
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(unchecked.comm_stream())); },
+                      {}});
+  variants.push_back({"ncclkit all_reduce (pointer checks on)",
+                      1,
+                      [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum); },
+                      [&] { checked.synchronize(); },
+                      {}});
+  variants.push_back({"ncclkit checks on, out of place",
+                      1,
+                      [&] { checked.all_reduce(data, data + 2, 2, ReduceOp::kSum); },
+                      [&] { checked.synchronize(); },
+                      {}});
+  variants.push_back({"ncclkit checks on, caller's stream",
+                      1,
                       [&] { checked.all_reduce(data, data, 2, ReduceOp::kSum, user_stream); },
-                      [&] { checked.synchronize(user_stream); }, {}});
-  variants.push_back({"ncclkit checks on, 16 buffers in turn", 1,
+                      [&] { checked.synchronize(user_stream); },
+                      {}});
+  variants.push_back({"ncclkit checks on, 16 buffers in turn",
+                      1,
                       [&] {
                         float* p = many[static_cast<std::size_t>(next_remembered)].data();
                         next_remembered = (next_remembered + 1) % kRemembered;
                         checked.all_reduce(p, p, 2, ReduceOp::kSum);
                       },
-                      [&] { checked.synchronize(); }, {}});
-  variants.push_back({"ncclkit checks on, " + std::to_string(kTooMany) + " buffers in turn", 1,
+                      [&] { checked.synchronize(); },
+                      {}});
+  variants.push_back({"ncclkit checks on, " + std::to_string(kTooMany) + " buffers in turn",
+                      1,
                       [&] {
                         float* p = many[static_cast<std::size_t>(next_too_many)].data();
                         next_too_many = (next_too_many + 1) % kTooMany;
                         checked.all_reduce(p, p, 2, ReduceOp::kSum);
                       },
-                      [&] { checked.synchronize(); }, {}});
-  variants.push_back({"ncclkit all_reduce (pointer checks off)", 1,
-                      [&] { unchecked.all_reduce(data, data, 2, ReduceOp::kSum); }, [&] { unchecked.synchronize(); }, {}});
-  variants.push_back({"raw group of 8", 8,
+                      [&] { checked.synchronize(); },
+                      {}});
+  variants.push_back({"ncclkit all_reduce (pointer checks off)",
+                      1,
+                      [&] { unchecked.all_reduce(data, data, 2, ReduceOp::kSum); },
+                      [&] { unchecked.synchronize(); },
+                      {}});
+  variants.push_back({"raw group of 8",
+                      8,
                       [&] {
                         NCCLKIT_NCCL_CHECK(ncclGroupStart());
                         for (int i = 0; i < 8; ++i)
-                          NCCLKIT_NCCL_CHECK(ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, raw, stream));
+                          NCCLKIT_NCCL_CHECK(
+                              ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, raw, stream));
                         NCCLKIT_NCCL_CHECK(ncclGroupEnd());
                       },
-                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); }, {}});
-  variants.push_back({"ncclkit group of 8 (checks off)", 8,
+                      [&] { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream)); },
+                      {}});
+  variants.push_back({"ncclkit group of 8 (checks off)",
+                      8,
                       [&] {
                         ncclkit::nccl::GroupGuard group;
                         for (int i = 0; i < 8; ++i) unchecked.all_reduce(data + 2 * i, data + 2 * i, 2, ReduceOp::kSum);
                         group.end();
                       },
-                      [&] { unchecked.synchronize(); }, {}});
+                      [&] { unchecked.synchronize(); },
+                      {}});
 
   // Warm up: connections, event pools, caches.
   for (auto& v : variants) {
@@ -203,20 +231,31 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
     cudaStreamCaptureStatus capture{};
     cudaPointerAttributes attributes{};
     parts.push_back({"cudaEventRecord", 1, [&] { NCCLKIT_CUDA_CHECK(cudaEventRecord(marker, stream)); }, {}, {}});
-    parts.push_back({"cudaStreamIsCapturing", 1, [&] { NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture)); }, {}, {}});
-    parts.push_back({"cudaPointerGetAttributes", 1,
-                     [&] { NCCLKIT_CUDA_CHECK(cudaPointerGetAttributes(&attributes, data)); }, {}, {}});
+    parts.push_back(
+        {"cudaStreamIsCapturing", 1, [&] { NCCLKIT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture)); }, {}, {}});
+    parts.push_back({"cudaPointerGetAttributes",
+                     1,
+                     [&] { NCCLKIT_CUDA_CHECK(cudaPointerGetAttributes(&attributes, data)); },
+                     {},
+                     {}});
 #if CUDART_VERSION >= 12080
     int stream_device = -1;
-    parts.push_back({"cudaStreamGetDevice", 1, [&] { NCCLKIT_CUDA_CHECK(cudaStreamGetDevice(user_stream.get(), &stream_device)); },
-                     {}, {}});
+    parts.push_back({"cudaStreamGetDevice",
+                     1,
+                     [&] { NCCLKIT_CUDA_CHECK(cudaStreamGetDevice(user_stream.get(), &stream_device)); },
+                     {},
+                     {}});
 #endif
-    parts.push_back({"NVTX range (no profiler attached)", 1, [&] { ncclkit::nccl::detail::NvtxRange range("bench"); }, {}, {}});
+    parts.push_back(
+        {"NVTX range (no profiler attached)", 1, [&] { ncclkit::nccl::detail::NvtxRange range("bench"); }, {}, {}});
     // Host-only steps of the issue path, for hosts where they are not cheap.
     volatile std::int64_t sink = 0;
     parts.push_back({"steady_clock::now", 1, [&] { sink = Clock::now().time_since_epoch().count(); }, {}, {}});
-    parts.push_back({"coarse_now (issue stamps)", 1,
-                     [&] { sink = ncclkit::detail::coarse_now().time_since_epoch().count(); }, {}, {}});
+    parts.push_back({"coarse_now (issue stamps)",
+                     1,
+                     [&] { sink = ncclkit::detail::coarse_now().time_since_epoch().count(); },
+                     {},
+                     {}});
     std::timed_mutex mutex;
     parts.push_back({"timed_mutex lock + unlock", 1, [&] { std::lock_guard lock(mutex); }, {}, {}});
     for (int repeat = 0; repeat < settings.repeats; ++repeat) {
@@ -247,8 +286,8 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
       std::sort(sorted.begin(), sorted.end());
       const double med = median(sorted);
       const double baseline = variants[k].calls_per_issue > 1 ? raw_group : raw_single;
-      std::printf("  %-42s %12.0f %12.0f %12.0f %+18.0f\n", variants[k].name.c_str(), med,
-                  sorted[sorted.size() / 10], sorted[sorted.size() * 9 / 10], med - baseline);
+      std::printf("  %-42s %12.0f %12.0f %12.0f %+18.0f\n", variants[k].name.c_str(), med, sorted[sorted.size() / 10],
+                  sorted[sorted.size() * 9 / 10], med - baseline);
     }
     std::printf("# %-42s %12s %12s %12s\n", "one call alone", "median(ns)", "p10(ns)", "p90(ns)");
     for (auto& part : parts) {
@@ -260,16 +299,16 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
     if (!settings.json_path.empty()) {
       std::FILE* json = std::fopen(settings.json_path.c_str(), "w");
       if (json != nullptr) {
-        std::fprintf(json, "{\"ranks\": %d, \"gpu\": \"%s\", \"batch\": %d, \"repeats\": %d, \"variants\": [", world.world_size,
-                     prop.name, settings.batch, settings.repeats);
+        std::fprintf(json, "{\"ranks\": %d, \"gpu\": \"%s\", \"batch\": %d, \"repeats\": %d, \"variants\": [",
+                     world.world_size, prop.name, settings.batch, settings.repeats);
         for (std::size_t k = 0; k < variants.size(); ++k) {
-          std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "", variants[k].name.c_str(),
-                       median(variants[k].samples_ns));
+          std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "",
+                       variants[k].name.c_str(), median(variants[k].samples_ns));
         }
         std::fprintf(json, "\n], \"calls\": [");
         for (std::size_t k = 0; k < parts.size(); ++k) {
-          std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "", parts[k].name.c_str(),
-                       median(parts[k].samples_ns));
+          std::fprintf(json, "%s\n  {\"name\": \"%s\", \"median_ns_per_call\": %.1f}", k ? "," : "",
+                       parts[k].name.c_str(), median(parts[k].samples_ns));
         }
         std::fprintf(json, "\n]}\n");
         std::fclose(json);
@@ -287,9 +326,12 @@ int main(int argc, char** argv) {
   Settings settings;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--batch" && i + 1 < argc) settings.batch = std::stoi(argv[++i]);
-    else if (flag == "--repeats" && i + 1 < argc) settings.repeats = std::stoi(argv[++i]);
-    else if (flag == "--json" && i + 1 < argc) settings.json_path = argv[++i];
+    if (flag == "--batch" && i + 1 < argc)
+      settings.batch = std::stoi(argv[++i]);
+    else if (flag == "--repeats" && i + 1 < argc)
+      settings.repeats = std::stoi(argv[++i]);
+    else if (flag == "--json" && i + 1 < argc)
+      settings.json_path = argv[++i];
     else {
       std::fprintf(stderr, "usage: bench_nccl_enqueue [--batch K] [--repeats R] [--json FILE]\n");
       return 1;

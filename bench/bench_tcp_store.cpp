@@ -22,13 +22,13 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>  // std::sort: batch percentiles
-#include <atomic>   // std::atomic: failures seen by worker threads
-#include <chrono>   // std::chrono
-#include <cstdint>  // std::uint8_t
-#include <random>   // std::mt19937_64: the value
-#include <string>   // std::string
-#include <thread>   // std::thread
-#include <vector>   // std::vector
+#include <atomic>     // std::atomic: failures seen by worker threads
+#include <chrono>     // std::chrono
+#include <cstdint>    // std::uint8_t
+#include <random>     // std::mt19937_64: the value
+#include <string>     // std::string
+#include <thread>     // std::thread
+#include <vector>     // std::vector
 
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/store/tcp_store.hpp"
@@ -141,12 +141,15 @@ void BM_TcpStoreRendezvousProcesses(benchmark::State& state) {
   const int nprocs = static_cast<int>(state.range(0));
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    auto result = ncclkit::spawn(nprocs, [nprocs](const ncclkit::WorldInfo& world) -> int {
-      ncclkit::TcpStore store({.host = world.master_addr, .port = world.master_port, .timeout = 60s});
-      store.set("rank/" + std::to_string(world.rank), std::string_view("1"));
-      store.wait(rank_keys(nprocs), 60s);
-      return 0;
-    }, {.timeout = 120s, .store = ncclkit::SpawnStore::kTcp});
+    auto result = ncclkit::spawn(
+        nprocs,
+        [nprocs](const ncclkit::WorldInfo& world) -> int {
+          ncclkit::TcpStore store({.host = world.master_addr, .port = world.master_port, .timeout = 60s});
+          store.set("rank/" + std::to_string(world.rank), std::string_view("1"));
+          store.wait(rank_keys(nprocs), 60s);
+          return 0;
+        },
+        {.timeout = 120s, .store = ncclkit::SpawnStore::kTcp});
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     if (!result.ok()) {
       state.SkipWithError(result.describe().c_str());

@@ -40,9 +40,9 @@ namespace {
 using ncclkit::ReduceOp;
 using ncclkit::nccl::Communicator;
 
-constexpr int kSyncEvery = 256;           // calls between (untimed) stream synchronisations
-constexpr int kIterations = 256 * 200;    // per benchmark and repetition, equal on every rank
-constexpr int kGroup = 8;                 // calls per group in the group benchmarks
+constexpr int kSyncEvery = 256;         // calls between (untimed) stream synchronisations
+constexpr int kIterations = 256 * 200;  // per benchmark and repetition, equal on every rank
+constexpr int kGroup = 8;               // calls per group in the group benchmarks
 
 /// What the benchmarks run on, made by each rank before the benchmarks start.
 struct Setup {
@@ -76,48 +76,56 @@ void raw_sync() { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(setup->stream)); }
 
 void BM_RawAllReduce(benchmark::State& state) {
   float* data = setup->buffer->data();
-  enqueue_loop(state, 1, [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream)); },
-               raw_sync);
+  enqueue_loop(
+      state, 1,
+      [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream)); },
+      raw_sync);
 }
 void BM_RawAllReducePlusEvent(benchmark::State& state) {
   float* data = setup->buffer->data();
-  enqueue_loop(state, 1,
-               [&] {
-                 NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
-                 NCCLKIT_CUDA_CHECK(cudaEventRecord(setup->marker, setup->stream));
-               },
-               raw_sync);
+  enqueue_loop(
+      state, 1,
+      [&] {
+        NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
+        NCCLKIT_CUDA_CHECK(cudaEventRecord(setup->marker, setup->stream));
+      },
+      raw_sync);
 }
 void BM_NcclkitAllReduce(benchmark::State& state) {
   float* data = setup->buffer->data();
-  enqueue_loop(state, 1, [&] { setup->checked->all_reduce(data, data, 2, ReduceOp::kSum); },
-               [] { setup->checked->synchronize(); });
+  enqueue_loop(
+      state, 1, [&] { setup->checked->all_reduce(data, data, 2, ReduceOp::kSum); },
+      [] { setup->checked->synchronize(); });
 }
 void BM_NcclkitAllReduceNoChecks(benchmark::State& state) {
   float* data = setup->buffer->data();
-  enqueue_loop(state, 1, [&] { setup->unchecked->all_reduce(data, data, 2, ReduceOp::kSum); },
-               [] { setup->unchecked->synchronize(); });
+  enqueue_loop(
+      state, 1, [&] { setup->unchecked->all_reduce(data, data, 2, ReduceOp::kSum); },
+      [] { setup->unchecked->synchronize(); });
 }
 void BM_RawGroupOf8(benchmark::State& state) {
   float* data = setup->buffer->data();
-  enqueue_loop(state, kGroup,
-               [&] {
-                 NCCLKIT_NCCL_CHECK(ncclGroupStart());
-                 for (int i = 0; i < kGroup; ++i)
-                   NCCLKIT_NCCL_CHECK(ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
-                 NCCLKIT_NCCL_CHECK(ncclGroupEnd());
-               },
-               raw_sync);
+  enqueue_loop(
+      state, kGroup,
+      [&] {
+        NCCLKIT_NCCL_CHECK(ncclGroupStart());
+        for (int i = 0; i < kGroup; ++i)
+          NCCLKIT_NCCL_CHECK(
+              ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
+        NCCLKIT_NCCL_CHECK(ncclGroupEnd());
+      },
+      raw_sync);
 }
 void BM_NcclkitGroupOf8(benchmark::State& state) {
   float* data = setup->buffer->data();
-  enqueue_loop(state, kGroup,
-               [&] {
-                 ncclkit::nccl::GroupGuard group;
-                 for (int i = 0; i < kGroup; ++i) setup->checked->all_reduce(data + 2 * i, data + 2 * i, 2, ReduceOp::kSum);
-                 group.end();
-               },
-               [] { setup->checked->synchronize(); });
+  enqueue_loop(
+      state, kGroup,
+      [&] {
+        ncclkit::nccl::GroupGuard group;
+        for (int i = 0; i < kGroup; ++i) setup->checked->all_reduce(data + 2 * i, data + 2 * i, 2, ReduceOp::kSum);
+        group.end();
+      },
+      [] { setup->checked->synchronize(); });
 }
 
 void apply(benchmark::internal::Benchmark* b, int calls_per_iteration) {
@@ -134,9 +142,12 @@ class SilentReporter : public benchmark::BenchmarkReporter {
 int run_rank(const ncclkit::WorldInfo& world) {
   auto store = ncclkit::make_store(world.init_url, world);
   Setup s;
-  s.checked = std::make_unique<Communicator>(store, world, ncclkit::nccl::Options{.timeout = std::chrono::seconds(120), .name = "gbench-checked"});
+  s.checked = std::make_unique<Communicator>(
+      store, world, ncclkit::nccl::Options{.timeout = std::chrono::seconds(120), .name = "gbench-checked"});
   s.unchecked = std::make_unique<Communicator>(
-      store, world, ncclkit::nccl::Options{.timeout = std::chrono::seconds(120), .name = "gbench-unchecked", .check_pointers = false});
+      store, world,
+      ncclkit::nccl::Options{
+          .timeout = std::chrono::seconds(120), .name = "gbench-unchecked", .check_pointers = false});
   ncclkit::nccl::DeviceGuard guard(s.checked->device());
   s.raw = ncclkit::bench::init_raw_comm(*store, world, "gbench/raw_id");
   s.buffer = std::make_unique<ncclkit::nccl::DeviceBuffer<float>>(2 * kGroup, s.checked->device());
@@ -156,8 +167,8 @@ int run_rank(const ncclkit::WorldInfo& world) {
   s.checked->barrier();
 
   if (world.rank == 0) {
-    std::printf("# gbench_nccl_enqueue: %d ranks, %s; time per iteration = host time per call (per group of 8)\n", world.world_size,
-                ncclkit::nccl::version_text().c_str());
+    std::printf("# gbench_nccl_enqueue: %d ranks, %s; time per iteration = host time per call (per group of 8)\n",
+                world.world_size, ncclkit::nccl::version_text().c_str());
     std::fflush(stdout);
     benchmark::RunSpecifiedBenchmarks();
   } else {

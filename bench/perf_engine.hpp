@@ -54,12 +54,18 @@ enum class Collective { kAllReduce, kBroadcast, kReduce, kAllGather, kReduceScat
 
 inline std::string_view name_of(Collective c) {
   switch (c) {
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kBroadcast: return "broadcast";
-    case Collective::kReduce: return "reduce";
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllToAll: return "all_to_all";
+    case Collective::kAllReduce:
+      return "all_reduce";
+    case Collective::kBroadcast:
+      return "broadcast";
+    case Collective::kReduce:
+      return "reduce";
+    case Collective::kAllGather:
+      return "all_gather";
+    case Collective::kReduceScatter:
+      return "reduce_scatter";
+    case Collective::kAllToAll:
+      return "all_to_all";
   }
   return "unknown";
 }
@@ -77,12 +83,15 @@ inline bool is_partitioned(Collective c) {
 inline double busbw_factor(Collective c, int nranks) {
   const double n = nranks;
   switch (c) {
-    case Collective::kAllReduce: return nranks > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case Collective::kAllReduce:
+      return nranks > 1 ? 2.0 * (n - 1) / n : 0.0;
     case Collective::kAllGather:
     case Collective::kReduceScatter:
-    case Collective::kAllToAll: return nranks > 1 ? (n - 1) / n : 0.0;
+    case Collective::kAllToAll:
+      return nranks > 1 ? (n - 1) / n : 0.0;
     case Collective::kBroadcast:
-    case Collective::kReduce: return 1.0;
+    case Collective::kReduce:
+      return 1.0;
   }
   return 1.0;
 }
@@ -93,25 +102,25 @@ enum class Placement { kOutOfPlace, kInPlace };
 // ---- options (nccl-tests' flags where they apply) ---------------------------------------------
 
 struct PerfOptions {
-  std::size_t min_bytes = 32u << 20;    ///< -b
-  std::size_t max_bytes = 32u << 20;    ///< -e
-  double step_factor = 2.0;             ///< -f (multiplicative step; used when step_bytes == 0)
-  std::size_t step_bytes = 0;           ///< -i (additive step)
-  int iters = 20;                       ///< -n: timed calls per implementation and size
-  int warmup = 5;                       ///< -w
-  int rounds = 5;                       ///< -R: the timed calls are split into this many rounds
-  int check = 1;                        ///< -c: 0 = no correctness run
-  int average = 1;                      ///< -a: 0 rank 0, 1 average, 2 min, 3 max over ranks
-  int root = 0;                         ///< -r: root of broadcast and reduce
-  int devices_per_process = 1;          ///< -g (device backends)
+  std::size_t min_bytes = 32u << 20;                            ///< -b
+  std::size_t max_bytes = 32u << 20;                            ///< -e
+  double step_factor = 2.0;                                     ///< -f (multiplicative step; used when step_bytes == 0)
+  std::size_t step_bytes = 0;                                   ///< -i (additive step)
+  int iters = 20;                                               ///< -n: timed calls per implementation and size
+  int warmup = 5;                                               ///< -w
+  int rounds = 5;                                               ///< -R: the timed calls are split into this many rounds
+  int check = 1;                                                ///< -c: 0 = no correctness run
+  int average = 1;                                              ///< -a: 0 rank 0, 1 average, 2 min, 3 max over ranks
+  int root = 0;                                                 ///< -r: root of broadcast and reduce
+  int devices_per_process = 1;                                  ///< -g (device backends)
   std::vector<Collective> collectives{Collective::kAllReduce};  ///< --op
   std::vector<DataType> types{DataType::kFloat32};              ///< -d
   std::vector<ReduceOp> ops{ReduceOp::kSum};                    ///< -o
-  bool out_of_place = true;             ///< --no-out-of-place clears it
-  bool in_place = true;                 ///< --no-in-place clears it
-  std::string csv_path;                 ///< --csv FILE
-  std::string json_path;                ///< --json FILE
-  std::vector<std::string> unparsed;    ///< flags left for the tool itself
+  bool out_of_place = true;                                     ///< --no-out-of-place clears it
+  bool in_place = true;                                         ///< --no-in-place clears it
+  std::string csv_path;                                         ///< --csv FILE
+  std::string json_path;                                        ///< --json FILE
+  std::vector<std::string> unparsed;                            ///< flags left for the tool itself
 };
 
 namespace detail {
@@ -125,11 +134,16 @@ inline std::size_t parse_size(std::string_view text) {
   std::string unit(text.substr(digits));
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double scale = 1;
-  if (unit.empty() || unit == "B") scale = 1;
-  else if (unit == "K" || unit == "KB" || unit == "KIB") scale = 1024.0;
-  else if (unit == "M" || unit == "MB" || unit == "MIB") scale = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GB" || unit == "GIB") scale = 1024.0 * 1024 * 1024;
-  else throw ConfigError("size '" + std::string(text) + "': unknown unit '" + unit + "' (use K, M or G)");
+  if (unit.empty() || unit == "B")
+    scale = 1;
+  else if (unit == "K" || unit == "KB" || unit == "KIB")
+    scale = 1024.0;
+  else if (unit == "M" || unit == "MB" || unit == "MIB")
+    scale = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GB" || unit == "GIB")
+    scale = 1024.0 * 1024 * 1024;
+  else
+    throw ConfigError("size '" + std::string(text) + "': unknown unit '" + unit + "' (use K, M or G)");
   return static_cast<std::size_t>(value * scale);
 }
 
@@ -147,8 +161,8 @@ inline std::vector<std::string> split_list(std::string_view text) {
 }
 
 inline std::vector<DataType> all_types() {
-  return {DataType::kInt8,    DataType::kUint8,    DataType::kInt32,   DataType::kUint32,  DataType::kInt64,
-          DataType::kUint64,  DataType::kFloat16,  DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
+  return {DataType::kInt8,   DataType::kUint8,   DataType::kInt32,    DataType::kUint32,  DataType::kInt64,
+          DataType::kUint64, DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
 }
 
 inline DataType parse_type(const std::string& name) {
@@ -159,7 +173,8 @@ inline DataType parse_type(const std::string& name) {
   if (name == "float16" || name == "fp16") return DataType::kFloat16;
   if (name == "bf16") return DataType::kBFloat16;
   if (name == "float64") return DataType::kFloat64;
-  throw ConfigError("unknown type '" + name + "'; use int8, uint8, int32, uint32, int64, uint64, half, bfloat16, "
+  throw ConfigError("unknown type '" + name +
+                    "'; use int8, uint8, int32, uint32, int64, uint64, half, bfloat16, "
                     "float, double or all");
 }
 
@@ -195,7 +210,8 @@ inline const char* perf_usage() {
          "  -r, --root R            root of broadcast and reduce, default 0\n"
          "  -d, --datatype T[,T]    int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, or all\n"
          "  -o, --op OP[,OP]        sum prod min max avg, or all (reductions only), default sum\n"
-         "  -O, --collective C[,C]  all_reduce broadcast reduce all_gather reduce_scatter all_to_all, default all_reduce\n"
+         "  -O, --collective C[,C]  all_reduce broadcast reduce all_gather reduce_scatter all_to_all, default "
+         "all_reduce\n"
          "  -g, --ngpus N           devices per process (device backends)\n"
          "      --no-in-place / --no-out-of-place   skip one placement\n"
          "      --csv FILE / --json FILE            also write every row there (rank 0)\n";
@@ -220,37 +236,56 @@ inline PerfOptions parse_perf_options(int argc, char** argv) {
   };
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "-b" || flag == "--minbytes") o.min_bytes = detail::parse_size(value(i, flag));
-    else if (flag == "-e" || flag == "--maxbytes") o.max_bytes = detail::parse_size(value(i, flag));
-    else if (flag == "-f" || flag == "--stepfactor") o.step_factor = std::stod(value(i, flag));
-    else if (flag == "-i" || flag == "--stepbytes") o.step_bytes = detail::parse_size(value(i, flag));
-    else if (flag == "-n" || flag == "--iters") o.iters = to_int(flag, value(i, flag));
-    else if (flag == "-w" || flag == "--warmup_iters") o.warmup = to_int(flag, value(i, flag));
-    else if (flag == "-R" || flag == "--rounds") o.rounds = to_int(flag, value(i, flag));
-    else if (flag == "-c" || flag == "--check") o.check = to_int(flag, value(i, flag));
-    else if (flag == "-a" || flag == "--average") o.average = to_int(flag, value(i, flag));
-    else if (flag == "-r" || flag == "--root") o.root = to_int(flag, value(i, flag));
-    else if (flag == "-g" || flag == "--ngpus") o.devices_per_process = to_int(flag, value(i, flag));
-    else if (flag == "--no-in-place") o.in_place = false;
-    else if (flag == "--no-out-of-place") o.out_of_place = false;
-    else if (flag == "--csv") o.csv_path = value(i, flag);
-    else if (flag == "--json") o.json_path = value(i, flag);
+    if (flag == "-b" || flag == "--minbytes")
+      o.min_bytes = detail::parse_size(value(i, flag));
+    else if (flag == "-e" || flag == "--maxbytes")
+      o.max_bytes = detail::parse_size(value(i, flag));
+    else if (flag == "-f" || flag == "--stepfactor")
+      o.step_factor = std::stod(value(i, flag));
+    else if (flag == "-i" || flag == "--stepbytes")
+      o.step_bytes = detail::parse_size(value(i, flag));
+    else if (flag == "-n" || flag == "--iters")
+      o.iters = to_int(flag, value(i, flag));
+    else if (flag == "-w" || flag == "--warmup_iters")
+      o.warmup = to_int(flag, value(i, flag));
+    else if (flag == "-R" || flag == "--rounds")
+      o.rounds = to_int(flag, value(i, flag));
+    else if (flag == "-c" || flag == "--check")
+      o.check = to_int(flag, value(i, flag));
+    else if (flag == "-a" || flag == "--average")
+      o.average = to_int(flag, value(i, flag));
+    else if (flag == "-r" || flag == "--root")
+      o.root = to_int(flag, value(i, flag));
+    else if (flag == "-g" || flag == "--ngpus")
+      o.devices_per_process = to_int(flag, value(i, flag));
+    else if (flag == "--no-in-place")
+      o.in_place = false;
+    else if (flag == "--no-out-of-place")
+      o.out_of_place = false;
+    else if (flag == "--csv")
+      o.csv_path = value(i, flag);
+    else if (flag == "--json")
+      o.json_path = value(i, flag);
     else if (flag == "-d" || flag == "--datatype") {
       const std::string list = value(i, flag);
       o.types.clear();
-      if (list == "all") o.types = detail::all_types();
-      else for (const auto& name : detail::split_list(list)) o.types.push_back(detail::parse_type(name));
+      if (list == "all")
+        o.types = detail::all_types();
+      else
+        for (const auto& name : detail::split_list(list)) o.types.push_back(detail::parse_type(name));
     } else if (flag == "-o" || flag == "--op") {
       const std::string list = value(i, flag);
       o.ops.clear();
-      if (list == "all") o.ops = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg};
-      else for (const auto& name : detail::split_list(list)) o.ops.push_back(detail::parse_op(name));
+      if (list == "all")
+        o.ops = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg};
+      else
+        for (const auto& name : detail::split_list(list)) o.ops.push_back(detail::parse_op(name));
     } else if (flag == "-O" || flag == "--collective") {
       const std::string list = value(i, flag);
       o.collectives.clear();
       if (list == "all") {
-        o.collectives = {Collective::kAllReduce, Collective::kBroadcast, Collective::kReduce, Collective::kAllGather,
-                         Collective::kReduceScatter, Collective::kAllToAll};
+        o.collectives = {Collective::kAllReduce, Collective::kBroadcast,     Collective::kReduce,
+                         Collective::kAllGather, Collective::kReduceScatter, Collective::kAllToAll};
       } else {
         for (const auto& name : detail::split_list(list)) o.collectives.push_back(detail::parse_collective(name));
       }
@@ -350,7 +385,7 @@ struct Implementation {
   std::function<void()> complete;
   std::function<void()> begin_group, end_group;
   std::function<bool(Collective, Placement, DataType, ReduceOp)> supports = [](Collective, Placement, DataType,
-                                                                              ReduceOp) { return true; };
+                                                                               ReduceOp) { return true; };
 };
 
 /// ncclkit's own collectives on each backend's work_stream(). `group`: what brackets one call
@@ -364,12 +399,17 @@ Implementation backend_implementation(std::vector<B*> backends, std::string name
     B& backend = *backends[static_cast<std::size_t>(local)];
     const auto stream = work_stream(backend);
     switch (c) {
-      case Collective::kAllReduce: return backend.all_reduce(in, out, op, stream);
-      case Collective::kBroadcast: return backend.broadcast(in, out, root, stream);
-      case Collective::kAllGather: return backend.all_gather(in, out, stream);
-      case Collective::kReduceScatter: return backend.reduce_scatter(in, out, op, stream);
+      case Collective::kAllReduce:
+        return backend.all_reduce(in, out, op, stream);
+      case Collective::kBroadcast:
+        return backend.broadcast(in, out, root, stream);
+      case Collective::kAllGather:
+        return backend.all_gather(in, out, stream);
+      case Collective::kReduceScatter:
+        return backend.reduce_scatter(in, out, op, stream);
       case Collective::kReduce:
-        if constexpr (requires { backend.reduce(in, out, op, root, stream); }) return backend.reduce(in, out, op, root, stream);
+        if constexpr (requires { backend.reduce(in, out, op, root, stream); })
+          return backend.reduce(in, out, op, root, stream);
         break;
       case Collective::kAllToAll:
         if constexpr (requires { backend.all_to_all(in, out, stream); }) return backend.all_to_all(in, out, stream);
@@ -383,9 +423,13 @@ Implementation backend_implementation(std::vector<B*> backends, std::string name
   impl.begin_group = std::move(begin_group);
   impl.end_group = std::move(end_group);
   impl.supports = [](Collective c, Placement p, DataType, ReduceOp) {
-    if (c == Collective::kReduce) return requires(B & b, TensorView v, ReduceOp o, typename B::Stream s) { b.reduce(v, v, o, 0, s); };
+    if (c == Collective::kReduce) return requires(B & b, TensorView v, ReduceOp o, typename B::Stream s) {
+        b.reduce(v, v, o, 0, s);
+      };
     if (c == Collective::kAllToAll) {
-      return p == Placement::kOutOfPlace && requires(B & b, TensorView v, typename B::Stream s) { b.all_to_all(v, v, s); };
+      return p == Placement::kOutOfPlace && requires(B & b, TensorView v, typename B::Stream s) {
+        b.all_to_all(v, v, s);
+      };
     }
     return true;
   };
@@ -396,10 +440,10 @@ Implementation backend_implementation(std::vector<B*> backends, std::string name
 
 /// One measured (size, implementation, placement).
 struct Measurement {
-  double time_us = 0;   ///< median over rounds of the per-call time
-  double algbw = 0;     ///< GB/s (1e9 bytes per second)
-  double busbw = 0;     ///< GB/s
-  long long wrong = -1; ///< elements that differ from the reference; -1 = not checked
+  double time_us = 0;    ///< median over rounds of the per-call time
+  double algbw = 0;      ///< GB/s (1e9 bytes per second)
+  double busbw = 0;      ///< GB/s
+  long long wrong = -1;  ///< elements that differ from the reference; -1 = not checked
   bool ran = false;
 };
 
@@ -418,8 +462,8 @@ struct Row {
 
 struct PerfSummary {
   std::vector<Row> rows;
-  long long wrong = 0;         ///< sum of #wrong over all rows (the "Out of bounds values" line)
-  double average_busbw = 0;    ///< over every measured value of the first implementation
+  long long wrong = 0;       ///< sum of #wrong over all rows (the "Out of bounds values" line)
+  double average_busbw = 0;  ///< over every measured value of the first implementation
   bool ok() const { return wrong == 0; }
 };
 
@@ -473,10 +517,14 @@ template <class Acc>
 Acc reduce_step(Acc acc, Acc value, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return acc + value;
-    case ReduceOp::kProd: return acc * value;
-    case ReduceOp::kMin: return std::min(acc, value);
-    case ReduceOp::kMax: return std::max(acc, value);
+    case ReduceOp::kAvg:
+      return acc + value;
+    case ReduceOp::kProd:
+      return acc * value;
+    case ReduceOp::kMin:
+      return std::min(acc, value);
+    case ReduceOp::kMax:
+      return std::max(acc, value);
   }
   return acc;
 }
@@ -497,8 +545,10 @@ inline double reference_reduction(DataType type, ReduceOp op, int nranks, std::s
 /// of floats is rounded once per rank (scaled inputs), at most |value| <= 4 each.
 inline double tolerance(DataType type, ReduceOp op, int nranks) {
   if (!is_floating(type) || op != ReduceOp::kAvg) return 0.0;
-  const double unit = type == DataType::kFloat16 ? 0x1p-10 : type == DataType::kBFloat16 ? 0x1p-7
-                      : type == DataType::kFloat32 ? 0x1p-23 : 0x1p-52;
+  const double unit = type == DataType::kFloat16    ? 0x1p-10
+                      : type == DataType::kBFloat16 ? 0x1p-7
+                      : type == DataType::kFloat32  ? 0x1p-23
+                                                    : 0x1p-52;
   return 4.0 * nranks * unit;
 }
 
@@ -646,9 +696,8 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
   auto combine = [&](std::vector<double>& values) {
     const ReduceOp how = options.average == 2 ? ReduceOp::kMin : options.average == 3 ? ReduceOp::kMax : ReduceOp::kSum;
     const std::vector<double> zeros(values.size(), 0.0);
-    const auto result = reduce_doubles(values.size(), how, [&](std::size_t j) {
-      return options.average == 0 && rank_of(j) != 0 ? zeros : values;
-    });
+    const auto result = reduce_doubles(
+        values.size(), how, [&](std::size_t j) { return options.average == 0 && rank_of(j) != 0 ? zeros : values; });
     for (std::size_t i = 0; i < values.size(); ++i) values[i] = options.average == 1 ? result[i] / nranks : result[i];
   };
 
@@ -663,10 +712,16 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
                  nranks);
     for (const auto& impl : implementations) std::fprintf(out, " %s", impl.name.c_str());
     std::fprintf(out, "\n#\n");
-    std::fprintf(out, "#                                                              out-of-place                       in-place          \n");
-    std::fprintf(out, "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong%s\n",
+    std::fprintf(out,
+                 "#                                                              out-of-place                       "
+                 "in-place          \n");
+    std::fprintf(out,
+                 "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+                 "algbw   busbw #wrong%s\n",
                  several ? "  impl" : "");
-    std::fprintf(out, "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       \n");
+    std::fprintf(out,
+                 "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  "
+                 "(GB/s)  (GB/s)       \n");
   };
   auto print_row = [&](const Row& row) {
     if (!printer) return;
@@ -678,10 +733,16 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
         continue;
       }
       char time[16];
-      std::snprintf(time, sizeof time, m->time_us >= 10000 ? "%7.0f" : m->time_us >= 100 ? "%7.1f" : "%7.2f", m->time_us);
+      std::snprintf(time, sizeof time,
+                    m->time_us >= 10000 ? "%7.0f"
+                    : m->time_us >= 100 ? "%7.1f"
+                                        : "%7.2f",
+                    m->time_us);
       char wrong[16];
-      if (m->wrong < 0) std::snprintf(wrong, sizeof wrong, "%5s", "N/A");
-      else std::snprintf(wrong, sizeof wrong, "%5lld", m->wrong);
+      if (m->wrong < 0)
+        std::snprintf(wrong, sizeof wrong, "%5s", "N/A");
+      else
+        std::snprintf(wrong, sizeof wrong, "%5lld", m->wrong);
       std::fprintf(out, "  %7s  %6.2f  %6.2f  %5s", time, m->algbw, m->busbw, wrong);
     }
     if (several) std::fprintf(out, "  %s", row.implementation.c_str());
@@ -721,7 +782,8 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
       std::vector<unsigned char> input(shape.in_elems * element);
       visit_data_type(type, [&]<class T>() {
         T* values = reinterpret_cast<T*>(input.data());
-        for (std::size_t i = 0; i < shape.in_elems; ++i) values[i] = detail::from_double<T>(detail::input_value(rank, i, type, op));
+        for (std::size_t i = 0; i < shape.in_elems; ++i)
+          values[i] = detail::from_double<T>(detail::input_value(rank, i, type, op));
       });
       const Placed p = place(j, c, shape, type, placement);
       void* recv = buffer(j).recv;
@@ -733,7 +795,8 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
           // The input is the whole buffer; the guard goes behind it.
           HostTransfer<B>::upload(backend, recv, poison.data(), shape.in_elems * element + kGuardBytes);
         }
-        if (!(c == Collective::kBroadcast && rank != options.root)) HostTransfer<B>::upload(backend, p.in, input.data(), input.size());
+        if (!(c == Collective::kBroadcast && rank != options.root))
+          HostTransfer<B>::upload(backend, p.in, input.data(), input.size());
       }
       TensorView in{p.in, shape.in_elems, type, B::memory_kind};
       if (c == Collective::kBroadcast && rank != options.root && placement == Placement::kOutOfPlace) {
@@ -752,7 +815,8 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
       // Download the output and the guard behind the buffer the result lives in.
       const std::size_t checked_elems = shape.out_elems;
       const bool whole_recv_checked = placement == Placement::kInPlace && c == Collective::kReduceScatter;
-      const std::size_t download_bytes = (whole_recv_checked ? shape.in_elems : shape.out_elems) * element + kGuardBytes;
+      const std::size_t download_bytes =
+          (whole_recv_checked ? shape.in_elems : shape.out_elems) * element + kGuardBytes;
       HostTransfer<B>::download(*backends[j], staging.data(), recv, download_bytes);
       const unsigned char* result =
           staging.data() + (static_cast<unsigned char*>(placed[j].out) - static_cast<unsigned char*>(recv));
@@ -765,17 +829,23 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
             double expected = 0;
             switch (c) {
               case Collective::kAllReduce:
-              case Collective::kReduce: expected = detail::reference_reduction(type, op, nranks, i); break;
-              case Collective::kBroadcast: expected = detail::input_value(options.root, i, type, op); break;
+              case Collective::kReduce:
+                expected = detail::reference_reduction(type, op, nranks, i);
+                break;
+              case Collective::kBroadcast:
+                expected = detail::input_value(options.root, i, type, op);
+                break;
               case Collective::kAllGather:
                 expected = detail::input_value(static_cast<int>(i / shape.count), i % shape.count, type, op);
                 break;
               case Collective::kReduceScatter:
-                expected = detail::reference_reduction(type, op, nranks, static_cast<std::size_t>(rank) * shape.count + i);
+                expected =
+                    detail::reference_reduction(type, op, nranks, static_cast<std::size_t>(rank) * shape.count + i);
                 break;
               case Collective::kAllToAll:
-                expected = detail::input_value(static_cast<int>(i / shape.count),
-                                               static_cast<std::size_t>(rank) * shape.count + i % shape.count, type, op);
+                expected =
+                    detail::input_value(static_cast<int>(i / shape.count),
+                                        static_cast<std::size_t>(rank) * shape.count + i % shape.count, type, op);
                 break;
             }
             T got_value;
@@ -803,8 +873,9 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
         std::vector<std::size_t> sizes;
         for (std::size_t bytes = options.min_bytes; bytes <= options.max_bytes;) {
           sizes.push_back(bytes);
-          const std::size_t next = options.step_bytes ? bytes + options.step_bytes
-                                                      : static_cast<std::size_t>(static_cast<double>(bytes) * options.step_factor);
+          const std::size_t next = options.step_bytes
+                                       ? bytes + options.step_bytes
+                                       : static_cast<std::size_t>(static_cast<double>(bytes) * options.step_factor);
           if (next <= bytes) break;
           bytes = next;
         }
@@ -812,22 +883,27 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
           const detail::Shape shape = detail::shape_of(c, requested, type, nranks);
           std::vector<Row> rows(implementations.size());
           for (std::size_t k = 0; k < implementations.size(); ++k) {
-            rows[k] = Row{c, type, op, is_rooted(c) ? options.root : -1, shape.bytes, shape.count, implementations[k].name, {}, {}};
+            rows[k] =
+                Row{c,  type, op, is_rooted(c) ? options.root : -1, shape.bytes, shape.count, implementations[k].name,
+                    {}, {}};
           }
           for (Placement placement : {Placement::kOutOfPlace, Placement::kInPlace}) {
             if (placement == Placement::kOutOfPlace ? !options.out_of_place : !options.in_place) continue;
             std::vector<bool> runs(implementations.size());
-            for (std::size_t k = 0; k < implementations.size(); ++k) runs[k] = implementations[k].supports(c, placement, type, op);
+            for (std::size_t k = 0; k < implementations.size(); ++k)
+              runs[k] = implementations[k].supports(c, placement, type, op);
             // Correctness first (it also warms the path up).
             std::vector<double> wrong(implementations.size(), 0.0);
             for (std::size_t k = 0; k < implementations.size(); ++k) {
-              if (runs[k] && options.check) wrong[k] = static_cast<double>(check_once(implementations[k], c, type, op, shape, placement));
+              if (runs[k] && options.check)
+                wrong[k] = static_cast<double>(check_once(implementations[k], c, type, op, shape, placement));
             }
             if (options.check) {
               // Sum the wrong counts over ranks (combine() would average them); this thread's
               // count goes in through its first local rank.
               const std::vector<double> zeros(wrong.size(), 0.0);
-              wrong = reduce_doubles(wrong.size(), ReduceOp::kSum, [&](std::size_t j) { return j == 0 ? wrong : zeros; });
+              wrong =
+                  reduce_doubles(wrong.size(), ReduceOp::kSum, [&](std::size_t j) { return j == 0 ? wrong : zeros; });
             }
             // Timed runs on whatever the buffers hold now.
             std::vector<TensorView> ins, outs;
@@ -901,8 +977,10 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
           const Row& other = summary.rows[i + k];
           auto ratio = [](const Measurement& a, const Measurement& b) {
             char text[16];
-            if (a.ran && b.ran && b.time_us > 0) std::snprintf(text, sizeof text, "%.3f", a.time_us / b.time_us);
-            else std::snprintf(text, sizeof text, "N/A");
+            if (a.ran && b.ran && b.time_us > 0)
+              std::snprintf(text, sizeof text, "%.3f", a.time_us / b.time_us);
+            else
+              std::snprintf(text, sizeof text, "N/A");
             return std::string(text);
           };
           std::fprintf(out, "# %-14s %-9s %-5s %12zu %-10s %12s %10s\n", std::string(name_of(base.collective)).c_str(),
@@ -921,16 +999,18 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
     if (!options.csv_path.empty()) {
       std::FILE* csv = std::fopen(options.csv_path.c_str(), "w");
       if (!csv) throw ConfigError("cannot write --csv file '" + options.csv_path + "'");
-      std::fprintf(csv, "date,collective,implementation,placement,type,redop,root,nranks,bytes,count,time_us,algbw_gbs,busbw_gbs,wrong\n");
+      std::fprintf(csv,
+                   "date,collective,implementation,placement,type,redop,root,nranks,bytes,count,time_us,algbw_gbs,"
+                   "busbw_gbs,wrong\n");
       for (const Row& row : summary.rows) {
         for (Placement p : {Placement::kOutOfPlace, Placement::kInPlace}) {
           const Measurement& m = p == Placement::kOutOfPlace ? row.out_of_place : row.in_place;
           if (!m.ran) continue;
           std::fprintf(csv, "%s,%s,%s,%s,%s,%s,%d,%d,%zu,%zu,%.3f,%.4f,%.4f,%lld\n", date.c_str(),
                        std::string(name_of(row.collective)).c_str(), row.implementation.c_str(),
-                       p == Placement::kOutOfPlace ? "out-of-place" : "in-place", std::string(name_of(row.type)).c_str(),
-                       std::string(name_of(row.op)).c_str(), row.root, nranks, row.bytes, row.count, m.time_us, m.algbw,
-                       m.busbw, m.wrong);
+                       p == Placement::kOutOfPlace ? "out-of-place" : "in-place",
+                       std::string(name_of(row.type)).c_str(), std::string(name_of(row.op)).c_str(), row.root, nranks,
+                       row.bytes, row.count, m.time_us, m.algbw, m.busbw, m.wrong);
         }
       }
       std::fclose(csv);
@@ -944,14 +1024,15 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
         for (Placement p : {Placement::kOutOfPlace, Placement::kInPlace}) {
           const Measurement& m = p == Placement::kOutOfPlace ? row.out_of_place : row.in_place;
           if (!m.ran) continue;
-          std::fprintf(json,
-                       "%s\n  {\"collective\": \"%s\", \"implementation\": \"%s\", \"placement\": \"%s\", \"type\": \"%s\", "
-                       "\"redop\": \"%s\", \"root\": %d, \"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, "
-                       "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, \"wrong\": %lld}",
-                       first ? "" : ",", std::string(name_of(row.collective)).c_str(), row.implementation.c_str(),
-                       p == Placement::kOutOfPlace ? "out-of-place" : "in-place", std::string(name_of(row.type)).c_str(),
-                       std::string(name_of(row.op)).c_str(), row.root, row.bytes, row.count, m.time_us, m.algbw, m.busbw,
-                       m.wrong);
+          std::fprintf(
+              json,
+              "%s\n  {\"collective\": \"%s\", \"implementation\": \"%s\", \"placement\": \"%s\", \"type\": \"%s\", "
+              "\"redop\": \"%s\", \"root\": %d, \"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, "
+              "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f, \"wrong\": %lld}",
+              first ? "" : ",", std::string(name_of(row.collective)).c_str(), row.implementation.c_str(),
+              p == Placement::kOutOfPlace ? "out-of-place" : "in-place", std::string(name_of(row.type)).c_str(),
+              std::string(name_of(row.op)).c_str(), row.root, row.bytes, row.count, m.time_us, m.algbw, m.busbw,
+              m.wrong);
           first = false;
         }
       }

@@ -65,25 +65,40 @@ ncclkit::gloo::ReduceFunction gloo_reduction(DataType type, ReduceOp op) {
   auto pick = [op]<class T>() -> ncclkit::gloo::ReduceFunction {
     using Fn = void (*)(void*, const void*, const void*, size_t);
     switch (op) {
-      case ReduceOp::kSum: return static_cast<Fn>(&gloo::sum<T>);
-      case ReduceOp::kProd: return static_cast<Fn>(&gloo::product<T>);
-      case ReduceOp::kMin: return static_cast<Fn>(&gloo::min<T>);
-      case ReduceOp::kMax: return static_cast<Fn>(&gloo::max<T>);
-      case ReduceOp::kAvg: return nullptr;
+      case ReduceOp::kSum:
+        return static_cast<Fn>(&gloo::sum<T>);
+      case ReduceOp::kProd:
+        return static_cast<Fn>(&gloo::product<T>);
+      case ReduceOp::kMin:
+        return static_cast<Fn>(&gloo::min<T>);
+      case ReduceOp::kMax:
+        return static_cast<Fn>(&gloo::max<T>);
+      case ReduceOp::kAvg:
+        return nullptr;
     }
     return nullptr;
   };
   switch (type) {
-    case DataType::kInt8: return pick.template operator()<int8_t>();
-    case DataType::kUint8: return pick.template operator()<uint8_t>();
-    case DataType::kInt32: return pick.template operator()<int32_t>();
-    case DataType::kUint32: return pick.template operator()<uint32_t>();
-    case DataType::kInt64: return pick.template operator()<int64_t>();
-    case DataType::kUint64: return pick.template operator()<uint64_t>();
-    case DataType::kFloat16: return pick.template operator()<gloo::float16>();
-    case DataType::kFloat32: return pick.template operator()<float>();
-    case DataType::kFloat64: return pick.template operator()<double>();
-    case DataType::kBFloat16: return nullptr;
+    case DataType::kInt8:
+      return pick.template operator()<int8_t>();
+    case DataType::kUint8:
+      return pick.template operator()<uint8_t>();
+    case DataType::kInt32:
+      return pick.template operator()<int32_t>();
+    case DataType::kUint32:
+      return pick.template operator()<uint32_t>();
+    case DataType::kInt64:
+      return pick.template operator()<int64_t>();
+    case DataType::kUint64:
+      return pick.template operator()<uint64_t>();
+    case DataType::kFloat16:
+      return pick.template operator()<gloo::float16>();
+    case DataType::kFloat32:
+      return pick.template operator()<float>();
+    case DataType::kFloat64:
+      return pick.template operator()<double>();
+    case DataType::kBFloat16:
+      return nullptr;
   }
   return nullptr;
 }
@@ -92,10 +107,14 @@ ncclkit::gloo::ReduceFunction gloo_reduction(DataType type, ReduceOp op) {
 template <class Fn>
 void with_width(DataType type, Fn&& fn) {
   switch (ncclkit::size_of(type)) {
-    case 1: return fn(static_cast<uint8_t*>(nullptr));
-    case 2: return fn(static_cast<uint16_t*>(nullptr));
-    case 4: return fn(static_cast<uint32_t*>(nullptr));
-    default: return fn(static_cast<uint64_t*>(nullptr));
+    case 1:
+      return fn(static_cast<uint8_t*>(nullptr));
+    case 2:
+      return fn(static_cast<uint16_t*>(nullptr));
+    case 4:
+      return fn(static_cast<uint32_t*>(nullptr));
+    default:
+      return fn(static_cast<uint64_t*>(nullptr));
   }
 }
 
@@ -106,7 +125,8 @@ ncclkit::perf::Implementation raw_gloo(ncclkit::gloo::Communicator& comm) {
   auto context = comm.native_context();
   const auto timeout = comm.options().timeout;
   const int rank = comm.rank();
-  impl.issue = [context, timeout, rank](int /*local: always 0*/, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+  impl.issue = [context, timeout, rank](int /*local: always 0*/, Collective c, TensorView in, TensorView out,
+                                        ReduceOp op, int root) {
     // Gloo cannot take empty buffers (its allgather divides by the size): nothing to do.
     if (in.count == 0 || out.count == 0) return;
     const bool in_place = in.data == out.data;
@@ -165,10 +185,13 @@ ncclkit::perf::Implementation raw_gloo(ncclkit::gloo::Communicator& comm) {
   impl.supports = [](Collective c, Placement, DataType type, ReduceOp op) {
     switch (c) {
       case Collective::kAllReduce:
-      case Collective::kReduce: return gloo_reduction(type, op) != nullptr;
+      case Collective::kReduce:
+        return gloo_reduction(type, op) != nullptr;
       case Collective::kBroadcast:
-      case Collective::kAllGather: return true;
-      default: return false;
+      case Collective::kAllGather:
+        return true;
+      default:
+        return false;
     }
   };
   return impl;
@@ -202,24 +225,26 @@ int main(int argc, char** argv) {
   try {
     ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
     ToolOptions tool;
-    const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_gloo", usage, tool, [&](const std::string& flag, auto&& value) {
-      if (flag == "--iface") {
-        tool.interface = value();
-      } else if (flag == "--chunk") {
-        tool.chunk_elements = std::stoull(value());
-      } else {
-        return false;
-      }
-      return true;
-    });
+    const auto stop =
+        ncclkit::perf::parse_tool_flags(perf, "perf_gloo", usage, tool, [&](const std::string& flag, auto&& value) {
+          if (flag == "--iface") {
+            tool.interface = value();
+          } else if (flag == "--chunk") {
+            tool.chunk_elements = std::stoull(value());
+          } else {
+            return false;
+          }
+          return true;
+        });
     if (stop) return *stop;
     if (perf.devices_per_process != 1) throw ncclkit::ConfigError("-g: the Gloo backend has no devices");
 
     const ncclkit::WorldInfo detected = ncclkit::detect_world();
     if (detected.world_size > 1) return run_rank(detected, perf, tool);
     if (tool.processes < 1) throw ncclkit::ConfigError("-p must be at least 1");
-    auto result = ncclkit::spawn(tool.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, perf, tool); },
-                                 {.timeout = std::chrono::hours(24)});
+    auto result =
+        ncclkit::spawn(tool.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, perf, tool); },
+                       {.timeout = std::chrono::hours(24)});
     if (!result.ok()) {
       std::fprintf(stderr, "perf_gloo: %s\n", result.describe().c_str());
       return 1;

@@ -85,9 +85,9 @@ using ncclkit::perf::Placement;
 
 struct ToolOptions : ncclkit::perf::ToolFlags {  // processes 0: one per visible GPU
   bool check_pointers = true;
-  bool raw_event = false;  ///< --raw-event
+  bool raw_event = false;   ///< --raw-event
   bool raw_native = false;  ///< --raw-native
-  int event_ring = 64;     ///< --event-ring
+  int event_ring = 64;      ///< --event-ring
 };
 
 void usage() {
@@ -121,7 +121,8 @@ struct RawComm {
 };
 
 /// One raw NCCL call of collective `c` on `comm`, on `stream`.
-void issue_raw(ncclComm_t comm, cudaStream_t stream, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+void issue_raw(ncclComm_t comm, cudaStream_t stream, Collective c, TensorView in, TensorView out, ReduceOp op,
+               int root) {
   const ncclDataType_t type = ncclkit::nccl::to_nccl(in.dtype);
   switch (c) {
     case Collective::kAllReduce:
@@ -137,7 +138,8 @@ void issue_raw(ncclComm_t comm, cudaStream_t stream, Collective c, TensorView in
       NCCLKIT_NCCL_CHECK(ncclAllGather(in.data, out.data, in.count, type, comm, stream));
       return;
     case Collective::kReduceScatter:
-      NCCLKIT_NCCL_CHECK(ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
+      NCCLKIT_NCCL_CHECK(
+          ncclReduceScatter(in.data, out.data, out.count, type, ncclkit::nccl::to_nccl(op), comm, stream));
       return;
     case Collective::kAllToAll: {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
@@ -196,7 +198,8 @@ ncclkit::perf::Implementation raw_nccl_with_events(std::vector<ncclComm_t> raw, 
   auto grouped = std::make_shared<bool>(false);
   ncclkit::perf::Implementation impl = raw_nccl(raw, streams);
   impl.name = "raw+event";
-  impl.issue = [raw, streams, ring, grouped](int local, Collective c, TensorView in, TensorView out, ReduceOp op, int root) {
+  impl.issue = [raw, streams, ring, grouped](int local, Collective c, TensorView in, TensorView out, ReduceOp op,
+                                             int root) {
     const cudaStream_t stream = streams[static_cast<std::size_t>(local)];
     issue_raw(raw[static_cast<std::size_t>(local)], stream, c, in, out, op, root);
     if (!*grouped) ring->record(local, stream);
@@ -245,7 +248,8 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
     ncclkit::nccl::DeviceGuard guard(comm.device());
     raw = RawComm(ncclkit::bench::init_raw_comm(*store, world, "perf_nccl/raw_id"));
     if (tool.raw) impls.push_back(raw_nccl({raw.comm}, {comm.comm_stream()}));
-    if (tool.raw_event) impls.push_back(raw_nccl_with_events({raw.comm}, {comm.comm_stream()}, {comm.device()}, tool.event_ring));
+    if (tool.raw_event)
+      impls.push_back(raw_nccl_with_events({raw.comm}, {comm.comm_stream()}, {comm.device()}, tool.event_ring));
   }
   if (tool.raw_native) impls.push_back(raw_nccl({comm.native()}, {comm.comm_stream()}, "raw@ncclkit"));
   ncclkit::nccl::DeviceGuard guard(comm.device());
@@ -256,7 +260,8 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
 /// ncclkit's group calls for one thread driving several communicators: a GroupGuard held
 /// between begin and end; end() throws what the group's end throws.
 struct GroupCalls {
-  std::shared_ptr<std::optional<ncclkit::nccl::GroupGuard>> guard = std::make_shared<std::optional<ncclkit::nccl::GroupGuard>>();
+  std::shared_ptr<std::optional<ncclkit::nccl::GroupGuard>> guard =
+      std::make_shared<std::optional<ncclkit::nccl::GroupGuard>>();
   std::function<void()> begin() const {
     return [guard = guard] { guard->emplace(); };
   }
@@ -309,26 +314,27 @@ int main(int argc, char** argv) {
   try {
     ncclkit::perf::PerfOptions perf = ncclkit::perf::parse_perf_options(argc, argv);
     ToolOptions tool;
-    const auto stop = ncclkit::perf::parse_tool_flags(perf, "perf_nccl", usage, tool, [&](const std::string& flag, auto&& value) {
-      if (flag == "--no-check-pointers") {
-        tool.check_pointers = false;
-      } else if (flag == "--raw-event") {
-        tool.raw_event = true;
-      } else if (flag == "--raw-native") {
-        tool.raw_native = true;
-      } else if (flag == "--event-ring") {
-        const std::string text = value();
-        char* end = nullptr;
-        const long events = std::strtol(text.c_str(), &end, 10);
-        if (end == text.c_str() || *end != '\0' || events < 1 || events > (1 << 20)) {
-          throw ncclkit::ConfigError("--event-ring needs a number of events from 1 to 1048576, not '" + text + "'");
-        }
-        tool.event_ring = static_cast<int>(events);
-      } else {
-        return false;
-      }
-      return true;
-    });
+    const auto stop =
+        ncclkit::perf::parse_tool_flags(perf, "perf_nccl", usage, tool, [&](const std::string& flag, auto&& value) {
+          if (flag == "--no-check-pointers") {
+            tool.check_pointers = false;
+          } else if (flag == "--raw-event") {
+            tool.raw_event = true;
+          } else if (flag == "--raw-native") {
+            tool.raw_native = true;
+          } else if (flag == "--event-ring") {
+            const std::string text = value();
+            char* end = nullptr;
+            const long events = std::strtol(text.c_str(), &end, 10);
+            if (end == text.c_str() || *end != '\0' || events < 1 || events > (1 << 20)) {
+              throw ncclkit::ConfigError("--event-ring needs a number of events from 1 to 1048576, not '" + text + "'");
+            }
+            tool.event_ring = static_cast<int>(events);
+          } else {
+            return false;
+          }
+          return true;
+        });
     if (stop) return *stop;
     const int gpus = perf.devices_per_process;
     if (gpus < 1) throw ncclkit::ConfigError("-g must be at least 1");
@@ -346,8 +352,9 @@ int main(int argc, char** argv) {
       const auto inventory = ncclkit::launch::find_gpus();  // without initialising CUDA before fork
       processes = std::max<int>(1, static_cast<int>(inventory.visible.size()));
     }
-    auto result = ncclkit::spawn(processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, perf, tool); },
-                                 {.timeout = std::chrono::hours(24)});
+    auto result =
+        ncclkit::spawn(processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, perf, tool); },
+                       {.timeout = std::chrono::hours(24)});
     if (!result.ok()) {
       std::fprintf(stderr, "perf_nccl: %s\n", result.describe().c_str());
       return 1;

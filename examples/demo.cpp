@@ -33,8 +33,8 @@ int worker(const ncclkit::WorldInfo& world) {
   ncclkit::barrier(*store, world.rank, world.world_size, "demo/added");
   long long total = store->add("demo/sum", 0);
   long long expected = 1LL * world.world_size * (world.world_size + 1) / 2;
-  std::printf("[rank %d/%d] rendezvous through %s in %.1f ms; counter %lld (expected %lld)\n",
-              world.rank, world.world_size, store->describe().c_str(), rendezvous_ms, total, expected);
+  std::printf("[rank %d/%d] rendezvous through %s in %.1f ms; counter %lld (expected %lld)\n", world.rank,
+              world.world_size, store->describe().c_str(), rendezvous_ms, total, expected);
   if (total != expected) return 2;
 
 #if NCCLKIT_DEMO_WITH_GLOO
@@ -70,16 +70,15 @@ int worker(const ncclkit::WorldInfo& world) {
   }
   double relative = std::sqrt(error / norm);
   bool ok = relative < 1e-6;
-  std::printf("[rank %d/%d] gloo all_reduce of %zu floats (4 MiB) in %.2f ms: relative error %.2e vs a double reference: %s\n",
-              world.rank, world.world_size, kCount, allreduce_ms, relative, ok ? "OK" : "WRONG");
+  std::printf(
+      "[rank %d/%d] gloo all_reduce of %zu floats (4 MiB) in %.2f ms: relative error %.2e vs a double reference: %s\n",
+      world.rank, world.world_size, kCount, allreduce_ms, relative, ok ? "OK" : "WRONG");
   if (!ok) return 3;
 #endif
   return 0;
 }
 
-void usage() {
-  std::printf("usage: demo [--nprocs N] [--init-url URL]\n");
-}
+void usage() { std::printf("usage: demo [--nprocs N] [--init-url URL]\n"); }
 
 }  // namespace
 

@@ -58,7 +58,6 @@ std::string message_of(Call&& call) {
   return {};
 }
 
-
 /// Starts each test from a fresh fake; at the end, after everything the test made is gone,
 /// the test calls check_clean().
 struct FakeSession {

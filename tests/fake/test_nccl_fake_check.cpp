@@ -105,28 +105,32 @@ TensorView device_view(Communicator& comm, std::size_t count, DataType type = Da
 TEST_CASE("a count mismatch is a CollectiveMismatchError on both ranks, nothing is launched, and the next call runs") {
   FakeSession session;
   std::vector<int> launched_after_mismatch(2, -1), launched_at_end(2, -1);
-  const auto logs = two_ranks([](int) { return checked(); }, [&](Communicator& comm, int rank, RankLog& log) {
-    auto buffer = device_view(comm, 120);
-    auto part = buffer;
-    part.count = rank == 0 ? 120 : 100;
-    log.errors.push_back(error_of([&] { comm.all_reduce(part, part, ReduceOp::kSum); }));
-    launched_after_mismatch[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
-    log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
-    comm.synchronize();
-    launched_at_end[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
-    if (comm.failed()) log.errors.push_back("failed");
-    comm.deallocate(buffer.data);
-  });
+  const auto logs =
+      two_ranks([](int) { return checked(); },
+                [&](Communicator& comm, int rank, RankLog& log) {
+                  auto buffer = device_view(comm, 120);
+                  auto part = buffer;
+                  part.count = rank == 0 ? 120 : 100;
+                  log.errors.push_back(error_of([&] { comm.all_reduce(part, part, ReduceOp::kSum); }));
+                  launched_after_mismatch[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+                  log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
+                  comm.synchronize();
+                  launched_at_end[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+                  if (comm.failed()) log.errors.push_back("failed");
+                  comm.deallocate(buffer.data);
+                });
   for (int rank = 0; rank < 2; ++rank) {
     const auto& log = logs[static_cast<std::size_t>(rank)];
     CAPTURE(rank);
     CHECK_MESSAGE(log.fatal.empty(), log.fatal);
     REQUIRE(log.errors.size() == 2);
-    CHECK_MESSAGE(contains(log.errors[0], "mismatch: nccl communicator 'checked' (rank " + std::to_string(rank) + " of 2"),
-                  log.errors[0]);
-    CHECK_MESSAGE(contains(log.errors[0], "collective argument mismatch at seq 1: rank 1 called all_reduce(count=100, "
-                                          "float, sum) but rank 0 called all_reduce(count=120, float, sum): count (100 "
-                                          "vs 120) differs"),
+    CHECK_MESSAGE(
+        contains(log.errors[0], "mismatch: nccl communicator 'checked' (rank " + std::to_string(rank) + " of 2"),
+        log.errors[0]);
+    CHECK_MESSAGE(contains(log.errors[0],
+                           "collective argument mismatch at seq 1: rank 1 called all_reduce(count=100, "
+                           "float, sum) but rank 0 called all_reduce(count=120, float, sum): count (100 "
+                           "vs 120) differs"),
                   log.errors[0]);
     CHECK_MESSAGE(log.errors[1].empty(), log.errors[1]);
     CHECK(launched_after_mismatch[static_cast<std::size_t>(rank)] == 0);
@@ -138,24 +142,27 @@ TEST_CASE("a count mismatch is a CollectiveMismatchError on both ranks, nothing 
 TEST_CASE("element type, op and root mismatches of every kind of collective are caught before NCCL sees them") {
   FakeSession session;
   std::vector<int> launched(2, -1);
-  const auto logs = two_ranks([](int) { return checked(); }, [&](Communicator& comm, int rank, RankLog& log) {
-    auto floats = device_view(comm, 64);
-    auto ints = device_view(comm, 64, DataType::kInt32);
-    auto& mine = rank == 0 ? floats : ints;
-    log.errors.push_back(error_of([&] { comm.all_reduce(mine, mine, ReduceOp::kSum); }));
-    log.errors.push_back(error_of([&] { comm.all_reduce(floats, floats, rank == 0 ? ReduceOp::kSum : ReduceOp::kMin); }));
-    log.errors.push_back(error_of([&] { comm.broadcast(floats, floats, rank); }));
-    log.errors.push_back(error_of([&] { comm.reduce(floats, floats, ReduceOp::kSum, rank); }));
-    // all_gather: rank 0 gathers 32 elements per rank, rank 1 16 (each consistent on its own).
-    auto gather_in = floats, gather_out = floats;
-    gather_in.count = rank == 0 ? 32 : 16;
-    gather_out.count = 2 * gather_in.count;
-    log.errors.push_back(error_of([&] { comm.all_gather(gather_in, gather_out); }));
-    log.errors.push_back(error_of([&] { comm.barrier(); }));  // matching: runs
-    launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
-    comm.deallocate(floats.data);
-    comm.deallocate(ints.data);
-  });
+  const auto logs =
+      two_ranks([](int) { return checked(); },
+                [&](Communicator& comm, int rank, RankLog& log) {
+                  auto floats = device_view(comm, 64);
+                  auto ints = device_view(comm, 64, DataType::kInt32);
+                  auto& mine = rank == 0 ? floats : ints;
+                  log.errors.push_back(error_of([&] { comm.all_reduce(mine, mine, ReduceOp::kSum); }));
+                  log.errors.push_back(
+                      error_of([&] { comm.all_reduce(floats, floats, rank == 0 ? ReduceOp::kSum : ReduceOp::kMin); }));
+                  log.errors.push_back(error_of([&] { comm.broadcast(floats, floats, rank); }));
+                  log.errors.push_back(error_of([&] { comm.reduce(floats, floats, ReduceOp::kSum, rank); }));
+                  // all_gather: rank 0 gathers 32 elements per rank, rank 1 16 (each consistent on its own).
+                  auto gather_in = floats, gather_out = floats;
+                  gather_in.count = rank == 0 ? 32 : 16;
+                  gather_out.count = 2 * gather_in.count;
+                  log.errors.push_back(error_of([&] { comm.all_gather(gather_in, gather_out); }));
+                  log.errors.push_back(error_of([&] { comm.barrier(); }));  // matching: runs
+                  launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+                  comm.deallocate(floats.data);
+                  comm.deallocate(ints.data);
+                });
   for (int rank = 0; rank < 2; ++rank) {
     const auto& log = logs[static_cast<std::size_t>(rank)];
     CAPTURE(rank);
@@ -175,18 +182,19 @@ TEST_CASE("element type, op and root mismatches of every kind of collective are 
 TEST_CASE("inside a GroupGuard each call is compared before it is queued; the group still ends") {
   FakeSession session;
   std::vector<int> launched(2, -1);
-  const auto logs = two_ranks([](int) { return checked(); }, [&](Communicator& comm, int rank, RankLog& log) {
-    auto buffer = device_view(comm, 8);
-    {
-      GroupGuard group;
-      comm.all_reduce(buffer, buffer, ReduceOp::kSum);
-      log.errors.push_back(error_of([&] { comm.broadcast(buffer, buffer, rank); }));
-      log.errors.push_back(error_of([&] { group.end(); }));
-    }
-    comm.synchronize();
-    launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
-    comm.deallocate(buffer.data);
-  });
+  const auto logs = two_ranks([](int) { return checked(); },
+                              [&](Communicator& comm, int rank, RankLog& log) {
+                                auto buffer = device_view(comm, 8);
+                                {
+                                  GroupGuard group;
+                                  comm.all_reduce(buffer, buffer, ReduceOp::kSum);
+                                  log.errors.push_back(error_of([&] { comm.broadcast(buffer, buffer, rank); }));
+                                  log.errors.push_back(error_of([&] { group.end(); }));
+                                }
+                                comm.synchronize();
+                                launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+                                comm.deallocate(buffer.data);
+                              });
   for (int rank = 0; rank < 2; ++rank) {
     const auto& log = logs[static_cast<std::size_t>(rank)];
     CAPTURE(rank);
@@ -204,27 +212,28 @@ TEST_CASE("a rank that never reaches the collective fails the other with CommErr
   FakeSession session;
   std::atomic<bool> rank0_done{false};
   double waited = -1;
-  const auto logs = two_ranks([](int) { return checked(); }, [&](Communicator& comm, int rank, RankLog& log) {
-    if (rank == 1) {
-      ncclkit_test::wait_until([&] { return rank0_done.load(); }, 20s);
-      return;
-    }
-    auto buffer = device_view(comm, 8);
-    const auto start = Clock::now();
-    try {
-      comm.all_reduce(buffer, buffer, ReduceOp::kSum);
-      log.errors.push_back("no error");
-    } catch (const ncclkit::CommError& e) {
-      log.errors.push_back(e.what());
-    } catch (const std::exception& e) {
-      log.errors.push_back(std::string("other: ") + e.what());
-    }
-    waited = std::chrono::duration<double>(Clock::now() - start).count();
-    if (!comm.failed()) log.errors.push_back("not failed");
-    if (comm.native() != nullptr) log.errors.push_back("not aborted");
-    rank0_done = true;
-    comm.deallocate(buffer.data);
-  });
+  const auto logs = two_ranks([](int) { return checked(); },
+                              [&](Communicator& comm, int rank, RankLog& log) {
+                                if (rank == 1) {
+                                  ncclkit_test::wait_until([&] { return rank0_done.load(); }, 20s);
+                                  return;
+                                }
+                                auto buffer = device_view(comm, 8);
+                                const auto start = Clock::now();
+                                try {
+                                  comm.all_reduce(buffer, buffer, ReduceOp::kSum);
+                                  log.errors.push_back("no error");
+                                } catch (const ncclkit::CommError& e) {
+                                  log.errors.push_back(e.what());
+                                } catch (const std::exception& e) {
+                                  log.errors.push_back(std::string("other: ") + e.what());
+                                }
+                                waited = std::chrono::duration<double>(Clock::now() - start).count();
+                                if (!comm.failed()) log.errors.push_back("not failed");
+                                if (comm.native() != nullptr) log.errors.push_back("not aborted");
+                                rank0_done = true;
+                                comm.deallocate(buffer.data);
+                              });
   CHECK_MESSAGE(logs[0].fatal.empty(), logs[0].fatal);
   REQUIRE(logs[0].errors.size() == 1);
   CHECK_MESSAGE(contains(logs[0].errors[0], "rank 1 did not reach it within 1.000 s"), logs[0].errors[0]);
@@ -236,21 +245,23 @@ TEST_CASE("a rank whose own arguments are bad makes the other raise a mismatch n
   FakeSession session;
   std::vector<int> launched(2, -1);
   std::vector<double> waited(2, -1);
-  const auto logs = two_ranks([](int) { return checked(); }, [&](Communicator& comm, int rank, RankLog& log) {
-    auto buffer = device_view(comm, 16);
-    auto out = buffer;
-    if (rank == 1) out.count = 15;  // rank 1's output is one element short
-    const auto start = Clock::now();
-    log.errors.push_back(error_of([&] { comm.all_reduce(buffer, out, ReduceOp::kSum); }));
-    // Rank 0 names a root outside the world.
-    log.errors.push_back(error_of([&] { comm.reduce(buffer, buffer, ReduceOp::kSum, rank == 0 ? 2 : 0); }));
-    waited[static_cast<std::size_t>(rank)] = std::chrono::duration<double>(Clock::now() - start).count();
-    log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
-    comm.synchronize();
-    launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
-    if (comm.failed()) log.errors.push_back("failed");
-    comm.deallocate(buffer.data);
-  });
+  const auto logs = two_ranks(
+      [](int) { return checked(); },
+      [&](Communicator& comm, int rank, RankLog& log) {
+        auto buffer = device_view(comm, 16);
+        auto out = buffer;
+        if (rank == 1) out.count = 15;  // rank 1's output is one element short
+        const auto start = Clock::now();
+        log.errors.push_back(error_of([&] { comm.all_reduce(buffer, out, ReduceOp::kSum); }));
+        // Rank 0 names a root outside the world.
+        log.errors.push_back(error_of([&] { comm.reduce(buffer, buffer, ReduceOp::kSum, rank == 0 ? 2 : 0); }));
+        waited[static_cast<std::size_t>(rank)] = std::chrono::duration<double>(Clock::now() - start).count();
+        log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
+        comm.synchronize();
+        launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+        if (comm.failed()) log.errors.push_back("failed");
+        comm.deallocate(buffer.data);
+      });
   for (int rank = 0; rank < 2; ++rank) {
     const auto& log = logs[static_cast<std::size_t>(rank)];
     CAPTURE(rank);
@@ -262,13 +273,15 @@ TEST_CASE("a rank whose own arguments are bad makes the other raise a mismatch n
     if (rank == 1) {
       CHECK_MESSAGE(contains(count_error, "other: ncclkit all_reduce on"), count_error);
       CHECK_MESSAGE(contains(root_error, "mismatch: "), root_error);
-      CHECK_MESSAGE(contains(root_error, "rank 0 rejected its own arguments to reduce: root 2 is outside [0, 2); rank 1 "
-                                         "called reduce("),
+      CHECK_MESSAGE(contains(root_error,
+                             "rank 0 rejected its own arguments to reduce: root 2 is outside [0, 2); rank 1 "
+                             "called reduce("),
                     root_error);
     } else {
       CHECK_MESSAGE(contains(count_error, "mismatch: "), count_error);
-      CHECK_MESSAGE(contains(count_error, "rank 1 rejected its own arguments to all_reduce: sizes do not match (in.count "
-                                          "== out.count): 16 and 15 elements; rank 0 called all_reduce(count=16"),
+      CHECK_MESSAGE(contains(count_error,
+                             "rank 1 rejected its own arguments to all_reduce: sizes do not match (in.count "
+                             "== out.count): 16 and 15 elements; rank 0 called all_reduce(count=16"),
                     count_error);
       CHECK_MESSAGE(contains(root_error, "other: ncclkit reduce on"), root_error);
       CHECK_MESSAGE(contains(root_error, "root 2 is outside"), root_error);
@@ -299,15 +312,16 @@ TEST_CASE("the variable turns it on; unset, mismatched calls reach NCCL as befor
   ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
   CHECK_FALSE(ncclkit_test::fake_options("x").check_collectives);
   std::vector<int> launched(2, -1);
-  const auto logs = two_ranks([](int) { return ncclkit_test::fake_options("unchecked"); },
-                              [&](Communicator& comm, int rank, RankLog& log) {
-                                auto buffer = device_view(comm, 16);
-                                buffer.count = rank == 0 ? 16 : 8;
-                                log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
-                                comm.synchronize();
-                                launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
-                                comm.deallocate(buffer.data);
-                              });
+  const auto logs =
+      two_ranks([](int) { return ncclkit_test::fake_options("unchecked"); },
+                [&](Communicator& comm, int rank, RankLog& log) {
+                  auto buffer = device_view(comm, 16);
+                  buffer.count = rank == 0 ? 16 : 8;
+                  log.errors.push_back(error_of([&] { comm.all_reduce(buffer, buffer, ReduceOp::kSum); }));
+                  comm.synchronize();
+                  launched[static_cast<std::size_t>(rank)] = fake::launched(comm.native());
+                  comm.deallocate(buffer.data);
+                });
   for (int rank = 0; rank < 2; ++rank) {
     CAPTURE(rank);
     CHECK_MESSAGE(logs[static_cast<std::size_t>(rank)].fatal.empty(), logs[static_cast<std::size_t>(rank)].fatal);

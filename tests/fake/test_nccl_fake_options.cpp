@@ -95,7 +95,8 @@ TEST_CASE("the NCCL knobs of Options reach every communicator: init, the working
     // The split's own knobs are checked, and the message says it was a split.
     other.net_name.clear();
     other.max_ctas = 0;
-    CHECK(contains(message_of<ConfigError>([&] { (void)comm.split(0, 0, other); }), "split: Options::max_ctas 0 is out of range"));
+    CHECK(contains(message_of<ConfigError>([&] { (void)comm.split(0, 0, other); }),
+                   "split: Options::max_ctas 0 is out of range"));
 
     Communicator plain(job.store, job.world, ncclkit_test::fake_options("plain"));
     Options named = ncclkit_test::fake_options("named");
@@ -290,7 +291,7 @@ TEST_CASE("an event is made once and recorded many times") {
       comm.record(event);
     }
     CHECK(event.get() == handle);
-    CHECK(fake::events_created() == made);  // no CUDA event per record
+    CHECK(fake::events_created() == made);                       // no CUDA event per record
     Communicator::Event once = comm.record(comm.comm_stream());  // the one-off form makes one
     CHECK(once.get() != handle);
     CHECK(fake::events_created() == made + 1);

@@ -149,7 +149,8 @@ TEST_CASE("abort() of a member with an op queued in an open group waits for the 
     CHECK(wait_until([&] { return healthy.completed_sequence() == 1; }));
     CHECK_FALSE(fake::aborted(healthy_comm));
     // Every later call on the aborted member throws the same failure, and touches no NCCL.
-    CHECK(contains(message_of<CommError>([&] { failing.all_reduce(b.get(), b.get(), kCount); }), "the test aborted it"));
+    CHECK(
+        contains(message_of<CommError>([&] { failing.all_reduce(b.get(), b.get(), kCount); }), "the test aborted it"));
   }
   FakeSession::check_clean();
 }

@@ -17,18 +17,18 @@
 //   - a parsed frame re-encodes to exactly the bytes it came from (the encoding is canonical),
 //     and its last-byte-short prefix is "need more", never "parsed" or an error.
 
-#include <cstddef>      // std::size_t
-#include <cstdint>      // std::uint8_t, std::uint64_t
-#include <cstdio>       // std::fprintf, std::fopen
-#include <cstdlib>      // std::abort (a failed invariant in a test program)
-#include <cstring>      // std::strcmp, std::memcmp
-#include <chrono>       // std::chrono: the random mode's time budget
-#include <filesystem>   // std::filesystem: replaying corpus folders
-#include <fstream>      // std::ifstream, std::ofstream
-#include <iterator>     // std::istreambuf_iterator
-#include <random>       // std::mt19937_64: random mode
-#include <string>       // std::string
-#include <vector>       // std::vector
+#include <cstddef>     // std::size_t
+#include <cstdint>     // std::uint8_t, std::uint64_t
+#include <cstdio>      // std::fprintf, std::fopen
+#include <cstdlib>     // std::abort (a failed invariant in a test program)
+#include <cstring>     // std::strcmp, std::memcmp
+#include <chrono>      // std::chrono: the random mode's time budget
+#include <filesystem>  // std::filesystem: replaying corpus folders
+#include <fstream>     // std::ifstream, std::ofstream
+#include <iterator>    // std::istreambuf_iterator
+#include <random>      // std::mt19937_64: random mode
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include "ncclkit/store/detail/tcp_protocol.hpp"
 
@@ -56,16 +56,28 @@ Bytes encode(const tcp::Frame& f) {
     case MessageType::kError:
       w.bytes(f.value);
       break;
-    case MessageType::kSet: w.key(f.keys.at(0)).bytes(f.value); break;
-    case MessageType::kGet: w.u64(f.timeout_ms).key(f.keys.at(0)); break;
-    case MessageType::kWait: w.u64(f.timeout_ms).keys(f.keys); break;
+    case MessageType::kSet:
+      w.key(f.keys.at(0)).bytes(f.value);
+      break;
+    case MessageType::kGet:
+      w.u64(f.timeout_ms).key(f.keys.at(0));
+      break;
+    case MessageType::kWait:
+      w.u64(f.timeout_ms).keys(f.keys);
+      break;
     case MessageType::kCheck:
     case MessageType::kTimeout:
       w.keys(f.keys);
       break;
-    case MessageType::kAdd: w.key(f.keys.at(0)).i64(f.integer); break;
-    case MessageType::kCompareSet: w.key(f.keys.at(0)).bytes(f.value).bytes(f.second_value); break;
-    case MessageType::kDelete: w.key(f.keys.at(0)); break;
+    case MessageType::kAdd:
+      w.key(f.keys.at(0)).i64(f.integer);
+      break;
+    case MessageType::kCompareSet:
+      w.key(f.keys.at(0)).bytes(f.value).bytes(f.second_value);
+      break;
+    case MessageType::kDelete:
+      w.key(f.keys.at(0));
+      break;
     case MessageType::kNumKeys:
     case MessageType::kOk:
       break;
@@ -80,8 +92,8 @@ Bytes encode(const tcp::Frame& f) {
 
 void fuzz_one(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::uint8_t> all(data, size);
-  for (const tcp::ParseLimits limits : {tcp::ParseLimits{.max_value_bytes = 64}, tcp::ParseLimits{},
-                                        tcp::ParseLimits{.hello_only = true}}) {
+  for (const tcp::ParseLimits limits :
+       {tcp::ParseLimits{.max_value_bytes = 64}, tcp::ParseLimits{}, tcp::ParseLimits{.hello_only = true}}) {
     std::size_t offset = 0;
     for (int frames = 0; offset < size && frames < 4096; ++frames) {
       const auto rest = all.subspan(offset);
@@ -97,12 +109,11 @@ void fuzz_one(const std::uint8_t* data, std::size_t size) {
         break;
       }
       require(result.frame_bytes >= tcp::kHeaderBytes && result.frame_bytes <= rest.size(), "parsed size is in range");
-      require(!limits.hello_only || (result.frame.type == tcp::MessageType::kHello &&
-                                     result.frame_bytes <= tcp::kMaxHelloFrameBytes),
+      require(!limits.hello_only ||
+                  (result.frame.type == tcp::MessageType::kHello && result.frame_bytes <= tcp::kMaxHelloFrameBytes),
               "before authentication only a hello of bounded size parses");
       const Bytes again = encode(result.frame);
-      require(again.size() == result.frame_bytes &&
-                  std::memcmp(again.data(), rest.data(), result.frame_bytes) == 0,
+      require(again.size() == result.frame_bytes && std::memcmp(again.data(), rest.data(), result.frame_bytes) == 0,
               "a parsed frame re-encodes to the same bytes");
       const auto shorter = tcp::parse_frame(rest.first(result.frame_bytes - 1), limits);
       require(shorter.status == tcp::ParseStatus::kNeedMore, "a frame minus its last byte needs more");
@@ -132,11 +143,11 @@ Bytes random_frame(std::mt19937_64& random) {
   };
   std::vector<std::string> keys;
   for (std::size_t i = 0, n = random() % 5; i < n; ++i) keys.push_back(text(12));
-  static constexpr MessageType kTypes[] = {
-      MessageType::kHello,   MessageType::kSet,      MessageType::kGet,   MessageType::kWait,
-      MessageType::kCheck,   MessageType::kAdd,      MessageType::kCompareSet, MessageType::kDelete,
-      MessageType::kNumKeys, MessageType::kHelloOk,  MessageType::kOk,    MessageType::kValue,
-      MessageType::kInteger, MessageType::kTimeout,  MessageType::kError};
+  static constexpr MessageType kTypes[] = {MessageType::kHello,      MessageType::kSet,     MessageType::kGet,
+                                           MessageType::kWait,       MessageType::kCheck,   MessageType::kAdd,
+                                           MessageType::kCompareSet, MessageType::kDelete,  MessageType::kNumKeys,
+                                           MessageType::kHelloOk,    MessageType::kOk,      MessageType::kValue,
+                                           MessageType::kInteger,    MessageType::kTimeout, MessageType::kError};
   tcp::Frame frame;
   frame.type = kTypes[random() % std::size(kTypes)];
   const std::string key = text(16), value = text(80), second = text(80);
@@ -145,7 +156,8 @@ Bytes random_frame(std::mt19937_64& random) {
     frame.keys.assign(keys.begin(), keys.end());
   }
   frame.value = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(value.data()), value.size());
-  frame.second_value = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(second.data()), second.size());
+  frame.second_value =
+      std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(second.data()), second.size());
   frame.integer = static_cast<std::int64_t>(random());
   frame.timeout_ms = random() % 100000;
   return encode(frame);
@@ -157,17 +169,27 @@ void mutate(std::mt19937_64& random, Bytes& bytes) {
   for (int e = 0; e < edits && !bytes.empty(); ++e) {
     const std::size_t at = random() % bytes.size();
     switch (random() % 6) {
-      case 0: bytes[at] ^= static_cast<std::uint8_t>(1u << (random() % 8)); break;
-      case 1: bytes[at] = static_cast<std::uint8_t>(random()); break;
-      case 2: bytes.resize(at); break;  // truncate
+      case 0:
+        bytes[at] ^= static_cast<std::uint8_t>(1u << (random() % 8));
+        break;
+      case 1:
+        bytes[at] = static_cast<std::uint8_t>(random());
+        break;
+      case 2:
+        bytes.resize(at);
+        break;   // truncate
       case 3: {  // a huge length somewhere (2^62, 2^32-1, or random)
         const std::uint64_t huge[] = {std::uint64_t{1} << 62, 0xFFFFFFFFull, random()};
         const std::uint64_t v = huge[random() % 3];
         for (int i = 0; i < 8 && at + i < bytes.size(); ++i) bytes[at + i] = static_cast<std::uint8_t>(v >> (8 * i));
         break;
       }
-      case 4: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::uint8_t>(random())); break;
-      case 5: bytes.erase(bytes.begin() + static_cast<std::ptrdiff_t>(at)); break;
+      case 4:
+        bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), static_cast<std::uint8_t>(random()));
+        break;
+      case 5:
+        bytes.erase(bytes.begin() + static_cast<std::ptrdiff_t>(at));
+        break;
     }
   }
 }

@@ -152,10 +152,18 @@ long double reference(std::uint64_t seed, int world, std::size_t index, ReduceOp
     const long double v = as_double(sample<T>(seed, r, index, op));
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: acc += v; break;
-      case ReduceOp::kProd: acc *= v; break;
-      case ReduceOp::kMin: acc = v < acc ? v : acc; break;
-      case ReduceOp::kMax: acc = v > acc ? v : acc; break;
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProd:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = v < acc ? v : acc;
+        break;
+      case ReduceOp::kMax:
+        acc = v > acc ? v : acc;
+        break;
     }
   }
   if (op == ReduceOp::kAvg) {
@@ -215,14 +223,15 @@ bool check_reduction_against(Checker& checker, const std::vector<T>& got, Refere
     }
   }
   if constexpr (is_float_v<T>) {
-    const double relative = norm > 0 ? std::sqrt(static_cast<double>(error / norm)) : std::sqrt(static_cast<double>(error));
+    const double relative =
+        norm > 0 ? std::sqrt(static_cast<double>(error / norm)) : std::sqrt(static_cast<double>(error));
     return checker.expect(nan_count == 0 && relative <= tolerance<T>(),
                           what + ": relative error " + std::to_string(relative) + " (tolerance " +
                               std::to_string(tolerance<T>()) + "), " + std::to_string(nan_count) +
                               " elements unwritten (NaN), first at " + std::to_string(first_wrong));
   } else {
-    return checker.expect(wrong == 0, what + ": " + std::to_string(wrong) + " wrong elements, first at " +
-                                          std::to_string(first_wrong));
+    return checker.expect(
+        wrong == 0, what + ": " + std::to_string(wrong) + " wrong elements, first at " + std::to_string(first_wrong));
   }
 }
 }  // namespace detail
@@ -241,7 +250,8 @@ template <class T>
 bool check_reduction(Checker& checker, const std::vector<T>& got, std::span<const long double> expected, ReduceOp op,
                      const std::string& what) {
   if (got.size() != expected.size()) return checker.expect(false, what + ": sizes differ");
-  return detail::check_reduction_against(checker, got, [&](std::size_t i) { return expected[i]; }, op, what);
+  return detail::check_reduction_against(
+      checker, got, [&](std::size_t i) { return expected[i]; }, op, what);
 }
 
 /// Exact comparison of moved data, byte for byte.
@@ -273,8 +283,8 @@ void upload(ncclkit::nccl::DeviceBuffer<T>& buffer, std::span<const std::type_id
   // A default-stream handle (comm.default_stream()) names the current device's stream: make
   // it the buffer's GPU's, the stream the communicator uses it as.
   ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());
-  NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(buffer.data() + offset, host.data(), host.size() * sizeof(T),
-                                     cudaMemcpyHostToDevice, stream));
+  NCCLKIT_CUDA_CHECK(
+      cudaMemcpyAsync(buffer.data() + offset, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
   // Pageable uploads may return before the copy ends; the host memory must outlive it.
   NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -287,8 +297,8 @@ std::vector<T> download(Comm& comm, const ncclkit::nccl::DeviceBuffer<T>& buffer
   std::vector<T> host(count);
   if (count != 0) {
     ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());  // as in upload
-    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.data() + offset, count * sizeof(T), cudaMemcpyDeviceToHost,
-                                       stream));
+    NCCLKIT_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), buffer.data() + offset, count * sizeof(T), cudaMemcpyDeviceToHost, stream));
   }
   comm.synchronize(stream);
   return host;

@@ -39,7 +39,8 @@ using ncclkit_test::contains;
 /// Expects `call` to throw CollectiveMismatchError whose message has `part`, and the
 /// communicator to stay usable.
 template <class Call>
-void expect_mismatch(Checker& check, Communicator& comm, const std::string& what, Call&& call, const std::string& part) {
+void expect_mismatch(Checker& check, Communicator& comm, const std::string& what, Call&& call,
+                     const std::string& part) {
   try {
     call();
     check.expect(false, what + ": no CollectiveMismatchError");
@@ -66,25 +67,32 @@ TEST_CASE("mismatched arguments are an error on every rank before NCCL runs anyt
     floats.upload(ones);
 
     // Count: 120 against 100 (NCCL would run a collective of two sizes).
-    expect_mismatch(check, comm, "count", [&] { comm.all_reduce(floats.data(), floats.data(), r == 0 ? 120 : 100); },
-                    "count (100 vs 120) differs");
+    expect_mismatch(
+        check, comm, "count", [&] { comm.all_reduce(floats.data(), floats.data(), r == 0 ? 120 : 100); },
+        "count (100 vs 120) differs");
     // Element type: 64 floats against 64 int32.
     DeviceBuffer<std::int32_t> ints(64, comm.device());
-    expect_mismatch(check, comm, "element type", [&] {
-      if (r == 0) {
-        comm.all_reduce(floats.data(), floats.data(), 64);
-      } else {
-        comm.all_reduce(ints.data(), ints.data(), 64);
-      }
-    }, "element type (int32 vs float) differs");
+    expect_mismatch(
+        check, comm, "element type",
+        [&] {
+          if (r == 0) {
+            comm.all_reduce(floats.data(), floats.data(), 64);
+          } else {
+            comm.all_reduce(ints.data(), ints.data(), 64);
+          }
+        },
+        "element type (int32 vs float) differs");
     // Op: sum against max.
-    expect_mismatch(check, comm, "op",
-                    [&] { comm.all_reduce(floats.data(), floats.data(), 64, r == 0 ? ReduceOp::kSum : ReduceOp::kMax); },
-                    "op (max vs sum) differs");
+    expect_mismatch(
+        check, comm, "op",
+        [&] { comm.all_reduce(floats.data(), floats.data(), 64, r == 0 ? ReduceOp::kSum : ReduceOp::kMax); },
+        "op (max vs sum) differs");
     // Broadcast root and count.
-    expect_mismatch(check, comm, "root", [&] { comm.broadcast(floats.data(), 32, r); }, "root (1 vs 0) differs");
-    expect_mismatch(check, comm, "broadcast count", [&] { comm.broadcast(floats.data(), r == 0 ? 32 : 16, 0); },
-                    "count (16 vs 32) differs");
+    expect_mismatch(
+        check, comm, "root", [&] { comm.broadcast(floats.data(), 32, r); }, "root (1 vs 0) differs");
+    expect_mismatch(
+        check, comm, "broadcast count", [&] { comm.broadcast(floats.data(), r == 0 ? 32 : 16, 0); },
+        "count (16 vs 32) differs");
     comm.synchronize();
     check.expect(floats.download() == ones, "a mismatched collective changed the data");
 
@@ -97,7 +105,8 @@ TEST_CASE("mismatched arguments are an error on every rank before NCCL runs anyt
     }
     comm.barrier();
     const auto result = floats.download();
-    check.expect(result[0] == 4.0f && result[59] == 4.0f, "all_reduce after the mismatches: " + std::to_string(result[0]));
+    check.expect(result[0] == 4.0f && result[59] == 4.0f,
+                 "all_reduce after the mismatches: " + std::to_string(result[0]));
     check.expect(result[60] == 2.0f && result[119] == 2.0f, "broadcast in the group: " + std::to_string(result[60]));
     check.expect(!comm.failed(), "failed at the end");
     return check.finish("collective argument check");

@@ -155,9 +155,9 @@ void check_reductions(Ranks& ranks, Checker& checker, std::size_t count, std::ui
       });
       ranks.each([&](Communicator& comm, std::size_t i) {
         if (comm.rank() == root) {
-          check_reduction<T>(checker, download(comm, in_place ? in[i] : out[i], comm.default_stream()), expected, op,
-                             label("reduce", type, count, std::string(op_name(op)) + " " + root_label(root), in_place,
-                                   comm.rank()));
+          check_reduction<T>(
+              checker, download(comm, in_place ? in[i] : out[i], comm.default_stream()), expected, op,
+              label("reduce", type, count, std::string(op_name(op)) + " " + root_label(root), in_place, comm.rank()));
         } else {
           comm.synchronize(comm.default_stream());
         }
@@ -181,7 +181,8 @@ void check_reductions(Ranks& ranks, Checker& checker, std::size_t count, std::ui
         const std::size_t first = at(comm.rank()) * count;
         const auto got = in_place ? download(comm, scatter_in[i], comm.default_stream(), first, count)
                                   : download(comm, scatter_out[i], comm.default_stream());
-        check_reduction<T>(checker, got, slices[i], op, label("reduce_scatter", type, count, op_name(op), in_place, comm.rank()));
+        check_reduction<T>(checker, got, slices[i], op,
+                           label("reduce_scatter", type, count, op_name(op), in_place, comm.rank()));
       });
     }
   }
@@ -271,8 +272,9 @@ void check_movement(Ranks& ranks, Checker& checker, std::size_t count, std::uint
       });
       ranks.issue([&](Communicator& comm, std::size_t i) {
         const std::size_t r = at(comm.rank());
-        const TensorView source = in_place ? TensorView::of(uneven_out[i].data() + offsets[r], counts[r], MemoryKind::kDevice)
-                                           : mine[i].view();
+        const TensorView source =
+            in_place ? TensorView::of(uneven_out[i].data() + offsets[r], counts[r], MemoryKind::kDevice)
+                     : mine[i].view();
         comm.all_gather_uneven(source, uneven_out[i].view(), counts);
       });
       ranks.each([&](Communicator& comm, std::size_t i) {
@@ -339,8 +341,9 @@ void check_movement(Ranks& ranks, Checker& checker, std::size_t count, std::uint
     });
     ranks.each([&](Communicator& comm, std::size_t i) {
       const std::size_t r = at(comm.rank());
-      const auto got = in_place && comm.rank() == root ? download(comm, gathered[i], comm.default_stream(), r * count, count)
-                                                       : download(comm, out[i], comm.default_stream());
+      const auto got = in_place && comm.rank() == root
+                           ? download(comm, gathered[i], comm.default_stream(), r * count, count)
+                           : download(comm, out[i], comm.default_stream());
       check_equal(checker, got, pieces[r], label("scatter", type, count, root_label(root), in_place, comm.rank()));
     });
   }
@@ -409,7 +412,8 @@ int local_matrix_worker(int n) {
   for (int d = 0; d < n; ++d) devices.push_back(d);
   Checker checker(0);
   LocalGroup local(devices, Options{.timeout = std::chrono::seconds(60), .name = "local-matrix"});
-  checker.expect(local.size() == n, "group of " + std::to_string(local.size()) + " members, " + std::to_string(n) + " asked");
+  checker.expect(local.size() == n,
+                 "group of " + std::to_string(local.size()) + " members, " + std::to_string(n) + " asked");
   Ranks ranks(local);
   run_matrix(ranks, checker);
   // Not barrier(): it synchronises, so one thread cannot issue it for several members. Every
@@ -452,7 +456,8 @@ void backend_round_trip(B& backend, Checker& checker) {
     error += (got[i] - ref) * (got[i] - ref);
     norm += ref * ref;
   }
-  checker.expect(std::sqrt(static_cast<double>(error / norm)) < 1e-5, "Backend-generic scale + all_reduce + all_gather + copy");
+  checker.expect(std::sqrt(static_cast<double>(error / norm)) < 1e-5,
+                 "Backend-generic scale + all_reduce + all_gather + copy");
   backend.deallocate(device_in);
   backend.deallocate(device_out);
 }
@@ -494,7 +499,8 @@ void check_span_overloads(Communicator& comm, Checker& checker) {
   upload(wide, make_input<float>(6, r, total, ReduceOp::kSum), s);
   out.fill_bytes(0xFF, s);
   comm.reduce_scatter(std::span<const float>(wide.data(), total), out.span(), ReduceOp::kSum);
-  check_reduction<float>(checker, download(comm, out, s), 6, n, at(r) * count, ReduceOp::kSum, "reduce_scatter(span, span)");
+  check_reduction<float>(checker, download(comm, out, s), 6, n, at(r) * count, ReduceOp::kSum,
+                         "reduce_scatter(span, span)");
 
   // all_to_all over the `total`-element streams (seed 7): slice j of rank j's lands as slice j.
   upload(wide, make_input<float>(7, r, total), s);
@@ -569,7 +575,8 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
       group.end();
     }
     checker.expect(comm.issued_sequence() == issued_before + 2, "a group of 2 collectives takes 2 sequence numbers");
-    check_reduction<double>(checker, download(comm, a, s), 11, n, 0, ReduceOp::kSum, "grouped all_reduce (default stream)");
+    check_reduction<double>(checker, download(comm, a, s), 11, n, 0, ReduceOp::kSum,
+                            "grouped all_reduce (default stream)");
     check_reduction<double>(checker, download(comm, b, comm.comm_stream()), 12, n, 0, ReduceOp::kMax,
                             "grouped all_reduce (comm stream)");
   }

@@ -10,16 +10,16 @@
 #include <cuda_fp16.h>  // __half
 
 #include <algorithm>  // std::max, std::all_of
-#include <chrono>   // std::chrono
-#include <cmath>    // std::nearbyint, std::fabs
-#include <cstdio>   // std::printf, std::fopen, std::fgets, std::fclose
-#include <cstdlib>  // setenv, unsetenv, std::atoi
-#include <limits>   // std::numeric_limits
-#include <optional>  // std::optional
-#include <string>   // std::string
-#include <thread>   // std::this_thread::sleep_for
-#include <utility>  // std::pair
-#include <vector>   // std::vector
+#include <chrono>     // std::chrono
+#include <cmath>      // std::nearbyint, std::fabs
+#include <cstdio>     // std::printf, std::fopen, std::fgets, std::fclose
+#include <cstdlib>    // setenv, unsetenv, std::atoi
+#include <limits>     // std::numeric_limits
+#include <optional>   // std::optional
+#include <string>     // std::string
+#include <thread>     // std::this_thread::sleep_for
+#include <utility>    // std::pair
+#include <vector>     // std::vector
 
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/bootstrap/init.hpp"
@@ -119,29 +119,33 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
 
     expect_misuse(checker, "root out of range", "root 3 is outside [0, 1)",
                   [&] { comm.broadcast(a.data(), b.data(), 64, 3); });
-    expect_misuse(checker, "negative root", "root -1 is outside", [&] { comm.reduce(a.data(), b.data(), 64, ReduceOp::kSum, -1); });
+    expect_misuse(checker, "negative root", "root -1 is outside",
+                  [&] { comm.reduce(a.data(), b.data(), 64, ReduceOp::kSum, -1); });
     expect_misuse(checker, "peer out of range", "peer 1 is outside", [&] { comm.send(a.data(), 64, 1); });
     expect_misuse(checker, "null input", "null pointer with count 64",
                   [&] { comm.all_reduce(static_cast<const float*>(nullptr), b.data(), 64); });
     expect_misuse(checker, "null output", "null pointer with count 64",
                   [&] { comm.all_reduce(a.data(), static_cast<float*>(nullptr), 64); });
-    expect_misuse(checker, "pageable host input", "is host memory", [&] { comm.all_reduce(host.data(), b.data(), 64); });
+    expect_misuse(checker, "pageable host input", "is host memory",
+                  [&] { comm.all_reduce(host.data(), b.data(), 64); });
     float* pinned = nullptr;
     NCCLKIT_CUDA_CHECK(cudaMallocHost(&pinned, 64 * sizeof(float)));
     expect_misuse(checker, "pinned host output", "is host memory", [&] { comm.all_reduce(a.data(), pinned, 64); });
     NCCLKIT_CUDA_CHECK(cudaFreeHost(pinned));
-    expect_misuse(checker, "view marked host", "marked as host memory", [&] {
-      comm.all_reduce(TensorView::of(a.data(), 64, MemoryKind::kHost), b.view(), ReduceOp::kSum);
+    expect_misuse(checker, "view marked host", "marked as host memory",
+                  [&] { comm.all_reduce(TensorView::of(a.data(), 64, MemoryKind::kHost), b.view(), ReduceOp::kSum); });
+    expect_misuse(checker, "size mismatch", "sizes do not match", [&] {
+      comm.all_reduce(a.view(), TensorView::of(b.data(), 63, MemoryKind::kDevice), ReduceOp::kSum);
     });
-    expect_misuse(checker, "size mismatch", "sizes do not match",
-                  [&] { comm.all_reduce(a.view(), TensorView::of(b.data(), 63, MemoryKind::kDevice), ReduceOp::kSum); });
     expect_misuse(checker, "all_gather size", "out.count == in.count * size()",
                   [&] { comm.all_gather(TensorView::of(a.data(), 32, MemoryKind::kDevice), b.view()); });
     expect_misuse(checker, "type mismatch", "element types differ", [&] {
       comm.all_reduce(a.view(), TensorView{b.data(), 64, DataType::kInt32, MemoryKind::kDevice}, ReduceOp::kSum);
     });
-    expect_misuse(checker, "invalid op", "invalid ReduceOp", [&] { comm.all_reduce(a.data(), b.data(), 64, static_cast<ReduceOp>(42)); });
-    expect_misuse(checker, "all_to_all in place", "out of place only", [&] { comm.all_to_all(a.data(), a.data(), 64); });
+    expect_misuse(checker, "invalid op", "invalid ReduceOp",
+                  [&] { comm.all_reduce(a.data(), b.data(), 64, static_cast<ReduceOp>(42)); });
+    expect_misuse(checker, "all_to_all in place", "out of place only",
+                  [&] { comm.all_to_all(a.data(), a.data(), 64); });
     expect_misuse(checker, "uneven counts", "one per rank", [&] {
       std::vector<std::size_t> counts{32, 32};
       comm.all_gather_uneven(a.view(), b.view(), counts);
@@ -158,7 +162,8 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
     // ones through: a host buffer after good calls, in place and out of place, and a buffer
     // freed through ncclkit after it was checked.
     comm.all_reduce(a.data(), a.data(), 64, ReduceOp::kSum);
-    expect_misuse(checker, "host input after good calls", "is host memory", [&] { comm.all_reduce(host.data(), a.data(), 64); });
+    expect_misuse(checker, "host input after good calls", "is host memory",
+                  [&] { comm.all_reduce(host.data(), a.data(), 64); });
     expect_misuse(checker, "host buffer in place after good calls", "is host memory",
                   [&] { comm.all_reduce(host.data(), host.data(), 64); });
     {
@@ -187,7 +192,8 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
       NCCLKIT_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
       expect_misuse(checker, "synchronize while capturing", "capturing a CUDA graph",
                     [&] { comm.synchronize(capture_stream); });
-      expect_misuse(checker, "barrier while capturing", "capturing a CUDA graph", [&] { comm.barrier(capture_stream); });
+      expect_misuse(checker, "barrier while capturing", "capturing a CUDA graph",
+                    [&] { comm.barrier(capture_stream); });
       comm.all_reduce(a.data(), a.data(), 64, ReduceOp::kSum, capture_stream);
       cudaGraph_t graph = nullptr;
       const cudaError_t ended = cudaStreamEndCapture(capture_stream, &graph);
@@ -313,7 +319,8 @@ TEST_CASE("buffers and streams of another GPU are refused") {
     Communicator comm(store, world, Options{.device = 0, .timeout = std::chrono::seconds(60), .name = "devices"});
     Checker checker(world.rank);
     DeviceBuffer<float> mine(64, 0), other(64, 1);
-    expect_misuse(checker, "buffer of GPU 1", "is memory of GPU 1", [&] { comm.all_reduce(mine.data(), other.data(), 64); });
+    expect_misuse(checker, "buffer of GPU 1", "is memory of GPU 1",
+                  [&] { comm.all_reduce(mine.data(), other.data(), 64); });
     ncclkit::nccl::Stream stream_of_1(1);
     expect_misuse(checker, "stream of GPU 1", "the stream belongs to GPU 1",
                   [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, stream_of_1); });
@@ -342,10 +349,12 @@ TEST_CASE("buffers and streams of another GPU are refused") {
           comm.synchronize(special);
         }
         ncclkit::nccl::DeviceGuard on_1(1);
-        expect_misuse(checker, special == nullptr ? "legacy stream while GPU 1 is current" : "per-thread stream while GPU 1 is current",
-                      special == nullptr ? "the null stream is the current device's"
-                                         : "the per-thread default stream is the current device's",
-                      [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, special); });
+        expect_misuse(
+            checker,
+            special == nullptr ? "legacy stream while GPU 1 is current" : "per-thread stream while GPU 1 is current",
+            special == nullptr ? "the null stream is the current device's"
+                               : "the per-thread default stream is the current device's",
+            [&] { comm.all_reduce(mine.data(), mine.data(), 64, ReduceOp::kSum, special); });
       }
     }
     return checker.finish("wrong device");
@@ -363,8 +372,8 @@ TEST_CASE("init is bounded: a rank that never reaches NCCL init is named") {
       const std::string base = "ncclkit/nccl/stuck";
       const auto index = store->add(base + "/instances/1", 1);
       ncclkit::PrefixStore scope(base + "/" + std::to_string(index), store);
-      (void)ncclkit::nccl::detail::init_rendezvous(scope, 1, 2, ncclkit::nccl::version_text(), timeout,
-                                                   [] { return ncclkit::Bytes(); }, "stuck");
+      (void)ncclkit::nccl::detail::init_rendezvous(
+          scope, 1, 2, ncclkit::nccl::version_text(), timeout, [] { return ncclkit::Bytes(); }, "stuck");
       store->wait({"test/rank0-done"}, std::chrono::seconds(60));
       return checker.finish("init timeout (idle rank)");
     }
@@ -400,7 +409,8 @@ TEST_CASE("several communicators on one store, concurrently and one after anothe
         check_reduction<std::int64_t>(checker, download(first, a, first.default_stream()), 21 + round, world.world_size,
                                       0, ReduceOp::kSum, "first communicator, round " + std::to_string(round));
         check_reduction<std::int64_t>(checker, download(second, b, second.default_stream()), 31 + round,
-                                      world.world_size, 0, ReduceOp::kSum, "second communicator, round " + std::to_string(round));
+                                      world.world_size, 0, ReduceOp::kSum,
+                                      "second communicator, round " + std::to_string(round));
       }
       return checker.finish("several communicators");
     });
@@ -541,7 +551,8 @@ std::string probe_capture(int device, Issue&& issue) {
   cudaGraphExec_t exec = nullptr;
   if (cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) return "instantiate failed";
   out.fill_bytes(0xFF, stream);
-  if (cudaGraphLaunch(exec, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess) return "replay failed";
+  if (cudaGraphLaunch(exec, stream) != cudaSuccess || cudaStreamSynchronize(stream) != cudaSuccess)
+    return "replay failed";
   std::vector<float> got(count);
   NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), out.data(), count * sizeof(float), cudaMemcpyDeviceToHost));
   (void)cudaGraphExecDestroy(exec);
@@ -597,8 +608,9 @@ TEST_CASE("the issue path's driver calls answer as the runtime's do") {
       ncclkit::nccl::Stream other(1);
       ncclkit::nccl::Event event_of_1(1);
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusActive;
-      checker.expect(stream_is_capturing(other.get(), &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone,
-                     "GPU 1's stream, queried with GPU 0 current, is not capturing");
+      checker.expect(
+          stream_is_capturing(other.get(), &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone,
+          "GPU 1's stream, queried with GPU 0 current, is not capturing");
       checker.expect(record_event(event_of_1.get(), other.get()) == cudaSuccess &&
                          cudaEventSynchronize(event_of_1.get()) == cudaSuccess,
                      "GPU 1's event records on GPU 1's stream with GPU 0 current, and completes");
@@ -622,19 +634,23 @@ TEST_CASE("graph capture probe: plain NCCL, ncclkit's NCCL handle, ncclkit (1 GP
     {
       ncclComm_t plain = nullptr;
       NCCLKIT_NCCL_CHECK(ncclCommInitAll(&plain, 1, &device));
-      report("plain blocking NCCL communicator (ncclCommInitAll)", probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
+      report("plain blocking NCCL communicator (ncclCommInitAll)",
+             probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
                NCCLKIT_NCCL_CHECK(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, plain, st));
              }));
       (void)ncclCommDestroy(plain);
     }
     {
-      Communicator comm(store, world, Options{.device = device, .timeout = std::chrono::seconds(20), .name = "probe-native"});
-      report("ncclAllReduce on ncclkit's native() handle", probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
+      Communicator comm(store, world,
+                        Options{.device = device, .timeout = std::chrono::seconds(20), .name = "probe-native"});
+      report("ncclAllReduce on ncclkit's native() handle",
+             probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
                NCCLKIT_NCCL_CHECK(ncclAllReduce(in, out, n, ncclFloat32, ncclSum, comm.native(), st));
              }));
     }
     {
-      Communicator comm(store, world, Options{.device = device, .timeout = std::chrono::seconds(20), .name = "probe-ncclkit"});
+      Communicator comm(store, world,
+                        Options{.device = device, .timeout = std::chrono::seconds(20), .name = "probe-ncclkit"});
       report("ncclkit all_reduce", probe_capture(device, [&](float* in, float* out, std::size_t n, cudaStream_t st) {
                comm.all_reduce(in, out, n, ReduceOp::kSum, st);
              }));
@@ -714,15 +730,21 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, [&logs](const WorldInfo& world, const std::shared_ptr<Store>& store) {
-      const std::string log_path = logs.path + "/options." + std::to_string(world.world_size) + "." +
-                                   std::to_string(world.rank) + ".log";
+      const std::string log_path =
+          logs.path + "/options." + std::to_string(world.world_size) + "." + std::to_string(world.rank) + ".log";
       nccl_log_to(log_path, "TUNING,ENV");
       Checker checker(world.rank);
       int device = world.local_rank % ncclkit::nccl::visible_device_count();
       ncclkit::nccl::Stream user_stream(device);
       Communicator comm(store, world,
-                        Options{.timeout = std::chrono::seconds(60), .cga_cluster_size = 2, .min_ctas = 2, .max_ctas = 2,
-                                .net_name = "Socket", .stream_priority = -1, .name = "tuned", .stream = user_stream.get()});
+                        Options{.timeout = std::chrono::seconds(60),
+                                .cga_cluster_size = 2,
+                                .min_ctas = 2,
+                                .max_ctas = 2,
+                                .net_name = "Socket",
+                                .stream_priority = -1,
+                                .name = "tuned",
+                                .stream = user_stream.get()});
       checker.expect(comm.name() == "tuned", "name");
       checker.expect(comm.default_stream() == user_stream.get(), "Options::stream is the default stream");
       int least = 0, greatest = 0;
@@ -732,7 +754,8 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user
       checker.expect(priority == std::max(-1, greatest), "comm stream priority " + std::to_string(priority));
       for (const char* line : {"Comm config CGA cluster size set to 2", "Comm config Min CTAs set to 2",
                                "Comm config Max CTAs set to 2", "Comm config Net name set to Socket"}) {
-        checker.expect(!log_lines(log_path, line).empty(), std::string("NCCL logs \"") + line + "\" (" + log_path + ")");
+        checker.expect(!log_lines(log_path, line).empty(),
+                       std::string("NCCL logs \"") + line + "\" (" + log_path + ")");
       }
       // 4 MiB on the tuned communicator, 16 MiB on a default one: the sizes tell their lines apart.
       const std::size_t count = 1 << 20, plain_count = 1 << 22;
@@ -746,21 +769,25 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user
       DeviceBuffer<float> b(plain_count, device);
       upload(b, make_input<float>(42, world.rank, plain_count), plain.default_stream());
       plain.all_reduce(b.data(), b.data(), plain_count, ReduceOp::kSum);
-      check_reduction<float>(checker, download(plain, b, plain.default_stream()), 42, world.world_size, 0, ReduceOp::kSum,
-                             "all_reduce with NCCL's defaults");
+      check_reduction<float>(checker, download(plain, b, plain.default_stream()), 42, world.world_size, 0,
+                             ReduceOp::kSum, "all_reduce with NCCL's defaults");
 
       // One rank runs no NCCL kernel (and logs no tuning line).
       if (world.rank == 0 && world.world_size > 1) {
-        const auto tuned_lines = log_lines(log_path, "AllReduce: " + std::to_string(count * sizeof(float)) + " Bytes -> ");
-        const auto plain_lines = log_lines(log_path, "AllReduce: " + std::to_string(plain_count * sizeof(float)) + " Bytes -> ");
+        const auto tuned_lines =
+            log_lines(log_path, "AllReduce: " + std::to_string(count * sizeof(float)) + " Bytes -> ");
+        const auto plain_lines =
+            log_lines(log_path, "AllReduce: " + std::to_string(plain_count * sizeof(float)) + " Bytes -> ");
         for (const auto& line : tuned_lines) std::printf("INFO tuned (max 2 CTAs): %s\n", line.c_str());
         for (const auto& line : plain_lines) std::printf("INFO default: %s\n", line.c_str());
-        if (checker.expect(!tuned_lines.empty() && !plain_lines.empty(), "NCCL's TUNING log in " + log_path + " has both all_reduce lines")) {
+        if (checker.expect(!tuned_lines.empty() && !plain_lines.empty(),
+                           "NCCL's TUNING log in " + log_path + " has both all_reduce lines")) {
           const int tuned_high = highest_channel(tuned_lines.front());
           const int plain_high = highest_channel(plain_lines.front());
-          checker.expect(tuned_high >= 0 && tuned_high <= 1, "max_ctas = 2: channels up to " + std::to_string(tuned_high));
-          checker.expect(plain_high > 1, "NCCL's default uses more than 2 channels: up to " + std::to_string(plain_high) +
-                                             " (else the max_ctas check shows nothing)");
+          checker.expect(tuned_high >= 0 && tuned_high <= 1,
+                         "max_ctas = 2: channels up to " + std::to_string(tuned_high));
+          checker.expect(plain_high > 1, "NCCL's default uses more than 2 channels: up to " +
+                                             std::to_string(plain_high) + " (else the max_ctas check shows nothing)");
         }
       }
       return checker.finish("options");
@@ -773,22 +800,24 @@ TEST_CASE("min_ctas alone makes a working communicator; an unknown net_name fail
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, [&logs](const WorldInfo& world, const std::shared_ptr<Store>& store) {
-      const std::string log_path = logs.path + "/min-ctas." + std::to_string(world.world_size) + "." +
-                                   std::to_string(world.rank) + ".log";
+      const std::string log_path =
+          logs.path + "/min-ctas." + std::to_string(world.world_size) + "." + std::to_string(world.rank) + ".log";
       nccl_log_to(log_path, "ENV");
       Checker checker(world.rank);
       const int device = world.local_rank % ncclkit::nccl::visible_device_count();
       {
         // NCCL 2.28 refuses a minimum above an undefined maximum; ncclkit fills the maximum in.
-        Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .min_ctas = 4, .name = "min-only"});
+        Communicator comm(store, world,
+                          Options{.timeout = std::chrono::seconds(60), .min_ctas = 4, .name = "min-only"});
         const std::size_t count = 4099;
         DeviceBuffer<float> a(count, device);
         upload(a, make_input<float>(43, world.rank, count), comm.default_stream());
         comm.all_reduce(a.data(), a.data(), count, ReduceOp::kSum);
-        check_reduction<float>(checker, download(comm, a, comm.default_stream()), 43, world.world_size, 0, ReduceOp::kSum,
-                               "all_reduce with min_ctas 4 alone");
+        check_reduction<float>(checker, download(comm, a, comm.default_stream()), 43, world.world_size, 0,
+                               ReduceOp::kSum, "all_reduce with min_ctas 4 alone");
       }
-      checker.expect(!log_lines(log_path, "Comm config Min CTAs set to 4").empty(), "NCCL took min_ctas 4 (" + log_path + ")");
+      checker.expect(!log_lines(log_path, "Comm config Min CTAs set to 4").empty(),
+                     "NCCL took min_ctas 4 (" + log_path + ")");
       // The maximum ncclkit fills in stands for "no limit": NCCL caps it to its channel limit.
       const auto capped = log_lines(log_path, "maxCTAs 1024 is larger than #channels upper limit");
       for (const auto& line : capped) std::printf("INFO rank %d: %s\n", world.rank, line.c_str());
@@ -796,13 +825,16 @@ TEST_CASE("min_ctas alone makes a working communicator; an unknown net_name fail
       std::string error;
       const auto start = std::chrono::steady_clock::now();
       try {
-        Communicator comm(store, world, Options{.timeout = std::chrono::seconds(30), .net_name = "NoSuchNet", .name = "no-net"});
+        Communicator comm(store, world,
+                          Options{.timeout = std::chrono::seconds(30), .net_name = "NoSuchNet", .name = "no-net"});
       } catch (const ncclkit::NcclError& e) {
         error = e.what();
       }
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::printf("INFO rank %d: net_name NoSuchNet after %.1f s: %s\n", world.rank, waited, error.substr(0, 400).c_str());
-      checker.expect(error.find("net_name is 'NoSuchNet'") != std::string::npos, "unknown net_name: NcclError naming it");
+      std::printf("INFO rank %d: net_name NoSuchNet after %.1f s: %s\n", world.rank, waited,
+                  error.substr(0, 400).c_str());
+      checker.expect(error.find("net_name is 'NoSuchNet'") != std::string::npos,
+                     "unknown net_name: NcclError naming it");
       return checker.finish("min_ctas and net_name");
     });
   }
@@ -827,8 +859,9 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
       std::vector<DeviceBuffer<ncclkit::BFloat16>> halves;
       for (int i = 0; i < n; ++i) {
         ncclkit::nccl::DeviceGuard guard(local[i].device());  // copies and memsets go to member i's streams
-        checker.expect(local[i].rank() == i && local[i].size() == n && local[i].device() == devices[static_cast<std::size_t>(i)],
-                       "member " + std::to_string(i) + " identity");
+        checker.expect(
+            local[i].rank() == i && local[i].size() == n && local[i].device() == devices[static_cast<std::size_t>(i)],
+            "member " + std::to_string(i) + " identity");
         buffers.emplace_back(count, local[i].device());
         gathered.emplace_back(count * n, local[i].device());
         halves.emplace_back(count, local[i].device());
@@ -839,30 +872,33 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
       {
         GroupGuard group;
         for (int i = 0; i < n; ++i) {
-          local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), count,
-                              ReduceOp::kSum);
-          local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(), count,
-                              ReduceOp::kAvg);
+          local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(),
+                              count, ReduceOp::kSum);
+          local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(),
+                              count, ReduceOp::kAvg);
         }
         group.end();
       }
       {
         GroupGuard group;
         for (int i = 0; i < n; ++i)
-          local[i].all_gather(buffers[static_cast<std::size_t>(i)].data(), gathered[static_cast<std::size_t>(i)].data(), count);
+          local[i].all_gather(buffers[static_cast<std::size_t>(i)].data(), gathered[static_cast<std::size_t>(i)].data(),
+                              count);
       }
       for (int i = 0; i < n; ++i) {
         ncclkit::nccl::DeviceGuard guard(local[i].device());
         auto& comm = local[i];
         const auto sum = download(comm, buffers[static_cast<std::size_t>(i)], comm.default_stream());
         check_reduction<float>(checker, sum, 61, n, 0, ReduceOp::kSum, "local all_reduce member " + std::to_string(i));
-        check_reduction<ncclkit::BFloat16>(checker, download(comm, halves[static_cast<std::size_t>(i)], comm.default_stream()),
+        check_reduction<ncclkit::BFloat16>(checker,
+                                           download(comm, halves[static_cast<std::size_t>(i)], comm.default_stream()),
                                            62, n, 0, ReduceOp::kAvg, "local bf16 avg member " + std::to_string(i));
         const auto all = download(comm, gathered[static_cast<std::size_t>(i)], comm.default_stream());
         for (int j = 0; j < n; ++j) {
           std::vector<float> slice(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j) * count),
                                    all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(j + 1) * count));
-          check_equal(checker, slice, sum, "local all_gather member " + std::to_string(i) + " slice " + std::to_string(j));
+          check_equal(checker, slice, sum,
+                      "local all_gather member " + std::to_string(i) + " slice " + std::to_string(j));
         }
       }
       // One group per step on one stream (as perf_nccl -g issues them): each member's watchdog
@@ -876,8 +912,8 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
         for (int step = 0; step < kSteps; ++step) {
           GroupGuard group;
           for (int i = 0; i < n; ++i)
-            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
-                                ReduceOp::kMax);
+            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(),
+                                buffers[static_cast<std::size_t>(i)].data(), 64, ReduceOp::kMax);
         }
         // comm_stream() is not ordered after the default stream: let it catch up first.
         for (int i = 0; i < n; ++i) local[i].wait(local[i].record(local[i].default_stream()), local[i].comm_stream());
@@ -886,12 +922,14 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
           // Streams alternate (default, comm, default): the per-stream records' seq ranges
           // overlap, and the published progress must still end at the last one.
           for (int i = 0; i < n; ++i) {
-            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
-                                ReduceOp::kMax, local[i].default_stream());
-            local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(), 64,
-                                ReduceOp::kMax, local[i].comm_stream());
-            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(), buffers[static_cast<std::size_t>(i)].data(), 64,
-                                ReduceOp::kMax, local[i].default_stream());
+            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(),
+                                buffers[static_cast<std::size_t>(i)].data(), 64, ReduceOp::kMax,
+                                local[i].default_stream());
+            local[i].all_reduce(halves[static_cast<std::size_t>(i)].data(), halves[static_cast<std::size_t>(i)].data(),
+                                64, ReduceOp::kMax, local[i].comm_stream());
+            local[i].all_reduce(buffers[static_cast<std::size_t>(i)].data(),
+                                buffers[static_cast<std::size_t>(i)].data(), 64, ReduceOp::kMax,
+                                local[i].default_stream());
           }
         }
         for (int i = 0; i < n; ++i) {
@@ -899,15 +937,15 @@ TEST_CASE("a single-process group drives 1, 2 and 4 GPUs") {
           comm.synchronize(comm.default_stream());
           comm.synchronize(comm.comm_stream());
           checker.expect(comm.issued_sequence() == before[static_cast<std::size_t>(i)] + kSteps + 3,
-                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_sequence()) + ", expected " +
-                             std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 3));
+                         "member " + std::to_string(i) + " issued " + std::to_string(comm.issued_sequence()) +
+                             ", expected " + std::to_string(before[static_cast<std::size_t>(i)] + kSteps + 3));
           // The watchdog retires what completed on its next poll (every timeout / 20 at most).
           const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
           while (comm.completed_sequence() != comm.issued_sequence() && std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
           checker.expect(comm.completed_sequence() == comm.issued_sequence(),
-                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_sequence()) + " of " +
-                             std::to_string(comm.issued_sequence()) + " after synchronize");
+                         "member " + std::to_string(i) + " completed " + std::to_string(comm.completed_sequence()) +
+                             " of " + std::to_string(comm.issued_sequence()) + " after synchronize");
         }
         // Max over ranks of the all_reduce sums above is the sum itself: unchanged.
         for (int i = 0; i < n; ++i) {

@@ -6,12 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::all_of
-#include <chrono>  // std::chrono
-#include <cmath>   // std::nearbyint
-#include <limits>  // std::numeric_limits
-#include <memory>  // std::shared_ptr
-#include <string>  // std::string
-#include <vector>  // std::vector
+#include <chrono>     // std::chrono
+#include <cmath>      // std::nearbyint
+#include <limits>     // std::numeric_limits
+#include <memory>     // std::shared_ptr
+#include <string>     // std::string
+#include <vector>     // std::vector
 
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/nccl/communicator.hpp"
@@ -21,12 +21,12 @@
 namespace {
 
 using namespace ncclkit_test;
+using ncclkit::ReduceOp;
 using ncclkit::Store;
 using ncclkit::WorldInfo;
 using ncclkit::nccl::Communicator;
 using ncclkit::nccl::DeviceBuffer;
 using ncclkit::nccl::Options;
-using ncclkit::ReduceOp;
 
 TEST_CASE("the scale launcher is registered by including the kernels") {
   CHECK(static_cast<bool>(ncclkit::nccl::detail::scale_launcher() != nullptr));
@@ -132,7 +132,8 @@ TEST_CASE("a collective without a stream is ordered after and before the caller'
         NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), in.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost));
         const float average = 3.0f * (static_cast<float>(size + 1) / 2.0f + static_cast<float>(round));
         // Within rounding: NCCL may scale by 1/size before summing.
-        right = right && std::all_of(got.begin(), got.end(), [&](float v) { return std::fabs(v - average) <= 1e-5f * average; });
+        right = right &&
+                std::all_of(got.begin(), got.end(), [&](float v) { return std::fabs(v - average) <= 1e-5f * average; });
         if (!right) ++wrong_rounds;
       }
       comm.synchronize();

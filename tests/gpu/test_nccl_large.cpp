@@ -91,9 +91,9 @@ void large_case(Communicator& comm, Checker& checker) {
     long double e = 0, m = 0;
     for (int t = 0; t < kThreads; ++t) e += error[static_cast<std::size_t>(t)], m += norm[static_cast<std::size_t>(t)];
     const double relative = std::sqrt(static_cast<double>(e / m));
-    checker.expect(nan_count == 0 && relative <= tolerance<T>(),
-                   "1 GiB all_reduce " + type + ": relative error " + std::to_string(relative) + ", " +
-                       std::to_string(nan_count.load()) + " unwritten");
+    checker.expect(nan_count == 0 && relative <= tolerance<T>(), "1 GiB all_reduce " + type + ": relative error " +
+                                                                     std::to_string(relative) + ", " +
+                                                                     std::to_string(nan_count.load()) + " unwritten");
     std::printf("rank %d: 1 GiB %s all_reduce on %d GPUs: %.1f ms (first call, includes setup), rel. error %.2e\n", r,
                 type.c_str(), n, seconds * 1e3, relative);
   }

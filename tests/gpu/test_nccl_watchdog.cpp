@@ -54,13 +54,20 @@ enum class Drill { kExit, kStop, kSkip, kLate, kDestroy, kExitIdle, kStopIdle };
 
 const char* drill_name(Drill drill) {
   switch (drill) {
-    case Drill::kExit: return "a rank exits";
-    case Drill::kStop: return "a rank is stopped (SIGSTOP)";
-    case Drill::kSkip: return "a rank skips a collective";
-    case Drill::kLate: return "a rank issues after its peers gave up";
-    case Drill::kDestroy: return "destroy with a collective hung";
-    case Drill::kExitIdle: return "a rank exits after its last collective";
-    case Drill::kStopIdle: return "a rank is stopped after its last collective";
+    case Drill::kExit:
+      return "a rank exits";
+    case Drill::kStop:
+      return "a rank is stopped (SIGSTOP)";
+    case Drill::kSkip:
+      return "a rank skips a collective";
+    case Drill::kLate:
+      return "a rank issues after its peers gave up";
+    case Drill::kDestroy:
+      return "destroy with a collective hung";
+    case Drill::kExitIdle:
+      return "a rank exits after its last collective";
+    case Drill::kStopIdle:
+      return "a rank is stopped after its last collective";
   }
   return "?";
 }
@@ -93,13 +100,14 @@ bool wait_progress(Communicator& comm, int of_rank, Accept&& accept, std::chrono
 /// Waits (bounded) until this rank's watchdog has published `issued completed` to the store,
 /// so that the survivors' reports can show where this rank stopped.
 bool wait_published(Communicator& comm, const std::string& expected) {
-  return wait_progress(comm, comm.rank(), [&](const std::string& value) { return value.rfind(expected, 0) == 0; },
-                       std::chrono::seconds(10));
+  return wait_progress(
+      comm, comm.rank(), [&](const std::string& value) { return value.rfind(expected, 0) == 0; },
+      std::chrono::seconds(10));
 }
 
 /// One all_reduce (in place, kCount floats) and synchronize on a survivor.
 struct Attempt {
-  bool threw = false;    ///< CommError (its text in `message`); false: it returned
+  bool threw = false;  ///< CommError (its text in `message`); false: it returned
   std::string message;
   Clock::time_point issued, ended;
 };
@@ -120,7 +128,8 @@ Attempt all_reduce_and_wait(Communicator& comm, DeviceBuffer<float>& buffer) {
 std::vector<float> download_now(const DeviceBuffer<float>& buffer, cudaStream_t stream) {
   std::vector<float> host(kCount);
   ncclkit::nccl::DeviceGuard on_buffer_gpu(buffer.device());  // a default-stream handle: the buffer's GPU's
-  NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), buffer.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  NCCLKIT_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), buffer.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost, stream));
   NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stream));  // the stream is idle but for this copy
   return host;
 }
@@ -154,24 +163,29 @@ void explain_early_completion(Checker& checker, Communicator& comm, Store& store
   const std::int64_t timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(kTimeout).count();
   const double took = static_cast<double>(ended - issued) * 1e-9;
   const double peer_offset = static_cast<double>(earliest_peer - issued) * 1e-9;
-  std::printf("rank %d: NOTE all_reduce seq 2 without rank %d RETURNED %.3f s after issuing; the earliest other "
-              "survivor issued %+.3f s from this rank (its timeout fired at %+.3f s); stream capturing: %s; "
-              "issued %llu, completed %llu, failed %d; data: %zu of %zu elements differ from %d x seq 1's result "
-              "(first at %zu: got %g, expected %g), %zu equal to seq 1's result\n",
-              r, victim, took, peer_offset, peer_offset + static_cast<double>(timeout) * 1e-9,
-              capture_status != cudaSuccess ? "query failed"
-              : capture == cudaStreamCaptureStatusNone ? "no" : "YES",
-              static_cast<unsigned long long>(comm.issued_sequence()), static_cast<unsigned long long>(comm.completed_sequence()),
-              comm.failed() ? 1 : 0, wrong, kCount, n, first_wrong, static_cast<double>(got[first_wrong]),
-              n * static_cast<double>(before[first_wrong]), unchanged);
+  std::printf(
+      "rank %d: NOTE all_reduce seq 2 without rank %d RETURNED %.3f s after issuing; the earliest other "
+      "survivor issued %+.3f s from this rank (its timeout fired at %+.3f s); stream capturing: %s; "
+      "issued %llu, completed %llu, failed %d; data: %zu of %zu elements differ from %d x seq 1's result "
+      "(first at %zu: got %g, expected %g), %zu equal to seq 1's result\n",
+      r, victim, took, peer_offset, peer_offset + static_cast<double>(timeout) * 1e-9,
+      capture_status != cudaSuccess            ? "query failed"
+      : capture == cudaStreamCaptureStatusNone ? "no"
+                                               : "YES",
+      static_cast<unsigned long long>(comm.issued_sequence()),
+      static_cast<unsigned long long>(comm.completed_sequence()), comm.failed() ? 1 : 0, wrong, kCount, n, first_wrong,
+      static_cast<double>(got[first_wrong]), n * static_cast<double>(before[first_wrong]), unchanged);
   std::fflush(stdout);
   checker.expect(capture_status == cudaSuccess && capture == cudaStreamCaptureStatusNone,
                  "the default stream is not capturing");
   // No other survivor (2 ranks): nothing could have released this rank.
   const bool explained = earliest_peer != std::numeric_limits<std::int64_t>::max() && ended - timeout >= earliest_peer;
-  checker.expect(explained, "seq 2 returned " + std::to_string(took) + " s after issuing, before any other survivor "
-                            "could have timed out (the earliest issued " + std::to_string(peer_offset) +
-                            " s from this rank): NCCL's abort does not explain it; suspect ncclkit's completion tracking");
+  checker.expect(explained,
+                 "seq 2 returned " + std::to_string(took) +
+                     " s after issuing, before any other survivor "
+                     "could have timed out (the earliest issued " +
+                     std::to_string(peer_offset) +
+                     " s from this rank): NCCL's abort does not explain it; suspect ncclkit's completion tracking");
 }
 
 /// Destroys `comm`; if that has not returned after the timeout + 10 s, every thread's stack
@@ -236,8 +250,9 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     // Issue only after every other survivor's communicator has failed and been aborted.
     for (int j = 0; j < n; ++j) {
       if (j == r || j == victim) continue;
-      checker.expect(wait_progress(*comm, j, [](const std::string& value) { return value.find(" failed") != std::string::npos; },
-                                   std::chrono::seconds(30)),
+      checker.expect(wait_progress(
+                         *comm, j, [](const std::string& value) { return value.find(" failed") != std::string::npos; },
+                         std::chrono::seconds(30)),
                      "rank " + std::to_string(j) + " failed before the late rank issued");
     }
   }
@@ -281,7 +296,8 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
     checker.expect(waited < std::chrono::duration<double>(kTimeout).count(),
                    "refused within the timeout (took " + std::to_string(waited) + " s)");
     checker.expect(comm->issued_sequence() == 1, "the refused all_reduce took no sequence number");
-    expect_comm_error(checker, "a later all_reduce", [&] { comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum); });
+    expect_comm_error(checker, "a later all_reduce",
+                      [&] { comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum); });
     expect_comm_error(checker, "a later synchronize", [&] { comm->synchronize(); });
     comm.reset();
   } else {
@@ -310,16 +326,17 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
         checker.expect(report->has_operation && report->seq == failing && report->bytes == kCount * sizeof(float),
                        "report: op seq " + std::to_string(failing) + ", 4 MiB");
         checker.expect(report->aborted, "report: the communicator was aborted");
-        checker.expect(report->issued == failing && report->completed == failing - 1,
-                       "report: this rank issued " + std::to_string(failing) + ", completed " +
-                           std::to_string(failing - 1));
+        checker.expect(
+            report->issued == failing && report->completed == failing - 1,
+            "report: this rank issued " + std::to_string(failing) + ", completed " + std::to_string(failing - 1));
         const auto behind = report->ranks_behind();
         checker.expect(std::find(behind.begin(), behind.end(), victim) != behind.end(),
                        "report names rank " + std::to_string(victim) + " as behind");
         checker.expect(std::find(behind.begin(), behind.end(), r) == behind.end(), "report does not blame this rank");
       }
     }
-    expect_comm_error(checker, "a later all_reduce", [&] { comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum); });
+    expect_comm_error(checker, "a later all_reduce",
+                      [&] { comm->all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum); });
     expect_comm_error(checker, "a later synchronize", [&] { comm->synchronize(); });
     expect_comm_error(checker, "a later barrier", [&] { comm->barrier(); });
     expect_comm_error(checker, "a later record", [&] { (void)comm->record(); });
@@ -344,7 +361,8 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
 
 void run_drill(Drill drill) {
   if (!have_gpus(2, drill_name(drill))) return;
-  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE"); drill == Drill::kLate && p2p != nullptr && std::string(p2p) == "1") {
+  if (const char* p2p = std::getenv("NCCL_P2P_DISABLE");
+      drill == Drill::kLate && p2p != nullptr && std::string(p2p) == "1") {
     // Over NCCL's network transport the late rank may see the peers' closed connections as an
     // asynchronous error before it issues anything: a different drill. This one is about P2P.
     std::printf("SKIP: %s: NVLink/P2P only (NCCL_P2P_DISABLE=1)\n", drill_name(drill));
@@ -354,10 +372,15 @@ void run_drill(Drill drill) {
   const int n = std::min(visible_gpu_count(), 4);
   CAPTURE(n);
   const auto start = Clock::now();
-  run_workers(n, [drill](const WorldInfo& world, const std::shared_ptr<Store>& store) { return drill_worker(world, store, drill); },
-              std::chrono::minutes(2));
+  run_workers(
+      n,
+      [drill](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+        return drill_worker(world, store, drill);
+      },
+      std::chrono::minutes(2));
   MESSAGE(std::string(drill_name(drill)) << ": whole drill took "
-                            << std::chrono::duration<double>(Clock::now() - start).count() << " s on " << n << " GPUs");
+                                         << std::chrono::duration<double>(Clock::now() - start).count() << " s on " << n
+                                         << " GPUs");
 }
 
 TEST_CASE("drill: a rank exits; the others get CommError and exit cleanly") { run_drill(Drill::kExit); }
@@ -428,56 +451,62 @@ TEST_CASE("a failure announced through the store ends peers' waits long before t
   if (!have_gpus(3, "peer failure through the store")) return;
   const int n = std::min(visible_gpu_count(), 4);
   CAPTURE(n);
-  run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
-    Checker checker(world.rank);
-    const int r = world.rank, victim = world.world_size - 1;
-    const auto timeout = r == 0 ? std::chrono::seconds(2) : std::chrono::seconds(120);
-    Communicator comm(store, world, Options{.timeout = timeout, .name = "peers"});
-    DeviceBuffer<float> buffer(kCount, comm.device());
-    upload(buffer, make_input<float>(1, r, kCount), comm.default_stream());
-    comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 1, on every rank
-    comm.synchronize();
-    if (r == victim) {
-      store->wait({"peers/release"}, std::chrono::seconds(120));
-      comm.abort("test over");
-      return checker.finish("peer failure (victim)");
-    }
-    const auto start = Clock::now();
-    Attempt attempt = all_reduce_and_wait(comm, buffer);
-    if (!attempt.threw && r != 0) {
-      // Released by rank 0's abort (see the top of this file) and not caught by synchronize's
-      // check, which it should have been: it waited for rank 0's timeout. Say so; the next
-      // collective must fail anyway.
-      checker.expect(false, "seq 2 completed without CommError although rank 0 had announced its failure");
-      std::printf("rank %d: seq 2 returned after %.2f s (released by an aborted peer)\n", r,
-                  std::chrono::duration<double>(attempt.ended - attempt.issued).count());
-      attempt = all_reduce_and_wait(comm, buffer);
-    }
-    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-    checker.expect(attempt.threw, "CommError");
-    std::printf("rank %d caught after %.2f s:\n%s\n", r, waited, attempt.message.c_str());
-    if (r == 0) {
-      checker.expect(attempt.message.find("did not complete within the timeout") != std::string::npos,
-                     "rank 0 failed by its own timeout");
-    } else {
-      // Through the store; over NCCL's network transport, rank 0's abort closing its sockets
-      // can be reported by NCCL first.
-      const bool network = std::getenv("NCCL_P2P_DISABLE") != nullptr && std::string(std::getenv("NCCL_P2P_DISABLE")) == "1";
-      const bool through_store = attempt.message.find("rank 0 announced through the store") != std::string::npos;
-      const bool through_nccl = attempt.message.find("NCCL reported an asynchronous error") != std::string::npos;
-      checker.expect(through_store || (network && through_nccl),
-                     "rank " + std::to_string(r) + " learnt of rank 0's failure through the store" +
-                         (network ? " or NCCL's network transport" : ""));
-      checker.expect(waited < 2.0 + 8.0, "rank " + std::to_string(r) + " failed within 8 s of rank 0's timeout (took " +
-                                             std::to_string(waited) + " s; its own timeout is 120 s)");
-    }
-    store->set("peers/checked/" + std::to_string(r), "1");
-    if (r == 0) {
-      for (int j = 0; j < victim; ++j) store->wait({"peers/checked/" + std::to_string(j)}, std::chrono::seconds(60));
-      store->set("peers/release", "1");
-    }
-    return checker.finish("peer failure");
-  }, std::chrono::minutes(2));
+  run_workers(
+      n,
+      [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+        Checker checker(world.rank);
+        const int r = world.rank, victim = world.world_size - 1;
+        const auto timeout = r == 0 ? std::chrono::seconds(2) : std::chrono::seconds(120);
+        Communicator comm(store, world, Options{.timeout = timeout, .name = "peers"});
+        DeviceBuffer<float> buffer(kCount, comm.device());
+        upload(buffer, make_input<float>(1, r, kCount), comm.default_stream());
+        comm.all_reduce(buffer.data(), buffer.data(), kCount, ReduceOp::kSum);  // seq 1, on every rank
+        comm.synchronize();
+        if (r == victim) {
+          store->wait({"peers/release"}, std::chrono::seconds(120));
+          comm.abort("test over");
+          return checker.finish("peer failure (victim)");
+        }
+        const auto start = Clock::now();
+        Attempt attempt = all_reduce_and_wait(comm, buffer);
+        if (!attempt.threw && r != 0) {
+          // Released by rank 0's abort (see the top of this file) and not caught by synchronize's
+          // check, which it should have been: it waited for rank 0's timeout. Say so; the next
+          // collective must fail anyway.
+          checker.expect(false, "seq 2 completed without CommError although rank 0 had announced its failure");
+          std::printf("rank %d: seq 2 returned after %.2f s (released by an aborted peer)\n", r,
+                      std::chrono::duration<double>(attempt.ended - attempt.issued).count());
+          attempt = all_reduce_and_wait(comm, buffer);
+        }
+        const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+        checker.expect(attempt.threw, "CommError");
+        std::printf("rank %d caught after %.2f s:\n%s\n", r, waited, attempt.message.c_str());
+        if (r == 0) {
+          checker.expect(attempt.message.find("did not complete within the timeout") != std::string::npos,
+                         "rank 0 failed by its own timeout");
+        } else {
+          // Through the store; over NCCL's network transport, rank 0's abort closing its sockets
+          // can be reported by NCCL first.
+          const bool network =
+              std::getenv("NCCL_P2P_DISABLE") != nullptr && std::string(std::getenv("NCCL_P2P_DISABLE")) == "1";
+          const bool through_store = attempt.message.find("rank 0 announced through the store") != std::string::npos;
+          const bool through_nccl = attempt.message.find("NCCL reported an asynchronous error") != std::string::npos;
+          checker.expect(through_store || (network && through_nccl),
+                         "rank " + std::to_string(r) + " learnt of rank 0's failure through the store" +
+                             (network ? " or NCCL's network transport" : ""));
+          checker.expect(waited < 2.0 + 8.0, "rank " + std::to_string(r) +
+                                                 " failed within 8 s of rank 0's timeout (took " +
+                                                 std::to_string(waited) + " s; its own timeout is 120 s)");
+        }
+        store->set("peers/checked/" + std::to_string(r), "1");
+        if (r == 0) {
+          for (int j = 0; j < victim; ++j)
+            store->wait({"peers/checked/" + std::to_string(j)}, std::chrono::seconds(60));
+          store->set("peers/release", "1");
+        }
+        return checker.finish("peer failure");
+      },
+      std::chrono::minutes(2));
 }
 
 }  // namespace

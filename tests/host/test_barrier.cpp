@@ -36,27 +36,32 @@ TEST_CASE("a barrier reused for several rounds lets nobody through before everyo
   constexpr int kRounds = 5;
   for (int n : {2, 8, 64}) {
     CAPTURE(n);
-    auto result = ncclkit::spawn(n, [](const ncclkit::WorldInfo& world) {
-      ::signal(SIGTERM, SIG_DFL);
-      FileStore store = open_store(world);
-      for (int round = 0; round < kRounds; ++round) {
-        const std::string prefix = "round/" + std::to_string(round) + "/";
-        // Ranks reach the barrier at different times: each does rank-dependent work first.
-        for (int i = 0; i < (world.rank * 7 + round) % 5; ++i) store.add("busy/" + std::to_string(world.rank), 1);
-        store.set(prefix + std::to_string(world.rank), "here");
-        ncclkit::barrier(store, world.rank, world.world_size, "loop", 30s);
-        // check() never blocks: every rank's key must exist already.
-        for (int r = 0; r < world.world_size; ++r) {
-          require(store.check({prefix + std::to_string(r)}),
-                  "rank " + std::to_string(r) + " had not arrived when round " + std::to_string(round) + " released");
-        }
-      }
-      // A second tag runs its own rounds, independent of the first.
-      ncclkit::barrier(store, world.rank, world.world_size, "other", 30s);
-      require(store.get_string("barrier/loop/arrived") == std::to_string(kRounds * world.world_size),
-              "the loop barrier counted " + store.get_string("barrier/loop/arrived"));
-      ncclkit::barrier(store, world.rank, world.world_size, "end", 30s);
-    }, {.timeout = 120s});
+    auto result =
+        ncclkit::spawn(n,
+                       [](const ncclkit::WorldInfo& world) {
+                         ::signal(SIGTERM, SIG_DFL);
+                         FileStore store = open_store(world);
+                         for (int round = 0; round < kRounds; ++round) {
+                           const std::string prefix = "round/" + std::to_string(round) + "/";
+                           // Ranks reach the barrier at different times: each does rank-dependent work first.
+                           for (int i = 0; i < (world.rank * 7 + round) % 5; ++i)
+                             store.add("busy/" + std::to_string(world.rank), 1);
+                           store.set(prefix + std::to_string(world.rank), "here");
+                           ncclkit::barrier(store, world.rank, world.world_size, "loop", 30s);
+                           // check() never blocks: every rank's key must exist already.
+                           for (int r = 0; r < world.world_size; ++r) {
+                             require(store.check({prefix + std::to_string(r)}),
+                                     "rank " + std::to_string(r) + " had not arrived when round " +
+                                         std::to_string(round) + " released");
+                           }
+                         }
+                         // A second tag runs its own rounds, independent of the first.
+                         ncclkit::barrier(store, world.rank, world.world_size, "other", 30s);
+                         require(store.get_string("barrier/loop/arrived") == std::to_string(kRounds * world.world_size),
+                                 "the loop barrier counted " + store.get_string("barrier/loop/arrived"));
+                         ncclkit::barrier(store, world.rank, world.world_size, "end", 30s);
+                       },
+                       {.timeout = 120s});
     CHECK_MESSAGE(result.ok(), result.describe());
   }
 }
@@ -71,31 +76,35 @@ TEST_CASE("a rank that never arrives makes the others fail, naming it") {
                         Case{64, {37, 50}, "never arrived: 37, 50;"}}) {
     CAPTURE(c.world);
     const auto timeout = 1s;
-    auto result = ncclkit::spawn(c.world, [&](const ncclkit::WorldInfo& world) {
-      ::signal(SIGTERM, SIG_DFL);
-      for (int absent : c.absent)
-        if (world.rank == absent) return 0;  // never joins, never arrives
-      FileStore store = open_store(world);
-      // Every rank that will arrive is up before the clock starts: on a loaded machine 64 forked
-      // ranks take longer than the barrier's timeout to start, and a late one is not the absent one.
-      const auto present = static_cast<std::int64_t>(world.world_size - static_cast<int>(c.absent.size()));
-      store.add("present", 1);
-      require(ncclkit::detail::poll_until(Clock::now() + 60s, {}, [&] { return store.add("present", 0) == present; }),
+    auto result = ncclkit::spawn(
+        c.world,
+        [&](const ncclkit::WorldInfo& world) {
+          ::signal(SIGTERM, SIG_DFL);
+          for (int absent : c.absent)
+            if (world.rank == absent) return 0;  // never joins, never arrives
+          FileStore store = open_store(world);
+          // Every rank that will arrive is up before the clock starts: on a loaded machine 64 forked
+          // ranks take longer than the barrier's timeout to start, and a late one is not the absent one.
+          const auto present = static_cast<std::int64_t>(world.world_size - static_cast<int>(c.absent.size()));
+          store.add("present", 1);
+          require(
+              ncclkit::detail::poll_until(Clock::now() + 60s, {}, [&] { return store.add("present", 0) == present; }),
               "the present ranks did not all start within 60 s");
-      const auto start = Clock::now();
-      try {
-        ncclkit::barrier(store, world.rank, world.world_size, "gate", timeout);
-      } catch (const ncclkit::TimeoutError& e) {
-        const std::string text = e.what();
-        require(text.find(c.named) != std::string::npos, "message does not name the absent rank(s): " + text);
-        require(text.find("barrier 'gate'") != std::string::npos, "message does not name the barrier: " + text);
-        require(text.find(store.describe()) != std::string::npos, "message does not name the folder: " + text);
-        require(Clock::now() - start >= timeout, "the barrier timed out early");
-        return 0;
-      }
-      require(false, "the barrier let rank " + std::to_string(world.rank) + " through with ranks missing");
-      return 1;
-    }, {.timeout = 120s});
+          const auto start = Clock::now();
+          try {
+            ncclkit::barrier(store, world.rank, world.world_size, "gate", timeout);
+          } catch (const ncclkit::TimeoutError& e) {
+            const std::string text = e.what();
+            require(text.find(c.named) != std::string::npos, "message does not name the absent rank(s): " + text);
+            require(text.find("barrier 'gate'") != std::string::npos, "message does not name the barrier: " + text);
+            require(text.find(store.describe()) != std::string::npos, "message does not name the folder: " + text);
+            require(Clock::now() - start >= timeout, "the barrier timed out early");
+            return 0;
+          }
+          require(false, "the barrier let rank " + std::to_string(world.rank) + " through with ranks missing");
+          return 1;
+        },
+        {.timeout = 120s});
     CHECK_MESSAGE(result.ok(), result.describe());
   }
 }

@@ -2,11 +2,11 @@
 // within the limit when it does not (the call goes on in the background).
 #include <doctest/doctest.h>
 
-#include <atomic>   // std::atomic
-#include <chrono>   // std::chrono
-#include <memory>   // std::make_shared
-#include <string>   // std::string
-#include <thread>   // std::this_thread
+#include <atomic>  // std::atomic
+#include <chrono>  // std::chrono
+#include <memory>  // std::make_shared
+#include <string>  // std::string
+#include <thread>  // std::this_thread
 
 #include "ncclkit/core/bounded_call.hpp"
 

@@ -86,8 +86,9 @@ TEST_CASE("a count mismatch of two ranks names both ranks, both calls and the fi
   const std::vector<CollectiveFingerprint> all = {all_reduce(120), all_reduce(100)};
   const auto message = find_mismatch(all);
   REQUIRE(message.has_value());
-  CHECK_MESSAGE(contains(*message, "collective argument mismatch at seq 7: rank 1 called all_reduce(count=100, float, "
-                                   "sum) but rank 0 called all_reduce(count=120, float, sum): count (100 vs 120) differs"),
+  CHECK_MESSAGE(contains(*message,
+                         "collective argument mismatch at seq 7: rank 1 called all_reduce(count=100, float, "
+                         "sum) but rank 0 called all_reduce(count=120, float, sum): count (100 vs 120) differs"),
                 *message);
   CHECK(contains(*message, "Nothing was run"));
 }
@@ -110,8 +111,9 @@ TEST_CASE("each differing field is named: element type, op, root, collective, se
     root1.count = 12;
     const auto m = find_mismatch(std::vector{root0, root1});
     REQUIRE(m);
-    CHECK_MESSAGE(contains(*m, "rank 1 called broadcast(count=12, int32, root=1) but rank 0 called broadcast(count=10, "
-                               "int32, root=0): count (12 vs 10), root (1 vs 0) differ"),
+    CHECK_MESSAGE(contains(*m,
+                           "rank 1 called broadcast(count=12, int32, root=1) but rank 0 called broadcast(count=10, "
+                           "int32, root=0): count (12 vs 10), root (1 vs 0) differ"),
                   *m);
   }
   SUBCASE("another collective") {
@@ -145,8 +147,9 @@ TEST_CASE("the majority is the reference: the odd ranks are the ones named as di
   all[5] = all_reduce(16);
   const auto m = find_mismatch(all);
   REQUIRE(m);
-  CHECK_MESSAGE(contains(*m, "ranks 4-5 called all_reduce(count=16, float, sum) but ranks 1-3 called "
-                             "all_reduce(count=64, float, sum): count (16 vs 64) differs"),
+  CHECK_MESSAGE(contains(*m,
+                         "ranks 4-5 called all_reduce(count=16, float, sum) but ranks 1-3 called "
+                         "all_reduce(count=64, float, sum): count (16 vs 64) differs"),
                 *m);
   CHECK_MESSAGE(contains(*m, "rank 0 called all_reduce(count=32, float, sum) but ranks 1-3 called"), *m);
   // The larger odd group first, then the smaller.
@@ -169,7 +172,9 @@ TEST_CASE("a world where every rank differs stays a message of bounded length") 
 }
 
 TEST_CASE("a rank that rejected its own arguments carries its reason, and is named with it on every rank") {
-  auto bad = CollectiveFingerprint::of("all_reduce").with_sequence(7).with_rejection("needs in.count == out.count (got 4 and 5)");
+  auto bad = CollectiveFingerprint::of("all_reduce")
+                 .with_sequence(7)
+                 .with_rejection("needs in.count == out.count (got 4 and 5)");
   CHECK(bad.is_rejected());
   CHECK_FALSE(all_reduce(4).is_rejected());
   const auto back = ncclkit::detail::decode(ncclkit::detail::encode(bad));
@@ -183,9 +188,10 @@ TEST_CASE("a rank that rejected its own arguments carries its reason, and is nam
   const std::vector<CollectiveFingerprint> all = {all_reduce(4), bad, all_reduce(4)};
   const auto message = find_mismatch(all);
   REQUIRE(message.has_value());
-  CHECK_MESSAGE(contains(*message, "collective argument mismatch at seq 7: rank 1 rejected its own arguments to "
-                                   "all_reduce: needs in.count == out.count (got 4 and 5); ranks 0, 2 called "
-                                   "all_reduce(count=4, float, sum)"),
+  CHECK_MESSAGE(contains(*message,
+                         "collective argument mismatch at seq 7: rank 1 rejected its own arguments to "
+                         "all_reduce: needs in.count == out.count (got 4 and 5); ranks 0, 2 called "
+                         "all_reduce(count=4, float, sum)"),
                 *message);
   CHECK(contains(*message, "Nothing was run, on any rank"));
   // Every rank rejecting the same way is still an error, not agreement.

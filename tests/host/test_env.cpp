@@ -28,7 +28,7 @@ TEST_CASE("parse_timeout_seconds: positive seconds up to 1e9, in whole milliseco
   CHECK(parse_timeout_seconds("2.007") == milliseconds(2007));  // 2.007 * 1000 is 2007.0000000000002
   CHECK(parse_timeout_seconds("4.001") == milliseconds(4001));
   CHECK(parse_timeout_seconds(" 30") == milliseconds(30000));  // leading blanks, as strtod skips them
-  CHECK(parse_timeout_seconds("0.0001") == milliseconds(1));  // never 0, which means "the default"
+  CHECK(parse_timeout_seconds("0.0001") == milliseconds(1));   // never 0, which means "the default"
   CHECK(parse_timeout_seconds("1e9") == milliseconds(1000000000000));
   for (const char* bad : {"", " ", "0", "-1", "1e10", "inf", "nan", "abc", "1x", "1 "}) {
     CAPTURE(bad);
@@ -38,8 +38,8 @@ TEST_CASE("parse_timeout_seconds: positive seconds up to 1e9, in whole milliseco
 
 TEST_CASE("env_int and env_seconds name the variable on bad values") {
   ::setenv("NCCLKIT_TEST_INT", "abc", 1);
-  CHECK_THROWS_WITH_AS(ncclkit::env_int("NCCLKIT_TEST_INT"),
-                       doctest::Contains("NCCLKIT_TEST_INT='abc'"), ncclkit::ConfigError);
+  CHECK_THROWS_WITH_AS(ncclkit::env_int("NCCLKIT_TEST_INT"), doctest::Contains("NCCLKIT_TEST_INT='abc'"),
+                       ncclkit::ConfigError);
   ::setenv("NCCLKIT_TEST_INT", "17", 1);
   CHECK(ncclkit::env_int("NCCLKIT_TEST_INT") == 17);
   ::unsetenv("NCCLKIT_TEST_INT");

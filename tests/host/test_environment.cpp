@@ -42,8 +42,13 @@ TEST_CASE("no environment at all is a single process, and says so") {
 }
 
 TEST_CASE("torchrun variables") {
-  WorldInfo w = from_env({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                          {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"},
+  WorldInfo w = from_env({{"RANK", "5"},
+                          {"WORLD_SIZE", "8"},
+                          {"LOCAL_RANK", "1"},
+                          {"LOCAL_WORLD_SIZE", "4"},
+                          {"GROUP_RANK", "1"},
+                          {"GROUP_WORLD_SIZE", "2"},
+                          {"MASTER_ADDR", "node0"},
                           {"MASTER_PORT", "29500"}});
   CHECK(w.rank == 5);
   CHECK(w.world_size == 8);
@@ -65,19 +70,25 @@ TEST_CASE("torchrun variables") {
   }
   SUBCASE("heterogeneous nodes need GROUP_RANK") {
     // 3 processes on the last node of a 4+4+3 job: 9 % 3 == 0 but 11 % 3 != 0.
-    CHECK_THROWS_WITH_AS(from_env({{"RANK", "10"}, {"WORLD_SIZE", "11"}, {"LOCAL_RANK", "2"},
-                                   {"LOCAL_WORLD_SIZE", "3"}}),
-                         doctest::Contains("GROUP_RANK and GROUP_WORLD_SIZE"), ConfigError);
-    WorldInfo h = from_env({{"RANK", "10"}, {"WORLD_SIZE", "11"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"},
-                            {"GROUP_RANK", "2"}, {"GROUP_WORLD_SIZE", "3"}});
+    CHECK_THROWS_WITH_AS(
+        from_env({{"RANK", "10"}, {"WORLD_SIZE", "11"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "3"}}),
+        doctest::Contains("GROUP_RANK and GROUP_WORLD_SIZE"), ConfigError);
+    WorldInfo h = from_env({{"RANK", "10"},
+                            {"WORLD_SIZE", "11"},
+                            {"LOCAL_RANK", "2"},
+                            {"LOCAL_WORLD_SIZE", "3"},
+                            {"GROUP_RANK", "2"},
+                            {"GROUP_WORLD_SIZE", "3"}});
     CHECK(h.node_rank == 2);
     CHECK(h.num_nodes == 3);
   }
 }
 
 TEST_CASE("Open MPI variables; OMPI_COMM_WORLD_NODE_RANK is not taken for the node index") {
-  WorldInfo w = from_env({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  WorldInfo w = from_env({{"OMPI_COMM_WORLD_RANK", "3"},
+                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                          {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                           {"OMPI_COMM_WORLD_NODE_RANK", "7"}});
   CHECK(w.rank == 3);
   CHECK(w.world_size == 4);
@@ -87,19 +98,28 @@ TEST_CASE("Open MPI variables; OMPI_COMM_WORLD_NODE_RANK is not taken for the no
   CHECK(w.num_nodes == 2);
   CHECK(contains(w.source, "Open MPI"));
   // --map-by node: rank 1 is local rank 0 on the second node; the node cannot be derived.
-  CHECK_THROWS_WITH_AS(from_env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
+  CHECK_THROWS_WITH_AS(from_env({{"OMPI_COMM_WORLD_RANK", "1"},
+                                 {"OMPI_COMM_WORLD_SIZE", "4"},
+                                 {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}),
                        doctest::Contains("not laid out node by node"), ConfigError);
-  WorldInfo explicit_node = from_env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+  WorldInfo explicit_node = from_env({{"OMPI_COMM_WORLD_RANK", "1"},
+                                      {"OMPI_COMM_WORLD_SIZE", "4"},
+                                      {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
                                      {.node_rank = 1, .num_nodes = 2});
   CHECK(explicit_node.node_rank == 1);
 }
 
 TEST_CASE("SLURM variables: step values, task counts per node, first host of the node list") {
-  WorldInfo w = from_env({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "11"}, {"SLURM_LOCALID", "1"},
-                          {"SLURM_NODEID", "2"}, {"SLURM_NNODES", "3"}, {"SLURM_TASKS_PER_NODE", "4(x2),3"},
-                          {"SLURM_JOB_NODELIST", "gpu[08-10],cpu1"}, {"MASTER_PORT", "29400"}});
+  WorldInfo w = from_env({{"SLURM_PROCID", "9"},
+                          {"SLURM_NTASKS", "11"},
+                          {"SLURM_LOCALID", "1"},
+                          {"SLURM_NODEID", "2"},
+                          {"SLURM_NNODES", "3"},
+                          {"SLURM_TASKS_PER_NODE", "4(x2),3"},
+                          {"SLURM_JOB_NODELIST", "gpu[08-10],cpu1"},
+                          {"MASTER_PORT", "29400"}});
   CHECK(w.rank == 9);
   CHECK(w.world_size == 11);
   CHECK(w.local_rank == 1);
@@ -113,10 +133,16 @@ TEST_CASE("SLURM variables: step values, task counts per node, first host of the
   CHECK(contains(w.source, "first host of the SLURM node list"));
 
   SUBCASE("the job step's values win over the allocation's") {
-    WorldInfo s = from_env({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"}, {"SLURM_STEP_NUM_TASKS", "2"},
-                            {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "2"},
-                            {"SLURM_STEP_NUM_NODES", "1"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
-                            {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "a[1-2]"},
+    WorldInfo s = from_env({{"SLURM_PROCID", "1"},
+                            {"SLURM_NTASKS", "8"},
+                            {"SLURM_STEP_NUM_TASKS", "2"},
+                            {"SLURM_LOCALID", "1"},
+                            {"SLURM_NODEID", "0"},
+                            {"SLURM_NNODES", "2"},
+                            {"SLURM_STEP_NUM_NODES", "1"},
+                            {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                            {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                            {"SLURM_JOB_NODELIST", "a[1-2]"},
                             {"SLURM_STEP_NODELIST", "a2"}});
     CHECK(s.world_size == 2);
     CHECK(s.local_world_size == 2);
@@ -124,17 +150,28 @@ TEST_CASE("SLURM variables: step values, task counts per node, first host of the
     CHECK(s.master_addr == "a2");
   }
   SUBCASE("SLURM_NTASKS_PER_NODE, and one node without any count") {
-    WorldInfo p = from_env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                            {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_NTASKS_PER_NODE", "4"}});
+    WorldInfo p = from_env({{"SLURM_PROCID", "5"},
+                            {"SLURM_NTASKS", "8"},
+                            {"SLURM_LOCALID", "1"},
+                            {"SLURM_NODEID", "1"},
+                            {"SLURM_NNODES", "2"},
+                            {"SLURM_NTASKS_PER_NODE", "4"}});
     CHECK(p.local_world_size == 4);
-    WorldInfo one = from_env({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"SLURM_LOCALID", "2"},
-                              {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"}});
+    WorldInfo one = from_env({{"SLURM_PROCID", "2"},
+                              {"SLURM_NTASKS", "3"},
+                              {"SLURM_LOCALID", "2"},
+                              {"SLURM_NODEID", "0"},
+                              {"SLURM_NNODES", "1"}});
     CHECK(one.local_world_size == 3);
     CHECK(one.master_addr.empty());
   }
   SUBCASE("MASTER_ADDR wins over the node list") {
-    WorldInfo m = from_env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"},
-                            {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"}, {"SLURM_JOB_NODELIST", "gpu[1-2]"},
+    WorldInfo m = from_env({{"SLURM_PROCID", "0"},
+                            {"SLURM_NTASKS", "1"},
+                            {"SLURM_LOCALID", "0"},
+                            {"SLURM_NODEID", "0"},
+                            {"SLURM_NNODES", "1"},
+                            {"SLURM_JOB_NODELIST", "gpu[1-2]"},
                             {"MASTER_ADDR", "10.0.0.5"}});
     CHECK(m.master_addr == "10.0.0.5");
     CHECK(m.init_url == "env://");
@@ -142,9 +179,9 @@ TEST_CASE("SLURM variables: step values, task counts per node, first host of the
 }
 
 TEST_CASE("contradictions within SLURM's variables are errors that list what was found") {
-  std::map<std::string, std::string, std::less<>> base = {
-      {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "8"},  {"SLURM_LOCALID", "1"},
-      {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}};
+  std::map<std::string, std::string, std::less<>> base = {{"SLURM_PROCID", "1"},  {"SLURM_NTASKS", "8"},
+                                                          {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "0"},
+                                                          {"SLURM_NNODES", "2"},  {"SLURM_TASKS_PER_NODE", "4(x2)"}};
   CHECK(from_env(base).local_world_size == 4);
   auto with = [&](std::string name, std::string value) {
     auto copy = base;
@@ -177,9 +214,10 @@ TEST_CASE("missing values name what was found and what is needed") {
                        doctest::Contains("LOCAL_RANK and LOCAL_WORLD_SIZE"), ConfigError);
   CHECK_THROWS_WITH_AS(from_env({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}}),
                        doctest::Contains("not the local world size"), ConfigError);
-  CHECK_THROWS_WITH_AS(from_env({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                                 {"GROUP_RANK", "0"}}),
-                       doctest::Contains("not the number of nodes"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      from_env(
+          {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "0"}}),
+      doctest::Contains("not the number of nodes"), ConfigError);
   CHECK_THROWS_WITH_AS(from_env({{"SLURM_PROCID", "0"}}), doctest::Contains("found: SLURM_PROCID=0"), ConfigError);
   // A single process needs no local values.
   WorldInfo single = from_env({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
@@ -192,11 +230,19 @@ TEST_CASE("contradictory and garbage values") {
                        doctest::Contains("rank=4 must be in [0, world_size=4)"), ConfigError);
   CHECK_THROWS_WITH_AS(from_env({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}}),
                        doctest::Contains("(RANK=4, WORLD_SIZE=4"), ConfigError);
-  CHECK_THROWS_WITH_AS(from_env({{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "2"},
-                                 {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "2"}}),
+  CHECK_THROWS_WITH_AS(from_env({{"RANK", "1"},
+                                 {"WORLD_SIZE", "4"},
+                                 {"LOCAL_RANK", "3"},
+                                 {"LOCAL_WORLD_SIZE", "2"},
+                                 {"GROUP_RANK", "0"},
+                                 {"GROUP_WORLD_SIZE", "2"}}),
                        doctest::Contains("local_rank=3"), ConfigError);
-  CHECK_THROWS_WITH_AS(from_env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
-                                 {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "3"}}),
+  CHECK_THROWS_WITH_AS(from_env({{"RANK", "1"},
+                                 {"WORLD_SIZE", "2"},
+                                 {"LOCAL_RANK", "0"},
+                                 {"LOCAL_WORLD_SIZE", "1"},
+                                 {"GROUP_RANK", "1"},
+                                 {"GROUP_WORLD_SIZE", "3"}}),
                        doctest::Contains("num_nodes=3 exceeds world_size=2"), ConfigError);
   for (const char* garbage : {"abc", "1.5", "0x10", " 1", "2 ", "99999999999999999999"}) {
     CAPTURE(garbage);
@@ -216,10 +262,12 @@ TEST_CASE("contradictory and garbage values") {
 
 TEST_CASE("precedence between launchers: torchrun > Open MPI > SLURM, recorded in source") {
   // srun torchrun: one torchrun per node (SLURM numbers nodes), torchrun numbers the workers.
-  std::map<std::string, std::string, std::less<>> nested = {
-      {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"},     {"SLURM_LOCALID", "0"},     {"SLURM_NODEID", "1"},
-      {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "1(x2)"}, {"RANK", "6"}, {"WORLD_SIZE", "8"},
-      {"LOCAL_RANK", "2"},   {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "n1"}, {"MASTER_PORT", "1234"}};
+  std::map<std::string, std::string, std::less<>> nested = {{"SLURM_PROCID", "1"},  {"SLURM_NTASKS", "2"},
+                                                            {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"},
+                                                            {"SLURM_NNODES", "2"},  {"SLURM_TASKS_PER_NODE", "1(x2)"},
+                                                            {"RANK", "6"},          {"WORLD_SIZE", "8"},
+                                                            {"LOCAL_RANK", "2"},    {"LOCAL_WORLD_SIZE", "4"},
+                                                            {"MASTER_ADDR", "n1"},  {"MASTER_PORT", "1234"}};
   WorldInfo w = from_env(nested);
   CHECK(w.rank == 6);
   CHECK(w.world_size == 8);
@@ -228,9 +276,14 @@ TEST_CASE("precedence between launchers: torchrun > Open MPI > SLURM, recorded i
   CHECK(contains(w.source, "ignored, lower precedence than torchrun: SLURM (SLURM_PROCID=1"));
 
   // mpirun inside an sbatch job: SLURM_PROCID numbers mpirun's daemons, not the processes.
-  WorldInfo m = from_env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
-                          {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "2"}, {"OMPI_COMM_WORLD_RANK", "3"},
-                          {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+  WorldInfo m = from_env({{"SLURM_PROCID", "0"},
+                          {"SLURM_NTASKS", "2"},
+                          {"SLURM_LOCALID", "0"},
+                          {"SLURM_NODEID", "0"},
+                          {"SLURM_NNODES", "2"},
+                          {"OMPI_COMM_WORLD_RANK", "3"},
+                          {"OMPI_COMM_WORLD_SIZE", "8"},
+                          {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
   CHECK(m.rank == 3);
   CHECK(m.world_size == 8);
@@ -245,10 +298,13 @@ TEST_CASE("precedence between launchers: torchrun > Open MPI > SLURM, recorded i
 }
 
 TEST_CASE("explicit arguments win field by field") {
-  std::map<std::string, std::string, std::less<>> env = {{"RANK", "1"},       {"WORLD_SIZE", "4"},
-                                                        {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
-                                                        {"MASTER_ADDR", "a"}, {"MASTER_PORT", "1000"},
-                                                        {"NCCLKIT_INIT_URL", "file:///shared/rdv"}};
+  std::map<std::string, std::string, std::less<>> env = {{"RANK", "1"},
+                                                         {"WORLD_SIZE", "4"},
+                                                         {"LOCAL_RANK", "1"},
+                                                         {"LOCAL_WORLD_SIZE", "2"},
+                                                         {"MASTER_ADDR", "a"},
+                                                         {"MASTER_PORT", "1000"},
+                                                         {"NCCLKIT_INIT_URL", "file:///shared/rdv"}};
   WorldInfo w = from_env(env, {.rank = 2, .local_rank = 0, .master_port = 2000});
   CHECK(w.rank == 2);
   CHECK(w.world_size == 4);

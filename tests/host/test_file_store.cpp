@@ -40,7 +40,6 @@ using ncclkit_test::entries;
 using ncclkit_test::random_bytes;
 using ncclkit_test::TempDir;
 
-
 mode_t mode_of(const std::string& path) {
   struct stat info {};
   REQUIRE(::stat(path.c_str(), &info) == 0);
@@ -82,9 +81,9 @@ TEST_CASE("keys may hold any bytes; escaped and hashed names never collide") {
   const std::string long_key(1000, 'x');
   std::string long_key_2 = long_key;
   long_key_2.back() = 'y';
-  std::vector<std::string> keys = {"a/b",  "A/b", "a%2fb", "%41", "A",   std::string("nul\0byte", 8),
-                                   "",     ".",   "..",    "/",   "\xff\xfe", "k-a", long_key, long_key_2,
-                                   std::string(300, '/')};
+  std::vector<std::string> keys = {
+      "a/b", "A/b",      "a%2fb", "%41",    "A",        std::string("nul\0byte", 8), "", ".", "..",
+      "/",   "\xff\xfe", "k-a",   long_key, long_key_2, std::string(300, '/')};
   for (std::size_t i = 0; i < keys.size(); ++i) store.set(keys[i], "value " + std::to_string(i));
   CHECK(store.num_keys() == static_cast<std::int64_t>(keys.size()));
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -144,7 +143,8 @@ TEST_CASE("add counts from zero and rejects values that are not integers") {
   CHECK(store.add("n", -10) == -3);
   CHECK(store.get_string("n") == "-3");
   store.set("text", "twelve");
-  CHECK_THROWS_WITH_AS(store.add("text", 1), doctest::Contains("'twelve' is not a decimal integer"), ncclkit::StoreError);
+  CHECK_THROWS_WITH_AS(store.add("text", 1), doctest::Contains("'twelve' is not a decimal integer"),
+                       ncclkit::StoreError);
   store.set("big", std::to_string(INT64_MAX));
   CHECK_THROWS_WITH_AS(store.add("big", 1), doctest::Contains("overflows"), ncclkit::StoreError);
 }
@@ -318,12 +318,19 @@ TEST_CASE("world_size 0: members share the live run; nothing is removed until th
 TEST_CASE("bad arguments and unusable folders are clear errors") {
   CHECK_THROWS_AS(FileStore(""), ncclkit::ConfigError);
   TempDir dir;
-  CHECK_THROWS_WITH_AS(FileStore(dir.path, {.world_size = -1}), doctest::Contains("world_size=-1"), ncclkit::ConfigError);
-  const std::string file = dir.path + "/plain-file";
-  { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
-  // A regular file where the folder should be: PyTorch's file:// names a file, ours a folder.
-  CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains((file + " is a regular file, but a FileStore (and a file:// init URL) names a folder").c_str()),
+  CHECK_THROWS_WITH_AS(FileStore(dir.path, {.world_size = -1}), doctest::Contains("world_size=-1"),
                        ncclkit::ConfigError);
+  const std::string file = dir.path + "/plain-file";
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+  }
+  // A regular file where the folder should be: PyTorch's file:// names a file, ours a folder.
+  CHECK_THROWS_WITH_AS(
+      FileStore{file},
+      doctest::Contains((file + " is a regular file, but a FileStore (and a file:// init URL) names a folder").c_str()),
+      ncclkit::ConfigError);
   CHECK_THROWS_WITH_AS(FileStore{file}, doctest::Contains("unlike PyTorch's FileStore, whose file:// names a file"),
                        ncclkit::ConfigError);
   // Below a regular file nothing can be created: that stays a StoreError about the folder.
@@ -335,9 +342,17 @@ TEST_CASE("files that are not FileStore's are left alone") {
   TempDir dir;
   std::filesystem::create_directory(dir.path + "/r-not-a-run");
   std::filesystem::create_directory(dir.path + "/r-0123456789abcdef0123456789abcdeg");  // 'g': not hex
-  { std::FILE* f = std::fopen((dir.path + "/notes.txt").c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
-  { FileStore store(dir.path, {.world_size = 1}); store.set("k", "v"); }
-  CHECK(entries(dir.path) == std::vector<std::string>{"lock", "notes.txt", "r-0123456789abcdef0123456789abcdeg", "r-not-a-run"});
+  {
+    std::FILE* f = std::fopen((dir.path + "/notes.txt").c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+  }
+  {
+    FileStore store(dir.path, {.world_size = 1});
+    store.set("k", "v");
+  }
+  CHECK(entries(dir.path) ==
+        std::vector<std::string>{"lock", "notes.txt", "r-0123456789abcdef0123456789abcdeg", "r-not-a-run"});
 }
 
 // ---- job identities: two jobs in one folder --------------------------------------------------
@@ -394,14 +409,21 @@ TEST_CASE("the job identity comes from NCCLKIT_RUN_ID, ncclkit-run, torchrun or 
       {{{"SLURM_JOB_ID", "77"}}, "slurm:77", "SLURM_JOB_ID=77"},
       // The step is not part of it: one job's processes may run in different steps.
       {{{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}}, "slurm:77", "SLURM_JOB_ID=77"},
-      {{{"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}}, "torchrun:t-1", "TORCHELASTIC_RUN_ID=t-1 (set by torchrun)"},
+      {{{"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}},
+       "torchrun:t-1",
+       "TORCHELASTIC_RUN_ID=t-1 (set by torchrun)"},
       // torchrun's default run id is the same for every job without --rdzv-id: not an identity.
       {{{"TORCHELASTIC_RUN_ID", "none"}, {"SLURM_JOB_ID", "77"}}, "slurm:77", "SLURM_JOB_ID=77"},
       {{{"TORCHELASTIC_RUN_ID", "none"}}, "", ""},
       {{{"NCCLKIT_LAUNCH_RUN_ID", "abc"}, {"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}},
-       "ncclkit-run:abc", "NCCLKIT_LAUNCH_RUN_ID=abc (set by ncclkit-run)"},
-      {{{"NCCLKIT_RUN_ID", "mine"}, {"NCCLKIT_LAUNCH_RUN_ID", "abc"}, {"TORCHELASTIC_RUN_ID", "t-1"}, {"SLURM_JOB_ID", "77"}},
-       "mine", "NCCLKIT_RUN_ID=mine"},
+       "ncclkit-run:abc",
+       "NCCLKIT_LAUNCH_RUN_ID=abc (set by ncclkit-run)"},
+      {{{"NCCLKIT_RUN_ID", "mine"},
+        {"NCCLKIT_LAUNCH_RUN_ID", "abc"},
+        {"TORCHELASTIC_RUN_ID", "t-1"},
+        {"SLURM_JOB_ID", "77"}},
+       "mine",
+       "NCCLKIT_RUN_ID=mine"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.tag);
@@ -423,7 +445,9 @@ TEST_CASE("two jobs in one folder stay apart by the identity their environment g
       {"TORCHELASTIC_RUN_ID", {{"TORCHELASTIC_RUN_ID", "a"}}, {{"TORCHELASTIC_RUN_ID", "b"}}},
       {"NCCLKIT_LAUNCH_RUN_ID", {{"NCCLKIT_LAUNCH_RUN_ID", "a"}}, {{"NCCLKIT_LAUNCH_RUN_ID", "b"}}},
       // An explicit NCCLKIT_RUN_ID wins over what the environment says.
-      {"NCCLKIT_RUN_ID", {{"NCCLKIT_RUN_ID", "a"}, {"SLURM_JOB_ID", "7"}}, {{"NCCLKIT_RUN_ID", "b"}, {"SLURM_JOB_ID", "7"}}},
+      {"NCCLKIT_RUN_ID",
+       {{"NCCLKIT_RUN_ID", "a"}, {"SLURM_JOB_ID", "7"}},
+       {{"NCCLKIT_RUN_ID", "b"}, {"SLURM_JOB_ID", "7"}}},
   };
   for (const auto& source : sources) {
     const std::string source_name = source.name;
@@ -482,9 +506,10 @@ TEST_CASE("a timeout names the live runs of other jobs in the folder and says ho
     } catch (const ncclkit::TimeoutError& e) {
       const std::string text = e.what();
       CHECK_MESSAGE(contains_text(text, "of job slurm:2, member 0 of 2)"), text);
-      CHECK_MESSAGE(contains_text(text, "The folder also holds live runs of other jobs, which this store never joins: run " +
-                                            other->run_id().substr(0, 8) + " of job slurm:1 (started by "),
-                    text);
+      CHECK_MESSAGE(
+          contains_text(text, "The folder also holds live runs of other jobs, which this store never joins: run " +
+                                  other->run_id().substr(0, 8) + " of job slurm:1 (started by "),
+          text);
       CHECK(contains_text(text, "this process is job slurm:2 (from SLURM_JOB_ID=2)"));
       CHECK(contains_text(text, "give every process of the job the same NCCLKIT_RUN_ID"));
     }
@@ -528,11 +553,14 @@ namespace {
 /// Runs `n` workers on `dir`, each with FileStore(dir, {.world_size = n}).
 template <class Fn>
 ncclkit::SpawnResult run_on(const std::string& dir, int n, Fn fn) {
-  return ncclkit::spawn(n, [&](const ncclkit::WorldInfo& world) {
-    ::signal(SIGTERM, SIG_DFL);  // not doctest's handler, which would report a killed worker as a crash
-    FileStore store(world.init_url.substr(7), {.world_size = world.world_size, .timeout = 60s});
-    fn(store, world.rank, world.world_size);
-  }, {.timeout = 120s, .grace = 200ms, .rendezvous_dir = dir});
+  return ncclkit::spawn(n,
+                        [&](const ncclkit::WorldInfo& world) {
+                          ::signal(SIGTERM,
+                                   SIG_DFL);  // not doctest's handler, which would report a killed worker as a crash
+                          FileStore store(world.init_url.substr(7), {.world_size = world.world_size, .timeout = 60s});
+                          fn(store, world.rank, world.world_size);
+                        },
+                        {.timeout = 120s, .grace = 200ms, .rendezvous_dir = dir});
 }
 
 using ncclkit_test::require;
@@ -572,7 +600,7 @@ TEST_CASE("a run SIGKILLed mid-run leaves a folder that the next run starts fres
     store.set("key/" + std::to_string(rank), "old");
     store.add("counter", 1);
     ncclkit::barrier(store, rank, world, "ready", 30s);
-    if (rank == 0) ::raise(SIGKILL);    // spawn then stops the others, wherever they are
+    if (rank == 0) ::raise(SIGKILL);  // spawn then stops the others, wherever they are
     (void)store.get("never", 60s);
   });
   CHECK_FALSE(killed.ok());
@@ -587,18 +615,21 @@ TEST_CASE("a run killed before all its members arrived is stale too, never joine
   constexpr int kRanks = 8, kArrived = 5;
   // Ranks 0..4 join `dir`; all ranks meet on a side folder so that rank 0 is killed only once
   // those five have set their keys.
-  auto killed = ncclkit::spawn(kRanks, [&](const ncclkit::WorldInfo& world) {
-    ::signal(SIGTERM, SIG_DFL);
-    FileStore coordination(side.path, {.world_size = kRanks, .timeout = 60s});
-    std::unique_ptr<FileStore> store;
-    if (world.rank < kArrived) {
-      store = std::make_unique<FileStore>(dir.path, ncclkit::FileStoreOptions{.world_size = kRanks});
-      store->set("key/" + std::to_string(world.rank), "old");
-    }
-    ncclkit::barrier(coordination, world.rank, kRanks, "arrived", 30s);
-    if (world.rank == 0) ::raise(SIGKILL);
-    (void)coordination.get("never", 60s);
-  }, {.timeout = 120s, .grace = 200ms});
+  auto killed =
+      ncclkit::spawn(kRanks,
+                     [&](const ncclkit::WorldInfo& world) {
+                       ::signal(SIGTERM, SIG_DFL);
+                       FileStore coordination(side.path, {.world_size = kRanks, .timeout = 60s});
+                       std::unique_ptr<FileStore> store;
+                       if (world.rank < kArrived) {
+                         store = std::make_unique<FileStore>(dir.path, ncclkit::FileStoreOptions{.world_size = kRanks});
+                         store->set("key/" + std::to_string(world.rank), "old");
+                       }
+                       ncclkit::barrier(coordination, world.rank, kRanks, "arrived", 30s);
+                       if (world.rank == 0) ::raise(SIGKILL);
+                       (void)coordination.get("never", 60s);
+                     },
+                     {.timeout = 120s, .grace = 200ms});
   CHECK(killed.workers[0].signal == SIGKILL);
   check_fresh_run(dir.path, kRanks);
 }

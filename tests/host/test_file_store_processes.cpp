@@ -39,7 +39,6 @@ using ncclkit_test::entries;
 using ncclkit_test::random_bytes;
 using ncclkit_test::TempDir;
 
-
 constexpr int kSizes[] = {2, 8, 64};
 
 /// A fingerprint of a value, to compare large values without a second copy.
@@ -56,11 +55,14 @@ using ncclkit_test::require;
 template <class Fn>
 void run_ranks(int n, Fn fn) {
   TempDir dir;
-  auto result = ncclkit::spawn(n, [&](const ncclkit::WorldInfo& world) {
-    ::signal(SIGTERM, SIG_DFL);  // a worker stopped by spawn should die quietly, not report a doctest crash
-    FileStore store(world.init_url.substr(7), {.world_size = world.world_size, .timeout = 60s});
-    fn(store, world.rank, world.world_size);
-  }, {.timeout = 120s, .rendezvous_dir = dir.path});
+  auto result = ncclkit::spawn(
+      n,
+      [&](const ncclkit::WorldInfo& world) {
+        ::signal(SIGTERM, SIG_DFL);  // a worker stopped by spawn should die quietly, not report a doctest crash
+        FileStore store(world.init_url.substr(7), {.world_size = world.world_size, .timeout = 60s});
+        fn(store, world.rank, world.world_size);
+      },
+      {.timeout = 120s, .rendezvous_dir = dir.path});
   CHECK_MESSAGE(result.ok(), result.describe());
   CHECK(entries(dir.path) == std::vector<std::string>{"lock"});
 }
@@ -174,7 +176,8 @@ TEST_CASE("delete_key and num_keys across processes") {
       store.set("tmp/" + std::to_string(rank), "x");
       ncclkit::barrier(store, rank, world, "set", 30s);
       // Every tmp/ key plus the barrier's own keys are counted.
-      require(store.num_keys() >= world, "num_keys " + std::to_string(store.num_keys()) + " < " + std::to_string(world));
+      require(store.num_keys() >= world,
+              "num_keys " + std::to_string(store.num_keys()) + " < " + std::to_string(world));
       const std::int64_t before = store.num_keys();
       ncclkit::barrier(store, rank, world, "counted", 30s);
       require(store.delete_key("tmp/" + std::to_string((rank + 1) % world)), "a key to delete was missing");
@@ -238,15 +241,18 @@ TEST_CASE("the network file system code path (folder refreshes before every look
 TEST_CASE("world_size 0 (unknown): processes share one run; the next run removes it once all are gone") {
   TempDir dir;
   constexpr int kRanks = 8;
-  auto result = ncclkit::spawn(kRanks, [&](const ncclkit::WorldInfo& world) {
-    ::signal(SIGTERM, SIG_DFL);
-    FileStore store(dir.path, {.world_size = 0, .timeout = 60s});
-    require(store.run_world_size() == 0, "the run should have an unknown world size");
-    store.set("run/" + std::to_string(world.rank), store.run_id());
-    for (int r = 0; r < kRanks; ++r)
-      require(store.get_string("run/" + std::to_string(r), 30s) == store.run_id(), "ranks joined different runs");
-    ncclkit::barrier(store, world.rank, kRanks, "end", 30s);
-  }, {.timeout = 120s});
+  auto result = ncclkit::spawn(kRanks,
+                               [&](const ncclkit::WorldInfo& world) {
+                                 ::signal(SIGTERM, SIG_DFL);
+                                 FileStore store(dir.path, {.world_size = 0, .timeout = 60s});
+                                 require(store.run_world_size() == 0, "the run should have an unknown world size");
+                                 store.set("run/" + std::to_string(world.rank), store.run_id());
+                                 for (int r = 0; r < kRanks; ++r)
+                                   require(store.get_string("run/" + std::to_string(r), 30s) == store.run_id(),
+                                           "ranks joined different runs");
+                                 ncclkit::barrier(store, world.rank, kRanks, "end", 30s);
+                               },
+                               {.timeout = 120s});
   CHECK_MESSAGE(result.ok(), result.describe());
   const auto left_behind = entries(dir.path);
   REQUIRE(left_behind.size() == 2);  // lock and the run: nobody knew it was complete
@@ -262,30 +268,33 @@ TEST_CASE("two jobs with different SLURM_JOB_IDs in one folder rendezvous separa
   // arriving interleaved (101, 202, 101, 202; each waits for the previous one to have joined).
   // Without job identities the second arrival joins the first one's run and both jobs read
   // each other's keys.
-  auto result = ncclkit::spawn(4, [&](const ncclkit::WorldInfo& world) {
-    ::signal(SIGTERM, SIG_DFL);
-    const std::string job = world.rank % 2 == 0 ? "101" : "202";
-    for (const char* name : {"NCCLKIT_RUN_ID", "NCCLKIT_LAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"})
-      ::unsetenv(name);
-    ::setenv("SLURM_JOB_ID", job.c_str(), 1);
-    auto marker = [&](int rank) { return markers.path + "/joined-" + std::to_string(rank); };
-    if (world.rank > 0) {
-      const auto deadline = Clock::now() + 30s;
-      while (!std::filesystem::exists(marker(world.rank - 1))) {
-        require(Clock::now() < deadline, "the previous process never joined");
-        std::this_thread::sleep_for(1ms);
-      }
-    }
-    FileStore store(shared.path, {.world_size = 2, .timeout = 20s});
-    { std::ofstream(marker(world.rank)) << "1"; }
-    store.set("job/" + std::to_string(store.member()), job);
-    for (int member = 0; member < 2; ++member) {
-      const std::string seen = store.get_string("job/" + std::to_string(member));
-      require(seen == job, "job " + job + " (rank " + std::to_string(world.rank) + ") read job " + seen +
-                               "'s key: the two jobs mixed in one run");
-    }
-    ncclkit::barrier(store, store.member(), 2, "done", 20s);
-  }, {.timeout = 60s, .grace = 200ms});
+  auto result = ncclkit::spawn(
+      4,
+      [&](const ncclkit::WorldInfo& world) {
+        ::signal(SIGTERM, SIG_DFL);
+        const std::string job = world.rank % 2 == 0 ? "101" : "202";
+        for (const char* name : {"NCCLKIT_RUN_ID", "NCCLKIT_LAUNCH_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"})
+          ::unsetenv(name);
+        ::setenv("SLURM_JOB_ID", job.c_str(), 1);
+        auto marker = [&](int rank) { return markers.path + "/joined-" + std::to_string(rank); };
+        if (world.rank > 0) {
+          const auto deadline = Clock::now() + 30s;
+          while (!std::filesystem::exists(marker(world.rank - 1))) {
+            require(Clock::now() < deadline, "the previous process never joined");
+            std::this_thread::sleep_for(1ms);
+          }
+        }
+        FileStore store(shared.path, {.world_size = 2, .timeout = 20s});
+        { std::ofstream(marker(world.rank)) << "1"; }
+        store.set("job/" + std::to_string(store.member()), job);
+        for (int member = 0; member < 2; ++member) {
+          const std::string seen = store.get_string("job/" + std::to_string(member));
+          require(seen == job, "job " + job + " (rank " + std::to_string(world.rank) + ") read job " + seen +
+                                   "'s key: the two jobs mixed in one run");
+        }
+        ncclkit::barrier(store, store.member(), 2, "done", 20s);
+      },
+      {.timeout = 60s, .grace = 200ms});
   CHECK_MESSAGE(result.ok(), result.describe());
   CHECK(entries(shared.path) == std::vector<std::string>{"lock"});  // both runs complete, both removed
 }

@@ -3,13 +3,13 @@
 // pinned to an independent computation, and serialise/parse with malformed input refused.
 #include <doctest/doctest.h>
 
-#include <cstddef>  // std::byte, std::size_t
-#include <cstdint>  // std::uint8_t, std::uint32_t, std::uint64_t
+#include <cstddef>   // std::byte, std::size_t
+#include <cstdint>   // std::uint8_t, std::uint32_t, std::uint64_t
 #include <optional>  // std::optional
-#include <random>   // std::mt19937_64
-#include <set>      // std::set
-#include <string>   // std::string, std::to_string
-#include <vector>   // std::vector
+#include <random>    // std::mt19937_64
+#include <set>       // std::set
+#include <string>    // std::string, std::to_string
+#include <vector>    // std::vector
 
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "support/model_shapes.hpp"
@@ -57,7 +57,8 @@ void check_plan(const FusedLayout& layout, const BucketPlan& plan, std::optional
     REQUIRE_FALSE(bucket.slots.empty());
     std::vector<Slot> expected;
     for (Slot s : layout.order(bucket.dtype)) {
-      if (layout.count(s) != 0 && layout.offset_bytes(s) >= bucket.begin_bytes && layout.offset_bytes(s) < bucket.end_bytes) {
+      if (layout.count(s) != 0 && layout.offset_bytes(s) >= bucket.begin_bytes &&
+          layout.offset_bytes(s) < bucket.end_bytes) {
         expected.push_back(s);
         CHECK(layout.offset_bytes(s) + layout.bytes(s) <= bucket.end_bytes);  // whole tensors
       }
@@ -81,8 +82,10 @@ void check_plan(const FusedLayout& layout, const BucketPlan& plan, std::optional
     CHECK(covered[t] == layout.total_bytes(static_cast<DataType>(t)));
   }
   for (std::uint32_t i = 0; i < layout.size(); ++i) {
-    if (layout.count(Slot{i}) == 0) CHECK_FALSE(plan.bucket_of(Slot{i}).has_value());
-    else CHECK(seen.count(i) == 1);
+    if (layout.count(Slot{i}) == 0)
+      CHECK_FALSE(plan.bucket_of(Slot{i}).has_value());
+    else
+      CHECK(seen.count(i) == 1);
   }
 }
 
@@ -234,8 +237,8 @@ TEST_CASE("bad plan options are refused") {
   open.add("a", {1}, DataType::kFloat32);
   CHECK_THROWS_WITH_AS(BucketPlan::compute(open), doctest::Contains("not finalized"), ConfigError);
   open.finalize();
-  CHECK_THROWS_WITH_AS(BucketPlan::compute(open, BucketOptions{.bucket_bytes = 0}), doctest::Contains("at least 1 byte"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(BucketPlan::compute(open, BucketOptions{.bucket_bytes = 0}),
+                       doctest::Contains("at least 1 byte"), ConfigError);
   CHECK_THROWS_AS(BucketPlan::compute(open, BucketOptions{.first_bucket_bytes = 0}), ConfigError);
   CHECK_THROWS_WITH_AS(BucketPlan::compute(open).bucket_of(Slot{1}), doctest::Contains("slot 1 is out of range"),
                        ConfigError);
@@ -282,18 +285,26 @@ TEST_CASE("fingerprints: equal for equal plans, different when a boundary, name,
 
   std::set<std::uint64_t> fingerprints{fingerprint};
   // A boundary: caps that move one bucket edge.
-  CHECK(fingerprints.insert(BucketPlan::compute(reference, BucketOptions{.bucket_bytes = 24 * kMiB}).fingerprint()).second);
-  CHECK(fingerprints.insert(BucketPlan::compute(reference, BucketOptions{.first_bucket_bytes = 8 * kMiB}).fingerprint()).second);
+  CHECK(fingerprints.insert(BucketPlan::compute(reference, BucketOptions{.bucket_bytes = 24 * kMiB}).fingerprint())
+            .second);
+  CHECK(fingerprints.insert(BucketPlan::compute(reference, BucketOptions{.first_bucket_bytes = 8 * kMiB}).fingerprint())
+            .second);
   // A name, a type, a count (same bytes once aligned), the alignment.
-  CHECK(fingerprints.insert(BucketPlan::compute(build([](std::size_t i, std::string& name, auto&, auto&) {
-                                                  if (i == 80) name += "_";
-                                                })).fingerprint()).second);
-  CHECK(fingerprints.insert(BucketPlan::compute(build([](std::size_t i, auto&, auto&, DataType& type) {
-                                                  if (i == 2) type = DataType::kInt32;  // bn1.bias: same size
-                                                })).fingerprint()).second);
-  CHECK(fingerprints.insert(BucketPlan::compute(build([](std::size_t i, auto&, std::vector<std::int64_t>& shape, auto&) {
-                                                  if (i == 2) shape = {63};  // 252 bytes: same aligned slot
-                                                })).fingerprint()).second);
+  CHECK(fingerprints
+            .insert(BucketPlan::compute(build([](std::size_t i, std::string& name, auto&, auto&) {
+                      if (i == 80) name += "_";
+                    })).fingerprint())
+            .second);
+  CHECK(fingerprints
+            .insert(BucketPlan::compute(build([](std::size_t i, auto&, auto&, DataType& type) {
+                      if (i == 2) type = DataType::kInt32;  // bn1.bias: same size
+                    })).fingerprint())
+            .second);
+  CHECK(fingerprints
+            .insert(BucketPlan::compute(build([](std::size_t i, auto&, std::vector<std::int64_t>& shape, auto&) {
+                      if (i == 2) shape = {63};  // 252 bytes: same aligned slot
+                    })).fingerprint())
+            .second);
   CHECK(fingerprints.insert(BucketPlan::compute(build(same, LayoutOptions{.alignment = 128})).fingerprint()).second);
 }
 
@@ -305,7 +316,8 @@ TEST_CASE("serialize and parse: rank 0's plan is adopted by a rank with the same
   CHECK(parsed.fingerprint() == local.fingerprint());
   check_plan(layout, parsed, BucketOptions{});
   // Rank 0 chose other caps (say, tuned): the others take its boundaries, not their own.
-  const BucketPlan rank0 = BucketPlan::compute(layout, BucketOptions{.bucket_bytes = 8 * kMiB, .first_bucket_bytes = 64 << 10});
+  const BucketPlan rank0 =
+      BucketPlan::compute(layout, BucketOptions{.bucket_bytes = 8 * kMiB, .first_bucket_bytes = 64 << 10});
   const BucketPlan adopted = BucketPlan::parse(rank0.serialize(), layout);
   CHECK(adopted == rank0);
   CHECK_FALSE(adopted == local);
@@ -336,24 +348,26 @@ TEST_CASE("parse refuses malformed bytes and a different layout, saying what dif
   CHECK_THROWS_WITH_AS(parse(with(6, 2)), doctest::Contains("aligns tensors at 512 bytes, this layout at 256"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(parse(with(13, 4)), doctest::Contains("the plan has 4 tensors, this layout 3"), ConfigError);
-  CHECK_THROWS_WITH_AS(parse(with(35, 'c')),
-                       doctest::Contains("the plan has \"c\" (half, 1 elements) where this layout has \"b\" (half, 1 elements)"),
-                       ConfigError);
-  CHECK_THROWS_WITH_AS(parse(with(36, 9)), doctest::Contains("\"b\" (double, 1 elements) where this layout has \"b\" (half"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      parse(with(35, 'c')),
+      doctest::Contains("the plan has \"c\" (half, 1 elements) where this layout has \"b\" (half, 1 elements)"),
+      ConfigError);
+  CHECK_THROWS_WITH_AS(parse(with(36, 9)),
+                       doctest::Contains("\"b\" (double, 1 elements) where this layout has \"b\" (half"), ConfigError);
   CHECK_THROWS_WITH_AS(parse(with(36, 77)), doctest::Contains("\"b\" (type 77"), ConfigError);
   CHECK_THROWS_WITH_AS(parse(with(37, 9)), doctest::Contains("(half, 9 elements)"), ConfigError);
   CHECK_THROWS_WITH_AS(parse(with(59, 0xff)), doctest::Contains("more buckets than the bytes hold"), ConfigError);
   CHECK_THROWS_WITH_AS(parse(with(59, 2)), doctest::Contains("17 bytes follow the last bucket"), ConfigError);
   CHECK_THROWS_WITH_AS(parse(with(63, 42)), doctest::Contains("element type 42 is unknown"), ConfigError);
-  CHECK_THROWS_WITH_AS(parse(with(63, 2)), doctest::Contains("int32 bytes [0, 256) is empty or runs past the allocation (0 bytes)"),
+  CHECK_THROWS_WITH_AS(parse(with(63, 2)),
+                       doctest::Contains("int32 bytes [0, 256) is empty or runs past the allocation (0 bytes)"),
                        ConfigError);
   std::vector<std::byte> inside = with(72, 0x80);  // the first bucket's end: 256 -> 128, inside tensor v
   inside.at(73) = std::byte{0};
   CHECK_THROWS_WITH_AS(parse(inside), doctest::Contains("float bytes [0, 128) does not end where a tensor ends"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(parse(with(64, 0x80)), doctest::Contains("does not start where the previous float bucket ended (0)"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse(with(64, 0x80)),
+                       doctest::Contains("does not start where the previous float bucket ended (0)"), ConfigError);
   std::vector<std::byte> dropped(good.begin(), good.end() - 17);  // the last bucket left out
   dropped.at(59) = std::byte{2};
   CHECK_THROWS_WITH_AS(parse(dropped), doctest::Contains("the float buckets cover 256 of the allocation's 512 bytes"),

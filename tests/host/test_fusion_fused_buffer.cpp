@@ -84,8 +84,8 @@ TEST_CASE("a typed span of the wrong element type, an unknown name or an unfinal
   LoopbackWorld world(1);
   LoopbackBackend backend(world, 0);
   FusedBuffer<LoopbackBackend> buffer(backend, mixed_layout());
-  CHECK_THROWS_WITH_AS(buffer.span<double>("a"),
-                       doctest::Contains("span<double>(\"a\"): the tensor holds float"), ConfigError);
+  CHECK_THROWS_WITH_AS(buffer.span<double>("a"), doctest::Contains("span<double>(\"a\"): the tensor holds float"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(buffer.span<float>("b"), doctest::Contains("the tensor holds bfloat16"), ConfigError);
   CHECK_THROWS_WITH_AS(buffer.view("nope"), doctest::Contains("\"nope\""), ConfigError);
   CHECK_THROWS_AS(buffer.view(Slot{99}), ConfigError);

@@ -96,8 +96,8 @@ double gradient(int rank, int step, std::uint32_t tensor, std::size_t element) {
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
   };
-  const std::uint64_t h = mix((std::uint64_t(rank) << 56) ^ (std::uint64_t(step) << 48) ^
-                              (std::uint64_t(tensor) << 32) ^ mix(element));
+  const std::uint64_t h =
+      mix((std::uint64_t(rank) << 56) ^ (std::uint64_t(step) << 48) ^ (std::uint64_t(tensor) << 32) ^ mix(element));
   const double sum = double(h & 0xffff) + double((h >> 16) & 0xffff) + double((h >> 32) & 0xffff) + double(h >> 48);
   // Four U(0, 1) have mean 2 and variance 1/3.
   return 1e-3 * (sum / 65536.0 - 2.0) * 1.7320508075688772;
@@ -134,8 +134,8 @@ void write_gradients(const Buffer& buffer, int rank, int step) {
 
 /// Norm-relative error ‖out − ref‖ / ‖ref‖ per element type, against the all-reduce of every
 /// rank's gradients computed in float64 from the values as stored (rounded to the type).
-std::array<double, ncclkit::fusion::kDataTypeCount> errors_against_reference(const Buffer& buffer, int ranks,
-                                                                              int step, ReduceOp op) {
+std::array<double, ncclkit::fusion::kDataTypeCount> errors_against_reference(const Buffer& buffer, int ranks, int step,
+                                                                             ReduceOp op) {
   std::array<double, ncclkit::fusion::kDataTypeCount> diff{}, norm{}, error{};
   const FusedLayout& layout = buffer.layout();
   for (std::uint32_t i = 0; i < layout.size(); ++i) {
@@ -159,11 +159,16 @@ std::array<double, ncclkit::fusion::kDataTypeCount> errors_against_reference(con
 
 double tolerance(DataType type) {
   switch (type) {
-    case DataType::kFloat64: return 1e-12;
-    case DataType::kFloat32: return 1e-6;
-    case DataType::kFloat16: return 1e-3;
-    case DataType::kBFloat16: return 5e-3;
-    default: return 0;
+    case DataType::kFloat64:
+      return 1e-12;
+    case DataType::kFloat32:
+      return 1e-6;
+    case DataType::kFloat16:
+      return 1e-3;
+    case DataType::kBFloat16:
+      return 5e-3;
+    default:
+      return 0;
   }
 }
 
@@ -234,9 +239,10 @@ FusedLayout awkward_layout() {
   layout.add("embedding", {300000, 4}, DataType::kFloat32);  // one huge tensor: 4.6 MiB
   layout.add("empty.first", {0}, DataType::kFloat32);
   for (int i = 0; i < 300; ++i) {
-    const DataType type = i % 7 == 0 ? DataType::kBFloat16 : i % 11 == 0 ? DataType::kFloat16
-                          : i % 13 == 0                      ? DataType::kFloat64
-                                                             : DataType::kFloat32;
+    const DataType type = i % 7 == 0    ? DataType::kBFloat16
+                          : i % 11 == 0 ? DataType::kFloat16
+                          : i % 13 == 0 ? DataType::kFloat64
+                                        : DataType::kFloat32;
     layout.add("tiny." + std::to_string(i), {1 + i % 17}, type);
     if (i % 50 == 0) layout.add("empty." + std::to_string(i), {3, 0}, type);
   }
@@ -272,12 +278,11 @@ TEST_CASE("bucketed all-reduce of hundreds of tiny tensors, a huge one, mixed ty
   check_synchronised(3, awkward_layout, BucketOptions{.bucket_bytes = 256 << 10, .first_bucket_bytes = 4 << 10}, 3);
 }
 
-TEST_CASE("sum instead of average") {
-  check_synchronised(2, awkward_layout, BucketOptions{}, 1, ReduceOp::kSum);
-}
+TEST_CASE("sum instead of average") { check_synchronised(2, awkward_layout, BucketOptions{}, 1, ReduceOp::kSum); }
 
 TEST_CASE("ResNet-50 at full size, two ranks, default buckets, matches float64") {
-  check_synchronised(2, [] { return ncclkit::testing::model_layout("resnet50"); }, BucketOptions{}, 1);
+  check_synchronised(
+      2, [] { return ncclkit::testing::model_layout("resnet50"); }, BucketOptions{}, 1);
 }
 
 TEST_CASE("GPT-2 small shapes scaled down by 8 per extent, four ranks, two steps, match float64") {
@@ -324,8 +329,7 @@ TEST_CASE("a comm stream given in the options is used (here the inline one)") {
   const auto errors = run_ranks(2, [&](int rank) {
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, small_layout());
-    Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket),
-              {.comm_stream = backend.default_stream()});
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket), {.comm_stream = backend.default_stream()});
     CHECK(sync.comm_stream() == backend.default_stream());
     write_gradients(buffer, rank, 0);
     for (Slot slot : shuffled_slots(buffer.layout().size(), rank, 0)) sync.mark_ready(slot);
@@ -343,7 +347,8 @@ TEST_CASE("a tensor never marked ready is an error naming it; marking it and fin
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket));
     write_gradients(buffer, rank, 0);
     for (const char* name : {"w7", "w6", "w5", "w3", "w2", "w0"}) sync.mark_ready(name);
-    CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("2 of 8 tensors were never marked ready this step: \"w1\", \"w4\""),
+    CHECK_THROWS_WITH_AS(sync.finish(),
+                         doctest::Contains("2 of 8 tensors were never marked ready this step: \"w1\", \"w4\""),
                          ConfigError);
     sync.mark_ready("w4");
     sync.mark_ready("w1");

@@ -55,9 +55,9 @@ void check_aligned_without_overlap(const FusedLayout& layout) {
 
 TEST_CASE("tensors are laid out in reverse registration order, each at an aligned offset") {
   FusedLayout layout;
-  const Slot a = layout.add("a", {3, 5}, DataType::kFloat32);   // 60 bytes
-  const Slot b = layout.add("b", {64}, DataType::kFloat32);     // 256 bytes
-  const Slot c = layout.add("c", {100}, DataType::kFloat32);    // 400 bytes
+  const Slot a = layout.add("a", {3, 5}, DataType::kFloat32);  // 60 bytes
+  const Slot b = layout.add("b", {64}, DataType::kFloat32);    // 256 bytes
+  const Slot c = layout.add("c", {100}, DataType::kFloat32);   // 400 bytes
   CHECK(a.index == 0);
   CHECK(c.index == 2);
   layout.finalize();
@@ -175,7 +175,8 @@ TEST_CASE("ResNet-50 and GPT-2 small: every parameter counted, aligned, without 
     std::size_t parameters;
     std::size_t total_bytes;
   };
-  for (const Case c : {Case{"resnet50", 161, 25'557'032, 102'228'224}, Case{"gpt2_small", 148, 124'439'808, 497'759'232}}) {
+  for (const Case c :
+       {Case{"resnet50", 161, 25'557'032, 102'228'224}, Case{"gpt2_small", 148, 124'439'808, 497'759'232}}) {
     INFO(c.model);
     const FusedLayout layout = ncclkit::testing::model_layout(c.model);
     CHECK(layout.size() == c.tensors);
@@ -229,8 +230,8 @@ TEST_CASE("an allocation whose total overflows is refused at finalize, naming th
   const auto half = static_cast<std::int64_t>(std::numeric_limits<std::size_t>::max() / 2);
   layout.add("first", {half}, DataType::kInt8);
   layout.add("second", {half}, DataType::kInt8);
-  CHECK_THROWS_WITH_AS(layout.finalize(), doctest::Contains("int8 allocation overflows std::size_t at tensor \"first\""),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(layout.finalize(),
+                       doctest::Contains("int8 allocation overflows std::size_t at tensor \"first\""), ConfigError);
   // A refused finalize leaves the layout as it was: still open, and without padding the two fit.
   CHECK_FALSE(layout.finalized());
   layout.finalize(LayoutOptions{.alignment = 1});

@@ -123,8 +123,8 @@ TEST_CASE("random ready orders: every rank launches the whole plan in plan order
   std::vector<Case> cases;
   cases.push_back({"resnet50", BucketPlan::compute(ncclkit::testing::model_layout("resnet50"))});
   cases.push_back({"gpt2_small", BucketPlan::compute(ncclkit::testing::model_layout("gpt2_small"))});
-  cases.push_back({"gpt2_small, 2 MiB buckets",
-                   BucketPlan::compute(ncclkit::testing::model_layout("gpt2_small"), BucketOptions{.bucket_bytes = 2 << 20})});
+  cases.push_back({"gpt2_small, 2 MiB buckets", BucketPlan::compute(ncclkit::testing::model_layout("gpt2_small"),
+                                                                    BucketOptions{.bucket_bytes = 2 << 20})});
   cases.push_back({"mixed types with empty tensors", mixed_plan()});
   std::mt19937 random(19);
   for (const Case& c : cases) {
@@ -154,8 +154,8 @@ TEST_CASE("marking a tensor twice in a step is an error naming it, and changes n
   CHECK(tracker.marked_count() == 1);
   CHECK(tracker.launched() == 0);
   CHECK(to_vector(tracker.mark_ready(Slot{0})) == std::vector<std::size_t>{0});
-  CHECK_THROWS_WITH_AS(tracker.mark_ready(Slot{2}), doctest::Contains("slot 2 is out of range (the plan has 2 tensors)"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(tracker.mark_ready(Slot{2}),
+                       doctest::Contains("slot 2 is out of range (the plan has 2 tensors)"), ConfigError);
   CHECK_THROWS_AS(static_cast<void>(tracker.is_marked(Slot{2})), ConfigError);
 }
 
@@ -211,7 +211,8 @@ TEST_CASE("with kReduceAsZeros, finish returns the missing tensors and launches 
   }
   // The step is over until reset.
   CHECK_THROWS_WITH_AS(tracker.mark_ready(Slot{0}),
-                       doctest::Contains("mark_ready(\"conv1.weight\"): the step is finished; call reset()"), ConfigError);
+                       doctest::Contains("mark_ready(\"conv1.weight\"): the step is finished; call reset()"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(tracker.finish(), doctest::Contains("called twice; call reset()"), ConfigError);
   tracker.reset();
   CHECK(tracker.marked_count() == 0);
@@ -237,7 +238,8 @@ TEST_CASE("zero-element tensors need no marking; marking one is accepted once pe
   tracker.reset();
   CHECK(tracker.mark_ready(empty).empty());
   CHECK(tracker.is_marked(empty));
-  CHECK_THROWS_WITH_AS(tracker.mark_ready(empty), doctest::Contains("\"empty\" (slot 1) was already marked"), ConfigError);
+  CHECK_THROWS_WITH_AS(tracker.mark_ready(empty), doctest::Contains("\"empty\" (slot 1) was already marked"),
+                       ConfigError);
   CHECK(tracker.mark_ready(a).empty());  // bucket 1 {a} complete, waits for bucket 0 {b}
   CHECK(to_vector(tracker.mark_ready(b)) == std::vector<std::size_t>{0, 1});
 
@@ -299,5 +301,6 @@ TEST_CASE("the example of docs/fusion.md") {
     for (std::size_t b : tracker.mark_ready(weight)) launch(plan[b]);  // bucket 1: fc.weight
     tracker.finish();  // throws, naming them, if a tensor was never marked
   }
-  CHECK(launched == std::vector<std::string>{"0+1024", "1024+2048000", "0+1024", "1024+2048000", "0+1024", "1024+2048000"});
+  CHECK(launched ==
+        std::vector<std::string>{"0+1024", "1024+2048000", "0+1024", "1024+2048000", "0+1024", "1024+2048000"});
 }

@@ -9,16 +9,16 @@
 
 #include <stdlib.h>  // setenv, unsetenv
 
-#include <algorithm>  // std::sort
-#include <chrono>     // std::chrono
-#include <cstdio>     // std::printf
-#include <cstdint>    // std::int32_t
-#include <exception>  // std::exception
+#include <algorithm>   // std::sort
+#include <chrono>      // std::chrono
+#include <cstdio>      // std::printf
+#include <cstdint>     // std::int32_t
+#include <exception>   // std::exception
 #include <functional>  // std::function
-#include <thread>     // std::this_thread::sleep_for
-#include <span>       // std::span
-#include <string>     // std::string
-#include <vector>     // std::vector
+#include <thread>      // std::this_thread::sleep_for
+#include <span>        // std::span
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include "ncclkit/core/collective_check.hpp"
 #include "support/gloo_testing.hpp"
@@ -87,7 +87,8 @@ void expect_mismatch(Checker& check, Communicator& comm, const char* what, Call&
 
 }  // namespace
 
-TEST_CASE("a count mismatch (an abort inside Gloo without the check) is an error on every rank naming ranks and count") {
+TEST_CASE(
+    "a count mismatch (an abort inside Gloo without the check) is an error on every rank naming ranks and count") {
   auto result = run(2, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
     std::vector<float> data(world.rank == 0 ? 120 : 100, 1.0f);
     expect_mismatch(check, comm, "count", [&] { comm.all_reduce(std::span<float>(data)); },
@@ -103,18 +104,21 @@ TEST_CASE("element type, op, broadcast root and broadcast count mismatches are e
     // Element type: 8 floats against 8 int32 (the same bytes, so Gloo would run it).
     std::vector<float> floats(8, 1.5f);
     std::vector<std::int32_t> ints(8, 3);
-    expect_mismatch(check, comm, "element type", [&] {
-      if (world.rank == 0) {
-        comm.all_reduce(std::span<float>(floats));
-      } else {
-        comm.all_reduce(std::span<std::int32_t>(ints));
-      }
-    }, {"rank 1 called all_reduce(count=8, int32, sum)", "element type (int32 vs float) differs"});
+    expect_mismatch(check, comm, "element type",
+                    [&] {
+                      if (world.rank == 0) {
+                        comm.all_reduce(std::span<float>(floats));
+                      } else {
+                        comm.all_reduce(std::span<std::int32_t>(ints));
+                      }
+                    },
+                    {"rank 1 called all_reduce(count=8, int32, sum)", "element type (int32 vs float) differs"});
     // Op: sum against max.
     std::vector<double> values(16, 2.0);
-    expect_mismatch(check, comm, "op",
-                    [&] { comm.all_reduce(std::span<double>(values), world.rank == 0 ? ReduceOp::kSum : ReduceOp::kMax); },
-                    {"rank 1 called all_reduce(count=16, double, max)", "op (max vs sum) differs"});
+    expect_mismatch(
+        check, comm, "op",
+        [&] { comm.all_reduce(std::span<double>(values), world.rank == 0 ? ReduceOp::kSum : ReduceOp::kMax); },
+        {"rank 1 called all_reduce(count=16, double, max)", "op (max vs sum) differs"});
     check.expect(values[0] == 2.0, "the mismatched all_reduce changed the data");
     // Broadcast root: each rank believes it is the root.
     std::vector<std::int32_t> payload(32, world.rank + 10);
@@ -127,13 +131,15 @@ TEST_CASE("element type, op, broadcast root and broadcast count mismatches are e
                     {"rank 1 called broadcast(count=8, int32, root=0)", "count (8 vs 16) differs"});
     // A different collective altogether, and a zero count against a non-zero one.
     std::vector<float> buffer(4, 1.0f);
-    expect_mismatch(check, comm, "collective", [&] {
-      if (world.rank == 0) {
-        comm.all_reduce(std::span<float>(buffer));
-      } else {
-        comm.broadcast(std::span<float>(buffer), 0);
-      }
-    }, {"collective (broadcast vs all_reduce)"});
+    expect_mismatch(check, comm, "collective",
+                    [&] {
+                      if (world.rank == 0) {
+                        comm.all_reduce(std::span<float>(buffer));
+                      } else {
+                        comm.broadcast(std::span<float>(buffer), 0);
+                      }
+                    },
+                    {"collective (broadcast vs all_reduce)"});
     std::vector<float> maybe_empty(world.rank == 0 ? 0 : 4, 1.0f);
     expect_mismatch(check, comm, "zero count", [&] { comm.all_reduce(std::span<float>(maybe_empty)); },
                     {"count (4 vs 0) differs"});
@@ -151,7 +157,8 @@ TEST_CASE("with three ranks the odd rank is named against the other two, on ever
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("matching arguments: every collective gives the right result with the check on, inline and on the comm stream") {
+TEST_CASE(
+    "matching arguments: every collective gives the right result with the check on, inline and on the comm stream") {
   auto result = run(3, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
     const int n = comm.size();
     const int r = world.rank;
@@ -215,7 +222,8 @@ TEST_CASE("after a comm-stream mismatch is reported, later comm-stream collectiv
     } catch (const CollectiveMismatchError& e) {
       check.expect(contains(e.what(), "count (32 vs 64) differs"), std::string("message: ") + e.what());
     }
-    check.expect(ones[6] == 2, "the matching all_reduce queued after the mismatch did not run: " + std::to_string(ones[6]));
+    check.expect(ones[6] == 2,
+                 "the matching all_reduce queued after the mismatch did not run: " + std::to_string(ones[6]));
     std::vector<std::int32_t> more(9, world.rank + 1);
     comm.all_reduce(std::span<std::int32_t>(more), ReduceOp::kSum, comm.comm_stream());
     try {
@@ -229,7 +237,8 @@ TEST_CASE("after a comm-stream mismatch is reported, later comm-stream collectiv
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("a rank whose own arguments are bad makes every rank raise at once, naming it; the communicator stays usable") {
+TEST_CASE(
+    "a rank whose own arguments are bad makes every rank raise at once, naming it; the communicator stays usable") {
   auto result = run(2, "1", [](Communicator& comm, const WorldInfo& world, Checker& check) {
     // Inline: rank 1's output is one element short.
     std::vector<float> in(16, 1.0f), out(world.rank == 1 ? 15 : 16, 0.0f);
@@ -238,9 +247,11 @@ TEST_CASE("a rank whose own arguments are bad makes every rank raise at once, na
       comm.all_reduce(std::span<const float>(in), std::span<float>(out));
       check.expect(false, "inline: no error");
     } catch (const CollectiveMismatchError& e) {
-      check.expect(world.rank == 0, std::string("inline: the bad rank got the mismatch, not its own error: ") + e.what());
-      check.expect(contains(e.what(), "rank 1 rejected its own arguments to all_reduce: all_reduce needs "
-                                      "in.count == out.count (got 16 and 15); rank 0 called all_reduce(count=16"),
+      check.expect(world.rank == 0,
+                   std::string("inline: the bad rank got the mismatch, not its own error: ") + e.what());
+      check.expect(contains(e.what(),
+                            "rank 1 rejected its own arguments to all_reduce: all_reduce needs "
+                            "in.count == out.count (got 16 and 15); rank 0 called all_reduce(count=16"),
                    std::string("inline: ") + e.what());
     } catch (const ncclkit::ConfigError& e) {
       check.expect(world.rank == 1, std::string("inline: a ConfigError on the good rank: ") + e.what());
@@ -262,8 +273,9 @@ TEST_CASE("a rank whose own arguments are bad makes every rank raise at once, na
       check.expect(false, "comm stream: no error at synchronize");
     } catch (const CollectiveMismatchError& e) {
       check.expect(world.rank == 1, std::string("comm stream: the bad rank got the mismatch: ") + e.what());
-      check.expect(contains(e.what(), "rank 0 rejected its own arguments to broadcast: broadcast root 2 is outside [0, 2)"),
-                   std::string("comm stream: ") + e.what());
+      check.expect(
+          contains(e.what(), "rank 0 rejected its own arguments to broadcast: broadcast root 2 is outside [0, 2)"),
+          std::string("comm stream: ") + e.what());
     } catch (const ncclkit::ConfigError& e) {
       check.expect(world.rank == 0, std::string("comm stream: a ConfigError on the good rank: ") + e.what());
     } catch (const std::exception& e) {
@@ -279,8 +291,8 @@ TEST_CASE("a rank whose own arguments are bad makes every rank raise at once, na
     comm.all_reduce(std::span<std::int32_t>(ones));
     comm.all_reduce(std::span<std::int32_t>(twos), ReduceOp::kSum, comm.comm_stream());
     comm.synchronize(comm.comm_stream());
-    check.expect(ones[4] == 2 && twos[2] == 3, "the matching calls afterwards gave " + std::to_string(ones[4]) + ", " +
-                                                    std::to_string(twos[2]));
+    check.expect(ones[4] == 2 && twos[2] == 3,
+                 "the matching calls afterwards gave " + std::to_string(ones[4]) + ", " + std::to_string(twos[2]));
   });
   CHECK_MESSAGE(result.ok(), result.describe());
 }
@@ -374,8 +386,8 @@ TEST_CASE("cost of the check: all_reduce with and without it, interleaved (run b
         constexpr int kRounds = 41;
         if (world.rank == 0) {
           std::printf("%10s %6s | %27s | %27s\n", "", "", "fastest round (us per call)", "median round (us per call)");
-          std::printf("%10s %6s | %8s %8s %9s | %8s %8s %9s\n", "bytes", "calls", "plain", "checked", "overhead", "plain",
-                      "checked", "overhead");
+          std::printf("%10s %6s | %8s %8s %9s | %8s %8s %9s\n", "bytes", "calls", "plain", "checked", "overhead",
+                      "plain", "checked", "overhead");
         }
         for (std::size_t bytes : {std::size_t{4}, std::size_t{1024}, std::size_t{64} << 10, std::size_t{1} << 20}) {
           const int calls = bytes >= (std::size_t{1} << 20) ? 10 : 50;
@@ -388,7 +400,8 @@ TEST_CASE("cost of the check: all_reduce with and without it, interleaved (run b
               comm.barrier();
               const auto start = std::chrono::steady_clock::now();
               for (int i = 0; i < calls; ++i) comm.all_reduce(std::span<float>(data), ReduceOp::kMax);
-              const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+              const double us =
+                  std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
               if (round >= 0) times[which].push_back(us / calls);
             }
           }

@@ -17,12 +17,12 @@
 
 #include "support/gloo_testing.hpp"
 
+using ncclkit::data_type_v;
 using ncclkit::DataType;
 using ncclkit::ReduceOp;
 using ncclkit::TensorView;
-using ncclkit::data_type_v;
-using ncclkit::testing::Checker;
 using ncclkit::testing::as_double;
+using ncclkit::testing::Checker;
 using ncclkit::testing::random_inputs;
 using ncclkit::testing::reduce_reference;
 using ncclkit::testing::relative_error;
@@ -45,8 +45,8 @@ void compare(Checker& check, const T* got, const std::vector<double>& want, Redu
              const std::string& what) {
   const double error = relative_error(got, want);
   const double tolerance = tolerance_of(data_type_v<T>, op, nranks);
-  check.expect(error <= tolerance, what + ": relative error " + std::to_string(error) + " > tolerance " +
-                                       std::to_string(tolerance));
+  check.expect(error <= tolerance,
+               what + ": relative error " + std::to_string(error) + " > tolerance " + std::to_string(tolerance));
 }
 
 /// Runs every collective for element type T over `counts` on one communicator.
@@ -68,7 +68,8 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
       };
       std::vector<double> all_reduce_ref(count), reduce_scatter_ref(count);
       for (std::size_t i = 0; i < count; ++i) all_reduce_ref[i] = reduced(i);
-      for (std::size_t i = 0; i < count; ++i) reduce_scatter_ref[i] = reduced(static_cast<std::size_t>(rank) * count + i);
+      for (std::size_t i = 0; i < count; ++i)
+        reduce_scatter_ref[i] = reduced(static_cast<std::size_t>(rank) * count + i);
       const std::vector<T>& mine = inputs[rank];
 
       for (bool in_place : {false, true}) {
@@ -92,12 +93,14 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
           std::vector<T> in(mine.begin(), mine.begin() + count), out(count);
           if (in_place) {
             comm.reduce(TensorView::of(in.data(), count), TensorView::of(in.data(), count), op, root);
-            if (rank == root) compare(check, in.data(), all_reduce_ref, op, n, label<T>("reduce", count, op, true, root));
+            if (rank == root)
+              compare(check, in.data(), all_reduce_ref, op, n, label<T>("reduce", count, op, true, root));
           } else {
             const bool give_out = rank == root || (seed & 1);
             comm.reduce(TensorView::of(in.data(), count), give_out ? TensorView::of(out.data(), count) : TensorView{},
                         op, root);
-            if (rank == root) compare(check, out.data(), all_reduce_ref, op, n, label<T>("reduce", count, op, false, root));
+            if (rank == root)
+              compare(check, out.data(), all_reduce_ref, op, n, label<T>("reduce", count, op, false, root));
           }
         }
         // reduce_scatter: every rank's input has n chunks of `count`
@@ -132,7 +135,8 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
           compare(check, in.data(), want, ReduceOp::kMin, n, label<T>("broadcast", count, ReduceOp::kSum, true, root));
         } else {
           comm.broadcast(std::span<const T>(in), std::span<T>(out), root);
-          compare(check, out.data(), want, ReduceOp::kMin, n, label<T>("broadcast", count, ReduceOp::kSum, false, root));
+          compare(check, out.data(), want, ReduceOp::kMin, n,
+                  label<T>("broadcast", count, ReduceOp::kSum, false, root));
         }
       }
       // all_gather
@@ -163,11 +167,13 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
         std::vector<T> out(total);
         if (in_place) {
           std::copy(parts[rank].begin(), parts[rank].end(), out.begin() + static_cast<std::ptrdiff_t>(before));
-          comm.all_gather_uneven(TensorView::of(out.data() + before, counts[rank]), TensorView::of(out.data(), total), counts);
+          comm.all_gather_uneven(TensorView::of(out.data() + before, counts[rank]), TensorView::of(out.data(), total),
+                                 counts);
         } else {
           comm.all_gather_uneven(std::span<const T>(parts[rank]), std::span<T>(out), counts);
         }
-        compare(check, out.data(), want, ReduceOp::kMin, n, label<T>("all_gather_uneven", total, ReduceOp::kSum, in_place));
+        compare(check, out.data(), want, ReduceOp::kMin, n,
+                label<T>("all_gather_uneven", total, ReduceOp::kSum, in_place));
       }
     }
   }
@@ -175,17 +181,17 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
 
 void exercise_all(int nprocs, const std::vector<std::size_t>& counts) {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::testing::run_gloo(
-      nprocs,
-      [&](ncclkit::gloo::Communicator& comm, const ncclkit::WorldInfo&, Checker& check) {
-        std::uint64_t seed = 1000;
-        ncclkit::testing::for_each_type([&]<class T>() {
-          exercise_type<T>(comm, check, counts, seed);
-          seed += 10000;
-        });
-        comm.barrier();
-      },
-      {.timeout = std::chrono::seconds(60)});
+  auto result =
+      ncclkit::testing::run_gloo(nprocs,
+                                 [&](ncclkit::gloo::Communicator& comm, const ncclkit::WorldInfo&, Checker& check) {
+                                   std::uint64_t seed = 1000;
+                                   ncclkit::testing::for_each_type([&]<class T>() {
+                                     exercise_type<T>(comm, check, counts, seed);
+                                     seed += 10000;
+                                   });
+                                   comm.barrier();
+                                 },
+                                 {.timeout = std::chrono::seconds(60)});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -199,6 +205,4 @@ TEST_CASE("every collective, type and reduction is right with 4 processes (sizes
   exercise_all(4, {0, 1, 257});
 }
 
-TEST_CASE("every collective, type and reduction is right with 8 processes (sizes 1, 33)") {
-  exercise_all(8, {1, 33});
-}
+TEST_CASE("every collective, type and reduction is right with 8 processes (sizes 1, 33)") { exercise_all(8, {1, 33}); }

@@ -77,7 +77,7 @@ TEST_CASE("a collective argument mismatch does not poison: it is reported once a
   queue.submit([&] { ++ran; });
   Event after = queue.record();
   CHECK_THROWS_WITH_AS(queue.synchronize(), "seq 3 differs", ncclkit::CollectiveMismatchError);
-  CHECK(ran == 1);  // the task after the mismatch ran
+  CHECK(ran == 1);              // the task after the mismatch ran
   CHECK_NOTHROW(after.wait());  // reported once
   CHECK(queue.failure() == nullptr);
   queue.submit([&] { ++ran; });

@@ -22,29 +22,28 @@
 #include "support/gloo_testing.hpp"
 
 using namespace std::chrono_literals;
+using ncclkit::BFloat16;
 using ncclkit::CommError;
 using ncclkit::ConfigError;
+using ncclkit::data_type_v;
 using ncclkit::DataType;
 using ncclkit::Half;
-using ncclkit::BFloat16;
 using ncclkit::ReduceOp;
 using ncclkit::TensorView;
 using ncclkit::WorldInfo;
-using ncclkit::data_type_v;
 using ncclkit::gloo::Communicator;
 using ncclkit::testing::Checker;
 
 namespace {
 
-
 using ncclkit_test::TempDir;
-
 
 /// A private folder for a FileStore of a single-process test.
 /// A deterministic value with an exact float sum over a few ranks: multiples of 1/8 below 128,
 /// hashed from (rank, i) so that no two pieces of a buffer repeat each other.
 float exact_value(int rank, std::size_t i) {
-  std::uint64_t h = (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL ^ (static_cast<std::uint64_t>(rank) << 48);
+  std::uint64_t h =
+      (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL ^ (static_cast<std::uint64_t>(rank) << 48);
   h ^= h >> 31;
   h *= 0xbf58476d1ce4e5b9ULL;
   h ^= h >> 29;
@@ -269,7 +268,8 @@ ncclkit::SpawnResult run_with_tiny_chunks(int nprocs) {
             }
             ok = true;
             for (int r = 0; r < n; ++r)
-              for (std::size_t i = 0; i < count; ++i) ok = ok && all[r * count + i] == static_cast<std::int64_t>(i) * 10 + r;
+              for (std::size_t i = 0; i < count; ++i)
+                ok = ok && all[r * count + i] == static_cast<std::int64_t>(i) * 10 + r;
             check.expect(ok, "chunked all_gather count=" + std::to_string(count) + (in_place ? " in-place" : ""));
           }
           std::vector<std::size_t> counts{count, 0, count / 2 + 3};
@@ -320,7 +320,8 @@ TEST_CASE("two ranks: the piecewise all-reduce exchange is right for odd counts,
             comm.all_reduce(std::span<const T>(inputs[world.rank]), std::span<T>(out), op);
             const double error = ncclkit::testing::relative_error(out.data(), want);
             check.expect(error <= tolerance, "out-of-place count " + std::to_string(count) + " " +
-                                                 std::string(ncclkit::name_of(op)) + ": error " + std::to_string(error));
+                                                 std::string(ncclkit::name_of(op)) + ": error " +
+                                                 std::to_string(error));
             std::vector<T> data = inputs[world.rank];
             comm.all_reduce(std::span<T>(data), op);
             const double in_place_error = ncclkit::testing::relative_error(data.data(), want);
@@ -447,14 +448,13 @@ TEST_CASE("an explicit interface binds there; the native Gloo context is the one
 
 TEST_CASE("a timeout of milliseconds::max() means wait as long as it takes, not an instant failure") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::testing::run_gloo(
-      2,
-      [](Communicator& comm, const WorldInfo& world, Checker& check) {
-        std::vector<float> data(1001, static_cast<float>(world.rank + 1));
-        comm.all_reduce(std::span<float>(data), ReduceOp::kSum);
-        check.expect(data[0] == 3.0f && data[1000] == 3.0f, "sum of 1 and 2 is 3");
-        comm.barrier();
-      },
-      {.timeout = std::chrono::milliseconds::max(), .hostname = "127.0.0.1"});
+  auto result = ncclkit::testing::run_gloo(2,
+                                           [](Communicator& comm, const WorldInfo& world, Checker& check) {
+                                             std::vector<float> data(1001, static_cast<float>(world.rank + 1));
+                                             comm.all_reduce(std::span<float>(data), ReduceOp::kSum);
+                                             check.expect(data[0] == 3.0f && data[1000] == 3.0f, "sum of 1 and 2 is 3");
+                                             comm.barrier();
+                                           },
+                                           {.timeout = std::chrono::milliseconds::max(), .hostname = "127.0.0.1"});
   CHECK_MESSAGE(result.ok(), result.describe());
 }

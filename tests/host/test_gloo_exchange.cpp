@@ -129,8 +129,9 @@ void exercise(Communicator& comm, Checker& check, std::size_t per_rank, Communic
   ok = true;
   for (std::size_t i = 0; i < k; ++i) ok &= incoming[i] == static_cast<std::int32_t>(100 * previous + i);
   check.expect(ok, "send/recv around the ring" + where);
-  check.expect(comm.completed_sequence() == comm.issued_sequence(),
-               "completed " + std::to_string(comm.completed_sequence()) + " of " + std::to_string(comm.issued_sequence()));
+  check.expect(
+      comm.completed_sequence() == comm.issued_sequence(),
+      "completed " + std::to_string(comm.completed_sequence()) + " of " + std::to_string(comm.issued_sequence()));
 }
 
 void exercise_all(Communicator& comm, const WorldInfo&, Checker& check) {
@@ -150,34 +151,34 @@ TEST_CASE("all_to_all, gather, scatter, send and recv give the right values with
   }
 }
 
-TEST_CASE("with the argument check on they give the same values, and send/recv between two ranks keep the others in step") {
-  auto result = run_gloo(
-      3,
-      [](Communicator& comm, const WorldInfo& world, Checker& check) {
-        exercise(comm, check, 3, comm.default_stream());
-        // Only ranks 0 and 1 exchange; rank 2's next checked collective must still pair up.
-        std::int32_t value = world.rank == 0 ? 42 : 0;
-        if (world.rank == 0) comm.send(&value, 1, 1);
-        if (world.rank == 1) comm.recv(&value, 1, 0);
-        std::vector<std::int32_t> sum{world.rank + 1};
-        try {
-          comm.all_reduce(std::span<std::int32_t>(sum));
-          check.expect(sum[0] == 6, "all_reduce after send/recv: " + std::to_string(sum[0]));
-        } catch (const std::exception& e) {
-          check.expect(false, std::string("all_reduce after send/recv threw: ") + e.what());
-        }
-        check.expect(world.rank != 1 || value == 42, "recv value");
-        // A gather whose root differs between ranks is caught before anything moves.
-        std::vector<std::int32_t> one{1}, all(3);
-        try {
-          comm.gather(one.data(), all.data(), 1, world.rank == 2 ? 1 : 0);
-          check.expect(false, "gather with different roots did not throw");
-        } catch (const CollectiveMismatchError& e) {
-          check.expect(contains(e.what(), "gather") && contains(e.what(), "root"), e.what());
-        }
-        check.expect(!comm.failed(), "a mismatch leaves the communicator usable");
-      },
-      {.timeout = 20s, .check_collectives = true});
+TEST_CASE(
+    "with the argument check on they give the same values, and send/recv between two ranks keep the others in step") {
+  auto result = run_gloo(3,
+                         [](Communicator& comm, const WorldInfo& world, Checker& check) {
+                           exercise(comm, check, 3, comm.default_stream());
+                           // Only ranks 0 and 1 exchange; rank 2's next checked collective must still pair up.
+                           std::int32_t value = world.rank == 0 ? 42 : 0;
+                           if (world.rank == 0) comm.send(&value, 1, 1);
+                           if (world.rank == 1) comm.recv(&value, 1, 0);
+                           std::vector<std::int32_t> sum{world.rank + 1};
+                           try {
+                             comm.all_reduce(std::span<std::int32_t>(sum));
+                             check.expect(sum[0] == 6, "all_reduce after send/recv: " + std::to_string(sum[0]));
+                           } catch (const std::exception& e) {
+                             check.expect(false, std::string("all_reduce after send/recv threw: ") + e.what());
+                           }
+                           check.expect(world.rank != 1 || value == 42, "recv value");
+                           // A gather whose root differs between ranks is caught before anything moves.
+                           std::vector<std::int32_t> one{1}, all(3);
+                           try {
+                             comm.gather(one.data(), all.data(), 1, world.rank == 2 ? 1 : 0);
+                             check.expect(false, "gather with different roots did not throw");
+                           } catch (const CollectiveMismatchError& e) {
+                             check.expect(contains(e.what(), "gather") && contains(e.what(), "root"), e.what());
+                           }
+                           check.expect(!comm.failed(), "a mismatch leaves the communicator usable");
+                         },
+                         {.timeout = 20s, .check_collectives = true});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -223,10 +224,12 @@ TEST_CASE("bad arguments of all_to_all, gather, scatter, send and recv are Confi
                        doctest::Contains("in.count == out.count * size() on the root"), ConfigError);
   CHECK_THROWS_WITH_AS(comm.scatter(TensorView::of(a.data(), 2), TensorView::of(b.data(), 2), -1),
                        doctest::Contains("scatter root -1"), ConfigError);
-  CHECK_THROWS_WITH_AS(comm.scatter(TensorView{nullptr, 2, ncclkit::DataType::kFloat32}, TensorView::of(b.data(), 2), 0),
-                       doctest::Contains("null pointer"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      comm.scatter(TensorView{nullptr, 2, ncclkit::DataType::kFloat32}, TensorView::of(b.data(), 2), 0),
+      doctest::Contains("null pointer"), ConfigError);
   CHECK_THROWS_WITH_AS(comm.send(TensorView::of(a.data(), 8), 0),
-                       doctest::Contains("gloo communicator 'bad' (rank 0 of 1): send peer 0 is this rank"), ConfigError);
+                       doctest::Contains("gloo communicator 'bad' (rank 0 of 1): send peer 0 is this rank"),
+                       ConfigError);
   CHECK_THROWS_WITH_AS(comm.send(TensorView::of(a.data(), 8), 2), doctest::Contains("send peer 2 is outside [0, 1)"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(comm.recv(TensorView::of(a.data(), 8, MemoryKind::kDevice), 0), doctest::Contains("recv peer 0"),
@@ -250,24 +253,24 @@ TEST_CASE("bad arguments of all_to_all, gather, scatter, send and recv are Confi
 }
 
 TEST_CASE("a recv whose peer never sends fails with CommError within the timeout, naming the call") {
-  auto result = run_gloo(
-      2,
-      [](Communicator& comm, const WorldInfo& world, Checker& check) {
-        std::vector<std::int32_t> data(1000, 1);
-        if (world.rank == 0) {
-          const auto start = std::chrono::steady_clock::now();
-          try {
-            comm.recv(data.data(), data.size(), 1);
-            check.expect(false, "recv completed without a send");
-          } catch (const ncclkit::CommError& e) {
-            check.expect(contains(e.what(), "recv #1") && contains(e.what(), "from rank 1"), e.what());
-          }
-          check.expect(std::chrono::steady_clock::now() - start < 10s, "bounded by the timeout");
-          check.expect(comm.failed(), "the communicator is unusable after a failed recv");
-        } else {
-          std::this_thread::sleep_for(3s);  // never sends; stays connected past rank 0's timeout
-        }
-      },
-      {.timeout = 1s});
+  auto result =
+      run_gloo(2,
+               [](Communicator& comm, const WorldInfo& world, Checker& check) {
+                 std::vector<std::int32_t> data(1000, 1);
+                 if (world.rank == 0) {
+                   const auto start = std::chrono::steady_clock::now();
+                   try {
+                     comm.recv(data.data(), data.size(), 1);
+                     check.expect(false, "recv completed without a send");
+                   } catch (const ncclkit::CommError& e) {
+                     check.expect(contains(e.what(), "recv #1") && contains(e.what(), "from rank 1"), e.what());
+                   }
+                   check.expect(std::chrono::steady_clock::now() - start < 10s, "bounded by the timeout");
+                   check.expect(comm.failed(), "the communicator is unusable after a failed recv");
+                 } else {
+                   std::this_thread::sleep_for(3s);  // never sends; stays connected past rank 0's timeout
+                 }
+               },
+               {.timeout = 1s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }

@@ -61,8 +61,9 @@ void expect_comm_error(Checker& check, const char* what, Fn&& collective, bool e
     if (expect_timeout_in_message) {
       // Gloo's own "Timed out" (every message has "(timeout N s)", so that cannot be the test),
       // or, where another survivor timed out first and closed its connections, that failure.
-      check.expect(message.find("Timed out") != std::string::npos || message.find("connection to rank") != std::string::npos,
-                   std::string(what) + ": message says neither that it timed out nor which connection failed: " + message);
+      check.expect(
+          message.find("Timed out") != std::string::npos || message.find("connection to rank") != std::string::npos,
+          std::string(what) + ": message says neither that it timed out nor which connection failed: " + message);
     }
     if (blame >= 0) {
       const std::string phrase = "connection to rank " + std::to_string(blame) + " failed";
@@ -88,61 +89,65 @@ void expect_refused(Checker& check, Communicator& comm) {
 
 }  // namespace
 
-TEST_CASE("a peer that exits mid-run makes every other rank raise CommError naming it, promptly, and refuse later calls") {
+TEST_CASE(
+    "a peer that exits mid-run makes every other rank raise CommError naming it, promptly, and refuse later calls") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   const auto start = Clock::now();
-  auto result = ncclkit::spawn(
-      4,
-      [](const WorldInfo& world) {
-        auto store = ncclkit::make_store(world.init_url, world);
-        Checker check(world.rank);
-        Communicator comm(store, world, {.timeout = kTimeout});
-        std::vector<float> data(1 << 16, 1.0f);
-        for (int i = 0; i < 3; ++i) comm.all_reduce(std::span<float>(data));
-        check.expect(data[0] == 64.0f, "the first all_reduces worked");
-        if (world.rank == 2) {
-          // Gone, without a word, once the others have finished the three (a death fails the
-          // collective in flight on every rank); exit code 0: spawn lets the others run on.
-          store->wait({std::string("done/0"), std::string("done/1"), std::string("done/3")}, 30s);
-          ::_exit(0);
-        }
-        store->set("done/" + std::to_string(world.rank), "1");
-        expect_comm_error(check, "all_reduce after a peer exited", [&] { comm.all_reduce(std::span<float>(data)); },
-                          /*expect_timeout_in_message=*/false, /*blame=*/2);
-        expect_refused(check, comm);
-        return check.code();
-      },
-      {.timeout = 60s});
+  auto result =
+      ncclkit::spawn(4,
+                     [](const WorldInfo& world) {
+                       auto store = ncclkit::make_store(world.init_url, world);
+                       Checker check(world.rank);
+                       Communicator comm(store, world, {.timeout = kTimeout});
+                       std::vector<float> data(1 << 16, 1.0f);
+                       for (int i = 0; i < 3; ++i) comm.all_reduce(std::span<float>(data));
+                       check.expect(data[0] == 64.0f, "the first all_reduces worked");
+                       if (world.rank == 2) {
+                         // Gone, without a word, once the others have finished the three (a death fails the
+                         // collective in flight on every rank); exit code 0: spawn lets the others run on.
+                         store->wait({std::string("done/0"), std::string("done/1"), std::string("done/3")}, 30s);
+                         ::_exit(0);
+                       }
+                       store->set("done/" + std::to_string(world.rank), "1");
+                       expect_comm_error(
+                           check, "all_reduce after a peer exited", [&] { comm.all_reduce(std::span<float>(data)); },
+                           /*expect_timeout_in_message=*/false, /*blame=*/2);
+                       expect_refused(check, comm);
+                       return check.code();
+                     },
+                     {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
   CHECK(Clock::now() - start < 30s);
 }
 
 TEST_CASE("a peer that exits while others wait in gather or recv is named at once, long before the timeout") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::spawn(
-      3,
-      [](const WorldInfo& world) {
-        auto store = ncclkit::make_store(world.init_url, world);
-        Checker check(world.rank);
-        // A timeout far beyond expect_comm_error's bound: only the peer monitor can be that quick.
-        Communicator comm(store, world, {.timeout = 60s});
-        std::vector<float> part(1000, 1.0f), all(3000);
-        if (world.rank == 2) {
-          std::this_thread::sleep_for(500ms);  // the others are waiting by now
-          ::_exit(0);                          // never sends its part
-        }
-        if (world.rank == 0) {
-          expect_comm_error(check, "gather whose peer exited", [&] { comm.gather(part.data(), all.data(), 1000, 0); },
-                            /*expect_timeout_in_message=*/false, /*blame=*/2);
-        } else {
-          comm.gather(part.data(), all.data(), 1000, 0);  // rank 1's part reaches the root
-          expect_comm_error(check, "recv whose peer exited", [&] { comm.recv(part.data(), part.size(), 2); },
-                            /*expect_timeout_in_message=*/false, /*blame=*/2);
-        }
-        expect_refused(check, comm);
-        return check.code();
-      },
-      {.timeout = 60s});
+  auto result =
+      ncclkit::spawn(3,
+                     [](const WorldInfo& world) {
+                       auto store = ncclkit::make_store(world.init_url, world);
+                       Checker check(world.rank);
+                       // A timeout far beyond expect_comm_error's bound: only the peer monitor can be that quick.
+                       Communicator comm(store, world, {.timeout = 60s});
+                       std::vector<float> part(1000, 1.0f), all(3000);
+                       if (world.rank == 2) {
+                         std::this_thread::sleep_for(500ms);  // the others are waiting by now
+                         ::_exit(0);                          // never sends its part
+                       }
+                       if (world.rank == 0) {
+                         expect_comm_error(
+                             check, "gather whose peer exited", [&] { comm.gather(part.data(), all.data(), 1000, 0); },
+                             /*expect_timeout_in_message=*/false, /*blame=*/2);
+                       } else {
+                         comm.gather(part.data(), all.data(), 1000, 0);  // rank 1's part reaches the root
+                         expect_comm_error(
+                             check, "recv whose peer exited", [&] { comm.recv(part.data(), part.size(), 2); },
+                             /*expect_timeout_in_message=*/false, /*blame=*/2);
+                       }
+                       expect_refused(check, comm);
+                       return check.code();
+                     },
+                     {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -153,82 +158,84 @@ TEST_CASE("a rank that resumes after its peers closed gets CommError, not SIGPIP
   // ncclkit blocked SIGPIPE while Gloo runs); now the write fails with EPIPE. The race is not
   // reproduced every time: the drill checks the outcome, CommError and no death.
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::spawn(
-      2,
-      [](const WorldInfo& world) {
-        auto store = ncclkit::make_store(world.init_url, world);
-        Checker check(world.rank);
-        std::vector<std::uint8_t> data(4 << 20, 7);
-        {
-          Communicator comm(store, world, {.timeout = kTimeout});
-          comm.broadcast(std::span<std::uint8_t>(data), 0);
-          if (world.rank == 0) {
-            store->set("pid0", std::to_string(::getpid()));
-            ::raise(SIGSTOP);
-            expect_comm_error(
-                check, "broadcast after the peer closed",
-                [&] {
-                  for (int i = 0; i < 20; ++i) comm.broadcast(std::span<std::uint8_t>(data), 0);
-                },
-                /*expect_timeout_in_message=*/false, /*blame=*/1);
-            return check.code();
-          }
-          // Rank 1: wait until rank 0 is stopped, then close everything (the teardown barrier
-          // times out, since rank 0 is stopped), then wake rank 0.
-          const pid_t pid0 = static_cast<pid_t>(std::stol(store->get_string("pid0", 30s)));
-          for (;;) {
-            std::FILE* stat = std::fopen(("/proc/" + std::to_string(pid0) + "/stat").c_str(), "r");
-            char state = '?';
-            if (stat) {
-              std::fscanf(stat, "%*d %*s %c", &state);
-              std::fclose(stat);
-            }
-            if (state == 'T' || state == 't') break;
-            std::this_thread::yield();
-          }
-        }
-        ::kill(static_cast<pid_t>(std::stol(store->get_string("pid0", 30s))), SIGCONT);
-        return check.code();
-      },
-      {.timeout = 60s});
+  auto result = ncclkit::spawn(2,
+                               [](const WorldInfo& world) {
+                                 auto store = ncclkit::make_store(world.init_url, world);
+                                 Checker check(world.rank);
+                                 std::vector<std::uint8_t> data(4 << 20, 7);
+                                 {
+                                   Communicator comm(store, world, {.timeout = kTimeout});
+                                   comm.broadcast(std::span<std::uint8_t>(data), 0);
+                                   if (world.rank == 0) {
+                                     store->set("pid0", std::to_string(::getpid()));
+                                     ::raise(SIGSTOP);
+                                     expect_comm_error(
+                                         check, "broadcast after the peer closed",
+                                         [&] {
+                                           for (int i = 0; i < 20; ++i)
+                                             comm.broadcast(std::span<std::uint8_t>(data), 0);
+                                         },
+                                         /*expect_timeout_in_message=*/false, /*blame=*/1);
+                                     return check.code();
+                                   }
+                                   // Rank 1: wait until rank 0 is stopped, then close everything (the teardown barrier
+                                   // times out, since rank 0 is stopped), then wake rank 0.
+                                   const pid_t pid0 = static_cast<pid_t>(std::stol(store->get_string("pid0", 30s)));
+                                   for (;;) {
+                                     std::FILE* stat =
+                                         std::fopen(("/proc/" + std::to_string(pid0) + "/stat").c_str(), "r");
+                                     char state = '?';
+                                     if (stat) {
+                                       std::fscanf(stat, "%*d %*s %c", &state);
+                                       std::fclose(stat);
+                                     }
+                                     if (state == 'T' || state == 't') break;
+                                     std::this_thread::yield();
+                                   }
+                                 }
+                                 ::kill(static_cast<pid_t>(std::stol(store->get_string("pid0", 30s))), SIGCONT);
+                                 return check.code();
+                               },
+                               {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
 TEST_CASE("a peer stopped with SIGSTOP makes every other rank raise CommError within its timeout + 5 s") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::spawn(
-      3,
-      [](const WorldInfo& world) {
-        auto store = ncclkit::make_store(world.init_url, world);
-        Checker check(world.rank);
-        {
-          Communicator comm(store, world, {.timeout = kTimeout});
-          std::vector<double> data(1000, 1.0);
-          comm.all_reduce(std::span<double>(data));
-          if (world.rank == 1) {
-            store->set("stopped_pid", std::to_string(::getpid()));
-            ::raise(SIGSTOP);  // frozen until rank 0 sends SIGCONT
-            // Resumed: the others are gone or going; this collective must fail too, not hang.
-            try {
-              comm.all_reduce(std::span<double>(data));
-            } catch (const CommError&) {
-            }
-            return 0;
-          }
-          expect_comm_error(check, "all_reduce with a stopped peer", [&] { comm.all_reduce(std::span<double>(data)); },
-                            /*expect_timeout_in_message=*/true);
-          expect_refused(check, comm);
-        }
-        store->set("survivor_done/" + std::to_string(world.rank), "1");
-        if (world.rank == 0) {
-          // Wake the stopped rank once every survivor is done, so that it ends too.
-          store->wait({std::string("survivor_done/0"), std::string("survivor_done/2")}, 30s);
-          const pid_t stopped = static_cast<pid_t>(std::stol(store->get_string("stopped_pid", 30s)));
-          ::kill(stopped, SIGCONT);
-        }
-        return check.code();
-      },
-      {.timeout = 60s});
+  auto result =
+      ncclkit::spawn(3,
+                     [](const WorldInfo& world) {
+                       auto store = ncclkit::make_store(world.init_url, world);
+                       Checker check(world.rank);
+                       {
+                         Communicator comm(store, world, {.timeout = kTimeout});
+                         std::vector<double> data(1000, 1.0);
+                         comm.all_reduce(std::span<double>(data));
+                         if (world.rank == 1) {
+                           store->set("stopped_pid", std::to_string(::getpid()));
+                           ::raise(SIGSTOP);  // frozen until rank 0 sends SIGCONT
+                           // Resumed: the others are gone or going; this collective must fail too, not hang.
+                           try {
+                             comm.all_reduce(std::span<double>(data));
+                           } catch (const CommError&) {
+                           }
+                           return 0;
+                         }
+                         expect_comm_error(
+                             check, "all_reduce with a stopped peer", [&] { comm.all_reduce(std::span<double>(data)); },
+                             /*expect_timeout_in_message=*/true);
+                         expect_refused(check, comm);
+                       }
+                       store->set("survivor_done/" + std::to_string(world.rank), "1");
+                       if (world.rank == 0) {
+                         // Wake the stopped rank once every survivor is done, so that it ends too.
+                         store->wait({std::string("survivor_done/0"), std::string("survivor_done/2")}, 30s);
+                         const pid_t stopped = static_cast<pid_t>(std::stol(store->get_string("stopped_pid", 30s)));
+                         ::kill(stopped, SIGCONT);
+                       }
+                       return check.code();
+                     },
+                     {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -244,13 +251,13 @@ TEST_CASE("a peer that skips a collective makes the others time out with CommErr
         Communicator for_all_reduce(store, world, {.timeout = kTimeout, .name = "a"});
         std::vector<std::int32_t> data(10, 1);
         if (world.rank == 0) {
-          expect_comm_error(check, "broadcast the peer skipped",
-                            [&] { for_broadcast.broadcast(std::span<std::int32_t>(data), 1); },
-                            /*expect_timeout_in_message=*/true);
+          expect_comm_error(
+              check, "broadcast the peer skipped", [&] { for_broadcast.broadcast(std::span<std::int32_t>(data), 1); },
+              /*expect_timeout_in_message=*/true);
           // Two ranks: ncclkit's own all-reduce exchange, bounded the same way.
-          expect_comm_error(check, "all_reduce the peer skipped",
-                            [&] { for_all_reduce.all_reduce(std::span<std::int32_t>(data)); },
-                            /*expect_timeout_in_message=*/true);
+          expect_comm_error(
+              check, "all_reduce the peer skipped", [&] { for_all_reduce.all_reduce(std::span<std::int32_t>(data)); },
+              /*expect_timeout_in_message=*/true);
           store->set("rank0_done", "1");
         } else {
           store->wait({std::string("rank0_done")}, 30s);  // alive, but never joins the broadcast
@@ -273,8 +280,9 @@ TEST_CASE("a failure on the comm stream surfaces at synchronize and on events; l
         auto after_a = comm.record(stream);
         comm.all_reduce(std::span<float>(b), ReduceOp::kSum, stream);
         comm.all_reduce(std::span<float>(c), ReduceOp::kSum, stream);
-        expect_comm_error(check, "synchronize(comm stream)", [&] { comm.synchronize(stream); },
-                          /*expect_timeout_in_message=*/false, /*blame=*/1);
+        expect_comm_error(
+            check, "synchronize(comm stream)", [&] { comm.synchronize(stream); },
+            /*expect_timeout_in_message=*/false, /*blame=*/1);
         bool event_failed = false;
         try {
           after_a.wait();
@@ -295,31 +303,32 @@ TEST_CASE("a failure on the comm stream surfaces at synchronize and on events; l
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("a rank that never creates its communicator makes the others' constructors time out, naming it and the keys") {
+TEST_CASE(
+    "a rank that never creates its communicator makes the others' constructors time out, naming it and the keys") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  auto result = ncclkit::spawn(
-      2,
-      [](const WorldInfo& world) {
-        auto store = ncclkit::make_store(world.init_url, world);
-        if (world.rank == 1) {
-          store->wait({std::string("rank0_done")}, 30s);
-          return 0;
-        }
-        const auto start = Clock::now();
-        int code = 1;
-        try {
-          Communicator comm(store, world, {.timeout = 1s, .name = "lonely"});
-        } catch (const ncclkit::TimeoutError& e) {
-          const std::string message = e.what();
-          const bool names_keys = message.find("ncclkit/gloo/lonely/0") != std::string::npos;
-          const bool names_rank = message.find("waiting for rank 1 (of 2)") != std::string::npos;
-          code = names_keys && names_rank && Clock::now() - start < 1s + kSlack ? 0 : 2;
-          if (code) ncclkit::log_error(message);
-        }
-        store->set("rank0_done", "1");
-        return code;
-      },
-      {.timeout = 60s});
+  auto result = ncclkit::spawn(2,
+                               [](const WorldInfo& world) {
+                                 auto store = ncclkit::make_store(world.init_url, world);
+                                 if (world.rank == 1) {
+                                   store->wait({std::string("rank0_done")}, 30s);
+                                   return 0;
+                                 }
+                                 const auto start = Clock::now();
+                                 int code = 1;
+                                 try {
+                                   Communicator comm(store, world, {.timeout = 1s, .name = "lonely"});
+                                 } catch (const ncclkit::TimeoutError& e) {
+                                   const std::string message = e.what();
+                                   const bool names_keys = message.find("ncclkit/gloo/lonely/0") != std::string::npos;
+                                   const bool names_rank =
+                                       message.find("waiting for rank 1 (of 2)") != std::string::npos;
+                                   code = names_keys && names_rank && Clock::now() - start < 1s + kSlack ? 0 : 2;
+                                   if (code) ncclkit::log_error(message);
+                                 }
+                                 store->set("rank0_done", "1");
+                                 return code;
+                               },
+                               {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -334,56 +343,57 @@ namespace {
 /// "<seconds> <ok>" to `log_path` for the statistics.
 ncclkit::SpawnResult death_trial(int world_size, int trial, const std::string& log_path,
                                  std::chrono::milliseconds timeout) {
-  return ncclkit::spawn(
-      world_size,
-      [&](const WorldInfo& world) {
-        auto store = ncclkit::make_store(world.init_url, world);
-        Checker check(world.rank);
-        Communicator comm(store, world, {.timeout = timeout});
-        std::vector<float> data(std::size_t{2} << 20, 1.0f);
-        const int victim = (trial + 1) % world.world_size;
-        std::thread killer;
-        if (world.rank != victim) store->set("ready/" + std::to_string(world.rank), "1");
-        if (world.rank == victim) {
-          // The clock starts once every survivor has its communicator: this drill is about
-          // collectives, not construction.
-          for (int r = 0; r < world.world_size; ++r) {
-            if (r != victim) store->wait({"ready/" + std::to_string(r)}, 30s);
-          }
-          std::mt19937 rng(static_cast<unsigned>(trial) * 7919u + 13u);
-          const auto delay = std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
-          killer = std::thread([delay] {
-            std::this_thread::sleep_for(delay);
-            ::_exit(0);  // exit code 0: spawn lets the survivors run on
-          });
-        }
-        Clock::time_point call_start{};
-        try {
-          for (int i = 0; i < 10000; ++i) {
-            call_start = Clock::now();
-            if (i % 2 == 0) {
-              comm.all_reduce(std::span<float>(data), ReduceOp::kMax);
-            } else {
-              comm.broadcast(std::span<float>(data), (i / 2) % world.world_size);
-            }
-          }
-          check.expect(false, "the stream of collectives ended without a CommError");
-        } catch (const CommError& e) {
-          const double waited = std::chrono::duration<double>(Clock::now() - call_start).count();
-          const std::string message = e.what();
-          const bool fast = waited < std::chrono::duration<double>(kDetectionBound).count();
-          check.expect(fast, "CommError only after " + std::to_string(waited) + " s: " + message);
-          const std::string blame = "connection to rank " + std::to_string(victim);
-          check.expect(message.find(blame) != std::string::npos, "the message does not say '" + blame + "': " + message);
-          if (std::FILE* log = std::fopen(log_path.c_str(), "a")) {
-            std::fprintf(log, "%.6f %d\n", waited, fast ? 1 : 0);
-            std::fclose(log);
-          }
-        }
-        if (killer.joinable()) killer.join();  // never reached by the victim
-        return check.code();
-      },
-      {.timeout = timeout + 30s});
+  return ncclkit::spawn(world_size,
+                        [&](const WorldInfo& world) {
+                          auto store = ncclkit::make_store(world.init_url, world);
+                          Checker check(world.rank);
+                          Communicator comm(store, world, {.timeout = timeout});
+                          std::vector<float> data(std::size_t{2} << 20, 1.0f);
+                          const int victim = (trial + 1) % world.world_size;
+                          std::thread killer;
+                          if (world.rank != victim) store->set("ready/" + std::to_string(world.rank), "1");
+                          if (world.rank == victim) {
+                            // The clock starts once every survivor has its communicator: this drill is about
+                            // collectives, not construction.
+                            for (int r = 0; r < world.world_size; ++r) {
+                              if (r != victim) store->wait({"ready/" + std::to_string(r)}, 30s);
+                            }
+                            std::mt19937 rng(static_cast<unsigned>(trial) * 7919u + 13u);
+                            const auto delay =
+                                std::chrono::microseconds(std::uniform_int_distribution<int>(0, 20000)(rng));
+                            killer = std::thread([delay] {
+                              std::this_thread::sleep_for(delay);
+                              ::_exit(0);  // exit code 0: spawn lets the survivors run on
+                            });
+                          }
+                          Clock::time_point call_start{};
+                          try {
+                            for (int i = 0; i < 10000; ++i) {
+                              call_start = Clock::now();
+                              if (i % 2 == 0) {
+                                comm.all_reduce(std::span<float>(data), ReduceOp::kMax);
+                              } else {
+                                comm.broadcast(std::span<float>(data), (i / 2) % world.world_size);
+                              }
+                            }
+                            check.expect(false, "the stream of collectives ended without a CommError");
+                          } catch (const CommError& e) {
+                            const double waited = std::chrono::duration<double>(Clock::now() - call_start).count();
+                            const std::string message = e.what();
+                            const bool fast = waited < std::chrono::duration<double>(kDetectionBound).count();
+                            check.expect(fast, "CommError only after " + std::to_string(waited) + " s: " + message);
+                            const std::string blame = "connection to rank " + std::to_string(victim);
+                            check.expect(message.find(blame) != std::string::npos,
+                                         "the message does not say '" + blame + "': " + message);
+                            if (std::FILE* log = std::fopen(log_path.c_str(), "a")) {
+                              std::fprintf(log, "%.6f %d\n", waited, fast ? 1 : 0);
+                              std::fclose(log);
+                            }
+                          }
+                          if (killer.joinable()) killer.join();  // never reached by the victim
+                          return check.code();
+                        },
+                        {.timeout = timeout + 30s});
 }
 
 }  // namespace
@@ -420,12 +430,14 @@ TEST_CASE("a peer that dies mid-collective is detected within a second or two at
       std::remove(log_path.c_str());
     }
     std::sort(waits.begin(), waits.end());
-    std::printf("death trials, world %d: %d trials (%.1f s), %zu survivor reports, %d slower than %.1f s; "
-                "detection median %.3f s, max %.3f s\n",
-                world_size, trials, std::chrono::duration<double>(Clock::now() - start).count(), waits.size(), slow,
-                std::chrono::duration<double>(kDetectionBound).count(), waits.empty() ? 0.0 : waits[waits.size() / 2],
-                waits.empty() ? 0.0 : waits.back());
-    CHECK_MESSAGE(failed_trials == 0, failed_trials << " of " << trials << " trials at world " << world_size << " failed");
+    std::printf(
+        "death trials, world %d: %d trials (%.1f s), %zu survivor reports, %d slower than %.1f s; "
+        "detection median %.3f s, max %.3f s\n",
+        world_size, trials, std::chrono::duration<double>(Clock::now() - start).count(), waits.size(), slow,
+        std::chrono::duration<double>(kDetectionBound).count(), waits.empty() ? 0.0 : waits[waits.size() / 2],
+        waits.empty() ? 0.0 : waits.back());
+    CHECK_MESSAGE(failed_trials == 0,
+                  failed_trials << " of " << trials << " trials at world " << world_size << " failed");
     CHECK(waits.size() == static_cast<std::size_t>(trials * (world_size - 1)));
   }
   ::rmdir(folder);

@@ -89,8 +89,8 @@ TEST_CASE("bucketed gradients over Gloo equal the float64 average, in every rank
           }
         }
         const double relative = std::sqrt(error / norm);
-        check.expect(relative <= 1e-6, "step " + std::to_string(step) + ": norm-relative error " +
-                                           std::to_string(relative) + " > 1e-6");
+        check.expect(relative <= 1e-6,
+                     "step " + std::to_string(step) + ": norm-relative error " + std::to_string(relative) + " > 1e-6");
         check.expect(sync.stats().launched_before_finish == sync.stats().buckets,
                      "every bucket launched as its last tensor became ready, before finish");
       }
@@ -100,27 +100,31 @@ TEST_CASE("bucketed gradients over Gloo equal the float64 average, in every rank
 }
 
 TEST_CASE("a tensor one rank never marks ready is an error on that rank naming it, and no rank hangs") {
-  auto result = run_gloo(2, [](Communicator& comm, const WorldInfo& world, Checker& check) {
-    FusedBuffer<Communicator> grads(comm, test_layout());
-    GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout(), {.bucket_bytes = 64 << 10}));
-    const FusedLayout& layout = grads.layout();
-    for (std::uint32_t i = 0; i < layout.size(); ++i) {
-      if (world.rank == 1 && layout.name(Slot{i}) == "block.3") continue;
-      sync.mark_ready(Slot{i});
-    }
-    if (world.rank == 0) {
-      sync.finish();
-      return;
-    }
-    try {
-      sync.finish();
-      check.expect(false, "finish() accepted a step with block.3 never marked ready");
-    } catch (const ncclkit::ConfigError& e) {
-      check.expect(std::string(e.what()).find("block.3") != std::string::npos, std::string("names it: ") + e.what());
-    }
-    // The rank marks it late, as the message says; the step then completes on both ranks.
-    sync.mark_ready(layout.slot("block.3"));
-    sync.finish();
-  }, {.timeout = std::chrono::seconds(30)});
+  auto result = run_gloo(2,
+                         [](Communicator& comm, const WorldInfo& world, Checker& check) {
+                           FusedBuffer<Communicator> grads(comm, test_layout());
+                           GradientSync<Communicator> sync(
+                               grads, BucketPlan::compute(grads.layout(), {.bucket_bytes = 64 << 10}));
+                           const FusedLayout& layout = grads.layout();
+                           for (std::uint32_t i = 0; i < layout.size(); ++i) {
+                             if (world.rank == 1 && layout.name(Slot{i}) == "block.3") continue;
+                             sync.mark_ready(Slot{i});
+                           }
+                           if (world.rank == 0) {
+                             sync.finish();
+                             return;
+                           }
+                           try {
+                             sync.finish();
+                             check.expect(false, "finish() accepted a step with block.3 never marked ready");
+                           } catch (const ncclkit::ConfigError& e) {
+                             check.expect(std::string(e.what()).find("block.3") != std::string::npos,
+                                          std::string("names it: ") + e.what());
+                           }
+                           // The rank marks it late, as the message says; the step then completes on both ranks.
+                           sync.mark_ready(layout.slot("block.3"));
+                           sync.finish();
+                         },
+                         {.timeout = std::chrono::seconds(30)});
   CHECK_MESSAGE(result.ok(), result.describe());
 }

@@ -15,10 +15,10 @@
 #include "support/gloo_testing.hpp"
 
 using ncclkit::BFloat16;
+using ncclkit::data_type_v;
 using ncclkit::DataType;
 using ncclkit::Half;
 using ncclkit::ReduceOp;
-using ncclkit::data_type_v;
 namespace kg = ncclkit::gloo;
 
 namespace {
@@ -37,10 +37,18 @@ T scalar_reduce(T a, T b, ReduceOp op) {
     float r = 0;
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: r = x + y; break;
-      case ReduceOp::kProd: r = x * y; break;
-      case ReduceOp::kMin: r = x < y ? x : y; break;
-      case ReduceOp::kMax: r = x > y ? x : y; break;
+      case ReduceOp::kAvg:
+        r = x + y;
+        break;
+      case ReduceOp::kProd:
+        r = x * y;
+        break;
+      case ReduceOp::kMin:
+        r = x < y ? x : y;
+        break;
+      case ReduceOp::kMax:
+        r = x > y ? x : y;
+        break;
     }
     return T(r);
   } else if constexpr (std::is_integral_v<T>) {
@@ -48,19 +56,29 @@ T scalar_reduce(T a, T b, ReduceOp op) {
     using Wide = std::common_type_t<U, unsigned>;
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return static_cast<T>(static_cast<U>(static_cast<Wide>(static_cast<U>(a)) + static_cast<Wide>(static_cast<U>(b))));
-      case ReduceOp::kProd: return static_cast<T>(static_cast<U>(static_cast<Wide>(static_cast<U>(a)) * static_cast<Wide>(static_cast<U>(b))));
-      case ReduceOp::kMin: return a < b ? a : b;
-      case ReduceOp::kMax: return a > b ? a : b;
+      case ReduceOp::kAvg:
+        return static_cast<T>(
+            static_cast<U>(static_cast<Wide>(static_cast<U>(a)) + static_cast<Wide>(static_cast<U>(b))));
+      case ReduceOp::kProd:
+        return static_cast<T>(
+            static_cast<U>(static_cast<Wide>(static_cast<U>(a)) * static_cast<Wide>(static_cast<U>(b))));
+      case ReduceOp::kMin:
+        return a < b ? a : b;
+      case ReduceOp::kMax:
+        return a > b ? a : b;
     }
     return T{};
   } else {
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return a + b;
-      case ReduceOp::kProd: return a * b;
-      case ReduceOp::kMin: return a < b ? a : b;
-      case ReduceOp::kMax: return a > b ? a : b;
+      case ReduceOp::kAvg:
+        return a + b;
+      case ReduceOp::kProd:
+        return a * b;
+      case ReduceOp::kMin:
+        return a < b ? a : b;
+      case ReduceOp::kMax:
+        return a > b ? a : b;
     }
     return T{};
   }
@@ -114,7 +132,8 @@ TEST_CASE("every reduction equals the scalar reference bit for bit, for every le
           kg::reduce_function(data_type_v<T>, op, isa)(left.data(), left.data(), b.data(), n);
           kg::reduce_function(data_type_v<T>, op, isa)(right.data(), a.data(), right.data(), n);
           std::size_t alias_mismatches = 0;
-          for (std::size_t i = 0; i < n; ++i) alias_mismatches += !same_bits(left[i], want[i]) + !same_bits(right[i], want[i]);
+          for (std::size_t i = 0; i < n; ++i)
+            alias_mismatches += !same_bits(left[i], want[i]) + !same_bits(right[i], want[i]);
           CHECK(alias_mismatches == 0);
         }
       }
@@ -124,9 +143,9 @@ TEST_CASE("every reduction equals the scalar reference bit for bit, for every le
 
 TEST_CASE("Half and BFloat16 sums round like ncclkit::Half on edge values: subnormals, overflow, ties") {
   // Pairs whose float sum lands exactly on binary16 rounding boundaries and ranges.
-  const float values[] = {0.0f,      -0.0f,       6.1035156e-05f, 5.9604645e-08f, 65504.0f, -65504.0f, 65519.0f,
-                          65520.0f,  1.0f,        1.0009766f,     0.00048828125f, 3.0e-08f, 1e-07f,    -2.9802322e-08f,
-                          2048.0f,   1.0f / 3.0f, 1e30f,          -1e30f,         INFINITY, -INFINITY};
+  const float values[] = {0.0f,     -0.0f,       6.1035156e-05f, 5.9604645e-08f, 65504.0f, -65504.0f, 65519.0f,
+                          65520.0f, 1.0f,        1.0009766f,     0.00048828125f, 3.0e-08f, 1e-07f,    -2.9802322e-08f,
+                          2048.0f,  1.0f / 3.0f, 1e30f,          -1e30f,         INFINITY, -INFINITY};
   for (auto isa : isas()) {
     std::vector<Half> a, b;
     std::vector<BFloat16> c, d;

@@ -47,7 +47,8 @@ TEST_CASE("float to Half rounds to nearest even like the compiler, on random and
     float mid = value + (next - value) / 2;
     for (float v : {value, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f), -value, -mid}) check_one(v);
   }
-  for (float v : {65504.0f, 65519.99f, 65520.0f, 1e10f, -1e10f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 0.0f, -0.0f}) check_one(v);
+  for (float v : {65504.0f, 65519.99f, 65520.0f, 1e10f, -1e10f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 0.0f, -0.0f})
+    check_one(v);
 }
 
 TEST_CASE("BFloat16 keeps the upper half with round to nearest even") {

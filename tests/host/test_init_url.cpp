@@ -204,21 +204,24 @@ void rendezvous_through(ncclkit::Store& store, const ncclkit::WorldInfo& world) 
 }  // namespace
 
 TEST_CASE("the docs/bootstrap.md snippet runs under a torchrun-style environment") {
-  auto result = ncclkit::spawn(4, [](const ncclkit::WorldInfo& given) {
-    // Each worker is its own process: setting its environment touches no other test.
-    ::setenv("RANK", std::to_string(given.rank).c_str(), 1);
-    ::setenv("WORLD_SIZE", "4", 1);
-    ::setenv("LOCAL_RANK", std::to_string(given.rank).c_str(), 1);
-    ::setenv("LOCAL_WORLD_SIZE", "4", 1);
-    ::setenv("NCCLKIT_INIT_URL", given.init_url.c_str(), 1);
-    ::setenv("NCCLKIT_STORE_TIMEOUT", "30", 1);  // a failure ends in 30 s, not the default 300 s
-    // --- the snippet ---
-    ncclkit::WorldInfo world = ncclkit::detect_world();  // arguments, else torchrun/mpirun/srun variables
-    std::shared_ptr<ncclkit::Store> store = ncclkit::make_store(world.init_url, world);
-    ncclkit::barrier(*store, world.rank, world.world_size, "started");
-    // --- end ---
-    expect(world.rank == given.rank && world.init_url == given.init_url, "detected " + world.source);
-  }, {.timeout = 60s});
+  auto result = ncclkit::spawn(
+      4,
+      [](const ncclkit::WorldInfo& given) {
+        // Each worker is its own process: setting its environment touches no other test.
+        ::setenv("RANK", std::to_string(given.rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "4", 1);
+        ::setenv("LOCAL_RANK", std::to_string(given.rank).c_str(), 1);
+        ::setenv("LOCAL_WORLD_SIZE", "4", 1);
+        ::setenv("NCCLKIT_INIT_URL", given.init_url.c_str(), 1);
+        ::setenv("NCCLKIT_STORE_TIMEOUT", "30", 1);  // a failure ends in 30 s, not the default 300 s
+        // --- the snippet ---
+        ncclkit::WorldInfo world = ncclkit::detect_world();  // arguments, else torchrun/mpirun/srun variables
+        std::shared_ptr<ncclkit::Store> store = ncclkit::make_store(world.init_url, world);
+        ncclkit::barrier(*store, world.rank, world.world_size, "started");
+        // --- end ---
+        expect(world.rank == given.rank && world.init_url == given.init_url, "detected " + world.source);
+      },
+      {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -226,12 +229,15 @@ TEST_CASE("file:// : 8 processes rendezvous through the FileStore the URL names"
   char pattern[] = "/tmp/ncclkit-test-url-XXXXXX";
   REQUIRE(::mkdtemp(pattern) != nullptr);
   const std::string url = std::string("file://") + pattern + "/rdv?timeout=30";  // a folder yet to be created
-  auto result = ncclkit::spawn(8, [&](const ncclkit::WorldInfo& world) {
-    auto store = ncclkit::make_store(url, world);
-    expect(store->describe().find(pattern) != std::string::npos, "describe() = " + store->describe());
-    expect(store->default_timeout() == 30s, "timeout from the URL");
-    rendezvous_through(*store, world);
-  }, {.timeout = 60s});
+  auto result = ncclkit::spawn(8,
+                               [&](const ncclkit::WorldInfo& world) {
+                                 auto store = ncclkit::make_store(url, world);
+                                 expect(store->describe().find(pattern) != std::string::npos,
+                                        "describe() = " + store->describe());
+                                 expect(store->default_timeout() == 30s, "timeout from the URL");
+                                 rendezvous_through(*store, world);
+                               },
+                               {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
   std::filesystem::remove_all(pattern);
 }
@@ -240,10 +246,12 @@ TEST_CASE("tcp:// : rank 0 starts the server, 8 processes rendezvous") {
   const int port = free_loopback_port();
   REQUIRE(port > 0);
   const std::string url = "tcp://127.0.0.1:" + std::to_string(port) + "?timeout=30";
-  auto result = ncclkit::spawn(8, [&](const ncclkit::WorldInfo& world) {
-    auto store = ncclkit::make_store(url, world);
-    rendezvous_through(*store, world);
-  }, {.timeout = 60s});
+  auto result = ncclkit::spawn(8,
+                               [&](const ncclkit::WorldInfo& world) {
+                                 auto store = ncclkit::make_store(url, world);
+                                 rendezvous_through(*store, world);
+                               },
+                               {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -254,40 +262,45 @@ TEST_CASE("tcp://[::1] : IPv6 loopback") {
     return;
   }
   const std::string url = "tcp://[::1]:" + std::to_string(port) + "?timeout=30";
-  auto result = ncclkit::spawn(3, [&](const ncclkit::WorldInfo& world) {
-    auto store = ncclkit::make_store(url, world);
-    rendezvous_through(*store, world);
-  }, {.timeout = 60s});
+  auto result = ncclkit::spawn(3,
+                               [&](const ncclkit::WorldInfo& world) {
+                                 auto store = ncclkit::make_store(url, world);
+                                 rendezvous_through(*store, world);
+                               },
+                               {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
 TEST_CASE("tcp://...?server=external : spawn's own server, every rank a client") {
-  auto result = ncclkit::spawn(
-      8,
-      [](const ncclkit::WorldInfo& world) {
-        expect(world.init_url.find("server=external") != std::string::npos, "init_url " + world.init_url);
-        auto store = ncclkit::make_store(world.init_url, world, {.timeout = 30s});
-        rendezvous_through(*store, world);
-      },
-      {.timeout = 60s, .store = ncclkit::SpawnStore::kTcp});
+  auto result = ncclkit::spawn(8,
+                               [](const ncclkit::WorldInfo& world) {
+                                 expect(world.init_url.find("server=external") != std::string::npos,
+                                        "init_url " + world.init_url);
+                                 auto store = ncclkit::make_store(world.init_url, world, {.timeout = 30s});
+                                 rendezvous_through(*store, world);
+                               },
+                               {.timeout = 60s, .store = ncclkit::SpawnStore::kTcp});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
 TEST_CASE("env:// : detect_world from torchrun's variables, then make_store") {
   const int port = free_loopback_port();
   REQUIRE(port > 0);
-  auto result = ncclkit::spawn(4, [&](const ncclkit::WorldInfo& given) {
-    auto world = ncclkit::detect_world(
-        {}, ncclkit::fixed_environment({{"RANK", std::to_string(given.rank)},
-                                        {"WORLD_SIZE", "4"},
-                                        {"LOCAL_RANK", std::to_string(given.rank % 2)},
-                                        {"LOCAL_WORLD_SIZE", "2"},
-                                        {"MASTER_ADDR", "127.0.0.1"},
-                                        {"MASTER_PORT", std::to_string(port)}}));
-    expect(world.init_url == "env://" && world.node_rank == given.rank / 2, "detected " + world.source);
-    auto store = ncclkit::make_store(world.init_url, world, {.timeout = 30s});
-    rendezvous_through(*store, world);
-  }, {.timeout = 60s});
+  auto result = ncclkit::spawn(
+      4,
+      [&](const ncclkit::WorldInfo& given) {
+        auto world =
+            ncclkit::detect_world({}, ncclkit::fixed_environment({{"RANK", std::to_string(given.rank)},
+                                                                  {"WORLD_SIZE", "4"},
+                                                                  {"LOCAL_RANK", std::to_string(given.rank % 2)},
+                                                                  {"LOCAL_WORLD_SIZE", "2"},
+                                                                  {"MASTER_ADDR", "127.0.0.1"},
+                                                                  {"MASTER_PORT", std::to_string(port)}}));
+        expect(world.init_url == "env://" && world.node_rank == given.rank / 2, "detected " + world.source);
+        auto store = ncclkit::make_store(world.init_url, world, {.timeout = 30s});
+        rendezvous_through(*store, world);
+      },
+      {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
@@ -323,8 +336,8 @@ TEST_CASE("timeouts: options > URL > NCCLKIT_STORE_TIMEOUT, and they reach the s
   CHECK(from_environment == 2s);
   CHECK(url_beats_environment == 4s);
   CHECK(ncclkit::make_store(dir + "/e", world)->default_timeout() == 300s);
-  CHECK_THROWS_WITH_AS(ncclkit::make_store(dir + "/f", world, {.timeout = 0ms}),
-                       doctest::Contains("must be positive"), ConfigError);
+  CHECK_THROWS_WITH_AS(ncclkit::make_store(dir + "/f", world, {.timeout = 0ms}), doctest::Contains("must be positive"),
+                       ConfigError);
   auto tcp = ncclkit::make_store("tcp://127.0.0.1:0?timeout=1.25", world);
   CHECK(tcp->default_timeout() == 1250ms);
   std::filesystem::remove_all(pattern);
@@ -366,7 +379,11 @@ TEST_CASE("file:// naming an existing regular file says that file:// names a fol
   REQUIRE(::mkdtemp(pattern) != nullptr);
   const std::string dir = pattern;
   const std::string file = dir + "/store-file";  // what PyTorch's init_method="file://..." names
-  { std::FILE* f = std::fopen(file.c_str(), "w"); REQUIRE(f != nullptr); std::fclose(f); }
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+  }
   ncclkit::WorldInfo one;
   CHECK_THROWS_WITH_AS(ncclkit::make_store("file://" + file, one),
                        doctest::Contains("is a regular file, but a FileStore (and a file:// init URL) names a folder"),

@@ -14,7 +14,7 @@ using namespace launch_test;
 namespace {
 
 InterfaceAddress make_interface(const std::string& name, const std::string& address, bool loopback = false,
-                       int family = AF_INET) {
+                                int family = AF_INET) {
   return InterfaceAddress{name, address, family, true, loopback};
 }
 
@@ -33,9 +33,10 @@ TEST_CASE("NCCL_SOCKET_IFNAME matching: prefixes, exact names, exclusion") {
 }
 
 TEST_CASE("NCCL's interface choice: InfiniBand first, then anything but docker and lo, loopback last") {
-  const std::vector<InterfaceAddress> all{make_interface("lo", "127.0.0.1", true), make_interface("docker0", "172.17.0.1"),
-                                          make_interface("eth0", "fd00::5", false, AF_INET6), make_interface("eth0", "10.0.0.5"),
-                                          make_interface("ib0", "192.168.1.5")};
+  const std::vector<InterfaceAddress> all{make_interface("lo", "127.0.0.1", true),
+                                          make_interface("docker0", "172.17.0.1"),
+                                          make_interface("eth0", "fd00::5", false, AF_INET6),
+                                          make_interface("eth0", "10.0.0.5"), make_interface("ib0", "192.168.1.5")};
   CHECK(nccl_interface_candidates(all, std::nullopt).front().name == "ib0");
   std::vector<InterfaceAddress> no_ib(all.begin(), all.end() - 1);
   auto choice = nccl_interface_candidates(no_ib, std::nullopt);
@@ -73,8 +74,9 @@ TEST_CASE("version numbers and the driver version line") {
   CHECK(detail::nccl_version_text(22105) == "2.21.5");
   CHECK(detail::nccl_version_text(2804) == "2.8.4");
   TempDir dir;
-  std::ofstream(dir / "version") << "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
-                                 << "GCC version:  gcc version 12.2.0\n";
+  std::ofstream(dir / "version")
+      << "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+      << "GCC version:  gcc version 12.2.0\n";
   CHECK(detail::read_driver_version(dir / "version") == "550.54.15");
   std::ofstream(dir / "open") << "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  "
                                  "(dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025\n";
@@ -135,8 +137,9 @@ TEST_CASE("problems across nodes: unreachable NCCL interface, no path at all, ro
     return false;
   };
   CHECK(has("[node 1] a local problem"));
-  CHECK(has("[node 0 -> node 2] cannot connect to node 2's NCCL interface eth0 (10.0.0.2): Connection refused. Node 2 "
-            "is reachable at 192.168.0.2 (ib0): set NCCL_SOCKET_IFNAME=ib0 on node 2"));
+  CHECK(
+      has("[node 0 -> node 2] cannot connect to node 2's NCCL interface eth0 (10.0.0.2): Connection refused. Node 2 "
+          "is reachable at 192.168.0.2 (ib0): set NCCL_SOCKET_IFNAME=ib0 on node 2"));
   CHECK(has("[node 1 -> node 0] cannot connect to node 0 at any of its addresses"));
   CHECK(has("A firewall or a routing problem"));
   CHECK(has("[node 2] reaches node 0 through ib0, but NCCL would use eth0 here. Set NCCL_SOCKET_IFNAME=ib0 on node 2"));
@@ -226,6 +229,7 @@ TEST_CASE("--check when the store cannot be reached, and with a --master-addr th
                         dir.path(), "wrong");
   REQUIRE(wrong.wait(60s));
   CHECK(wrong.status == 1);
-  CHECK_MESSAGE(contains(wrong.out(), "[node 0] --master-addr 198.51.100.123 is not an address of this host"), wrong.output());
+  CHECK_MESSAGE(contains(wrong.out(), "[node 0] --master-addr 198.51.100.123 is not an address of this host"),
+                wrong.output());
   CHECK(contains(wrong.out(), "[all] node(s) 1 did not join the check"));
 }

@@ -15,19 +15,47 @@
 using namespace ncclkit::launch;
 
 TEST_CASE("the worker environment: launcher variables replaced or removed, everything else kept in order") {
-  const std::vector<std::string> base{"PATH=/usr/bin", "RANK=99", "NCCL_DEBUG=INFO", "CUDA_VISIBLE_DEVICES=2,3",
-                                      "MASTER_ADDR=stale", "MASTER_PORT=1", "NCCLKIT_INIT_URL=file:///stale",
-                                      "EMPTY=", "WITH=EQUALS=SIGNS", "NCCLKIT_LAUNCH_RUN_ID=stale"};
-  WorkerPlacement tcp{.rank = 5, .local_rank = 1, .world_size = 8, .local_world_size = 4, .node_rank = 1,
-                      .num_nodes = 2, .master_addr = "10.0.0.1", .master_port = 4242,
-                      .init_url = "tcp://10.0.0.1:4242", .restart_count = 2, .max_restarts = 3,
+  const std::vector<std::string> base{"PATH=/usr/bin",
+                                      "RANK=99",
+                                      "NCCL_DEBUG=INFO",
+                                      "CUDA_VISIBLE_DEVICES=2,3",
+                                      "MASTER_ADDR=stale",
+                                      "MASTER_PORT=1",
+                                      "NCCLKIT_INIT_URL=file:///stale",
+                                      "EMPTY=",
+                                      "WITH=EQUALS=SIGNS",
+                                      "NCCLKIT_LAUNCH_RUN_ID=stale"};
+  WorkerPlacement tcp{.rank = 5,
+                      .local_rank = 1,
+                      .world_size = 8,
+                      .local_world_size = 4,
+                      .node_rank = 1,
+                      .num_nodes = 2,
+                      .master_addr = "10.0.0.1",
+                      .master_port = 4242,
+                      .init_url = "tcp://10.0.0.1:4242",
+                      .restart_count = 2,
+                      .max_restarts = 3,
                       .run_id = "0123456789abcdef0123456789abcdef"};
   const auto env = build_worker_environment(base, tcp);
-  const std::vector<std::string> expected{
-      "PATH=/usr/bin", "NCCL_DEBUG=INFO", "CUDA_VISIBLE_DEVICES=2,3", "EMPTY=", "WITH=EQUALS=SIGNS",
-      "RANK=5", "LOCAL_RANK=1", "WORLD_SIZE=8", "LOCAL_WORLD_SIZE=4", "GROUP_RANK=1", "NODE_RANK=1",
-      "GROUP_WORLD_SIZE=2", "MASTER_ADDR=10.0.0.1", "MASTER_PORT=4242", "NCCLKIT_INIT_URL=tcp://10.0.0.1:4242",
-      "NCCLKIT_RESTART_COUNT=2", "NCCLKIT_MAX_RESTARTS=3", "NCCLKIT_LAUNCH_RUN_ID=0123456789abcdef0123456789abcdef"};
+  const std::vector<std::string> expected{"PATH=/usr/bin",
+                                          "NCCL_DEBUG=INFO",
+                                          "CUDA_VISIBLE_DEVICES=2,3",
+                                          "EMPTY=",
+                                          "WITH=EQUALS=SIGNS",
+                                          "RANK=5",
+                                          "LOCAL_RANK=1",
+                                          "WORLD_SIZE=8",
+                                          "LOCAL_WORLD_SIZE=4",
+                                          "GROUP_RANK=1",
+                                          "NODE_RANK=1",
+                                          "GROUP_WORLD_SIZE=2",
+                                          "MASTER_ADDR=10.0.0.1",
+                                          "MASTER_PORT=4242",
+                                          "NCCLKIT_INIT_URL=tcp://10.0.0.1:4242",
+                                          "NCCLKIT_RESTART_COUNT=2",
+                                          "NCCLKIT_MAX_RESTARTS=3",
+                                          "NCCLKIT_LAUNCH_RUN_ID=0123456789abcdef0123456789abcdef"};
   CHECK(env == expected);
 
   // A folder rendezvous: no address at all (a stale MASTER_ADDR must not reach the workers).
@@ -38,7 +66,8 @@ TEST_CASE("the worker environment: launcher variables replaced or removed, every
     CHECK(entry != "RANK=99");
     CHECK(entry != "NCCLKIT_LAUNCH_RUN_ID=stale");  // the launcher's id, or none: never an inherited one
   }
-  CHECK(std::find(folder_env.begin(), folder_env.end(), "NCCLKIT_INIT_URL=file:///shared/rdzv/workers") != folder_env.end());
+  CHECK(std::find(folder_env.begin(), folder_env.end(), "NCCLKIT_INIT_URL=file:///shared/rdzv/workers") !=
+        folder_env.end());
 }
 
 TEST_CASE("nvidia-smi -L is parsed into GPUs; MIG lines are not GPUs") {
@@ -59,8 +88,8 @@ TEST_CASE("nvidia-smi -L is parsed into GPUs; MIG lines are not GPUs") {
     auto visible = apply_cuda_visible_devices(gpus, "2,0");
     REQUIRE(visible.size() == 2);
     CHECK(visible[0].name == "NVIDIA A100-SXM4-40GB");
-    CHECK(apply_cuda_visible_devices(gpus, "GPU-6666,1").size() == 1);          // 1 repeats GPU-6666...: cut
-    CHECK(apply_cuda_visible_devices(gpus, "0,7,1").size() == 1);                // 7 does not exist: cut
+    CHECK(apply_cuda_visible_devices(gpus, "GPU-6666,1").size() == 1);  // 1 repeats GPU-6666...: cut
+    CHECK(apply_cuda_visible_devices(gpus, "0,7,1").size() == 1);       // 7 does not exist: cut
     CHECK(apply_cuda_visible_devices(gpus, "").empty());
     CHECK(apply_cuda_visible_devices(gpus, "-1").empty());
     CHECK(apply_cuda_visible_devices(gpus, "NoDevFiles").empty());

@@ -29,12 +29,17 @@ std::set<int> rendezvoused_ranks(const std::string& out, int world, const std::s
 
 std::string env_line(const std::string& out, int rank) {
   const auto lines = lines_starting_with(out, "[rank " + std::to_string(rank) + "] env ");
-  return lines.size() == 1 ? lines[0] : "<" + std::to_string(lines.size()) + " env lines for rank " + std::to_string(rank) + ">";
+  return lines.size() == 1 ? lines[0]
+                           : "<" + std::to_string(lines.size()) + " env lines for rank " + std::to_string(rank) + ">";
 }
 
 std::vector<std::string> tcp_args(int port, int node, int nproc) {
-  return {"--nnodes", "2", "--node-rank", std::to_string(node), "--master-addr", "127.0.0.1", "--master-port",
-          std::to_string(port), "--nproc-per-node", std::to_string(nproc), "--rdzv-timeout", "30"};
+  return {"--nnodes",         "2",
+          "--node-rank",      std::to_string(node),
+          "--master-addr",    "127.0.0.1",
+          "--master-port",    std::to_string(port),
+          "--nproc-per-node", std::to_string(nproc),
+          "--rdzv-timeout",   "30"};
 }
 
 }  // namespace
@@ -52,8 +57,10 @@ TEST_CASE("two nodes share node 0's TCP store: uneven workers per node, ranks la
   const std::string url = "tcp://127\\.0\\.0\\.1:[0-9]+";
   CHECK(rendezvoused_ranks(node0.out(), 5, url) == std::set<int>{0, 1});
   CHECK(rendezvoused_ranks(node1.out(), 5, url) == std::set<int>{2, 3, 4});
-  CHECK(contains(env_line(node0.out(), 1), "RANK=1 LOCAL_RANK=1 WORLD_SIZE=5 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 NODE_RANK=0 GROUP_WORLD_SIZE=2"));
-  CHECK(contains(env_line(node1.out(), 4), "RANK=4 LOCAL_RANK=2 WORLD_SIZE=5 LOCAL_WORLD_SIZE=3 GROUP_RANK=1 NODE_RANK=1 GROUP_WORLD_SIZE=2"));
+  CHECK(contains(env_line(node0.out(), 1),
+                 "RANK=1 LOCAL_RANK=1 WORLD_SIZE=5 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 NODE_RANK=0 GROUP_WORLD_SIZE=2"));
+  CHECK(contains(env_line(node1.out(), 4),
+                 "RANK=4 LOCAL_RANK=2 WORLD_SIZE=5 LOCAL_WORLD_SIZE=3 GROUP_RANK=1 NODE_RANK=1 GROUP_WORLD_SIZE=2"));
   // The workers' store is not the launchers' (rank 0 serves it on a port of its own).
   CHECK(contains(env_line(node1.out(), 2), " MASTER_ADDR=127.0.0.1 "));
   CHECK_FALSE(contains(env_line(node1.out(), 2), " MASTER_PORT=" + std::to_string(port) + " "));
@@ -66,7 +73,8 @@ TEST_CASE("two nodes share a rendezvous folder, twice in the same folder, node r
   std::set<std::string> job_ids;  // NCCLKIT_LAUNCH_RUN_ID: one per job, the same on both nodes
   for (int run = 0; run < 2; ++run) {
     CAPTURE(run);
-    const std::vector<std::string> args{"--nnodes", "2", "--rdzv-dir", rdzv, "--nproc-per-node", "2", "--rdzv-timeout", "30"};
+    const std::vector<std::string> args{"--nnodes",         "2", "--rdzv-dir",     rdzv,
+                                        "--nproc-per-node", "2", "--rdzv-timeout", "30"};
     Process a = start_launcher(args, {"env", "rendezvous"}, dir.path(), "a" + std::to_string(run));
     Process b = start_launcher(args, {"env", "rendezvous"}, dir.path(), "b" + std::to_string(run));
     REQUIRE(a.wait(60s));
@@ -113,7 +121,7 @@ TEST_CASE("a failure on one node stops every node, and all exit with the failed 
 TEST_CASE("--max-restarts restarts every node together") {
   TempDir dir;
   const std::string rdzv = dir / "rdzv";
-  const std::vector<std::string> args{"--nnodes", "2", "--rdzv-dir", rdzv, "--nproc-per-node", "2",
+  const std::vector<std::string> args{"--nnodes",       "2", "--rdzv-dir",     rdzv, "--nproc-per-node", "2",
                                       "--max-restarts", "2", "--rdzv-timeout", "30"};
   // Global rank 3 fails in the first attempt: both nodes restart, and the second attempt's
   // workers rendezvous as one group of 4.
@@ -162,7 +170,8 @@ TEST_CASE("a node that never comes: the rendezvous timeout names it") {
   CHECK(contains(node0.err(), "timed out after 1.500 s: node(s) 1 never arrived (arrived: 0)"));
 
   // A folder rendezvous without node ranks counts launchers instead.
-  Process alone = run_launcher({"--nnodes", "3", "--rdzv-dir", dir / "rdzv", "--rdzv-timeout", "1"}, {"exit=0"}, dir.path());
+  Process alone =
+      run_launcher({"--nnodes", "3", "--rdzv-dir", dir / "rdzv", "--rdzv-timeout", "1"}, {"exit=0"}, dir.path());
   CHECK(alone.status == 1);
   CHECK_MESSAGE(contains(alone.err(), "1 of 3 launchers arrived"), alone.output());
 }
@@ -174,13 +183,15 @@ TEST_CASE("a node that cannot reach node 0's store says where it looked") {
   args.back() = "1";
   Process node1 = run_launcher(args, {"exit=0"}, dir.path());
   CHECK(node1.status == 1);
-  CHECK_MESSAGE(contains(node1.err(), "cannot reach the launchers' store at 127.0.0.1:" + std::to_string(port)), node1.output());
+  CHECK_MESSAGE(contains(node1.err(), "cannot reach the launchers' store at 127.0.0.1:" + std::to_string(port)),
+                node1.output());
   CHECK(contains(node1.err(), "--check"));
 }
 
 TEST_CASE("two launchers with the same --node-rank: the second is refused") {
   TempDir dir;
-  const std::vector<std::string> args{"--nnodes", "2", "--node-rank", "0", "--rdzv-dir", dir / "rdzv", "--rdzv-timeout", "3"};
+  const std::vector<std::string> args{"--nnodes",   "2",          "--node-rank",    "0",
+                                      "--rdzv-dir", dir / "rdzv", "--rdzv-timeout", "3"};
   Process first = start_launcher(args, {"exit=0"}, dir.path(), "first");
   REQUIRE(wait_until([&] { return std::filesystem::exists(dir / "rdzv/launchers"); }, 10s));
   Process second = start_launcher(args, {"exit=0"}, dir.path(), "second");
@@ -192,8 +203,8 @@ TEST_CASE("two launchers with the same --node-rank: the second is refused") {
 
 TEST_CASE("a worker that hangs at start-up: the workers' rendezvous timeout names the missing rank") {
   TempDir dir;
-  Process launcher = run_launcher({"--nproc-per-node", "3", "--grace-period", "1"}, {"r2/hang", "rendezvous"}, dir.path(),
-                                  {"NCCLKIT_STORE_TIMEOUT=1.5"});
+  Process launcher = run_launcher({"--nproc-per-node", "3", "--grace-period", "1"}, {"r2/hang", "rendezvous"},
+                                  dir.path(), {"NCCLKIT_STORE_TIMEOUT=1.5"});
   CHECK_MESSAGE(launcher.status == 1, launcher.output());
   CHECK_MESSAGE(std::regex_search(launcher.err(), std::regex("\\[rank [01]\\] rendezvous failed: .*never arrived: 2")),
                 launcher.output());
@@ -213,5 +224,6 @@ TEST_CASE("a node whose workers succeeded notices when another node's launcher d
   REQUIRE(node0.wait(30s));
   CHECK_MESSAGE(node0.status == 1, node0.output());
   CHECK(contains(node0.err(), "node 1 stopped responding (no heartbeat for 2.000 s) before its workers finished"));
-  for (const auto& [name, pid] : read_pids(dir.path())) CHECK_MESSAGE(wait_until([&] { return !alive(pid); }, 5s), name);
+  for (const auto& [name, pid] : read_pids(dir.path()))
+    CHECK_MESSAGE(wait_until([&] { return !alive(pid); }, 5s), name);
 }

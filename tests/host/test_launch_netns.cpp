@@ -39,18 +39,18 @@ class TwoHosts {
     veth_a_ = "nkva" + id;
     veth_b_ = "nkvb" + id;
     remove_stale();
-    for (const auto& args : std::vector<std::vector<std::string>>{
-             {"netns", "add", a_},
-             {"netns", "add", b_},
-             {"link", "add", veth_a_, "type", "veth", "peer", "name", veth_b_},
-             {"link", "set", veth_a_, "netns", a_},
-             {"link", "set", veth_b_, "netns", b_},
-             {"-n", a_, "addr", "add", "10.233.0.1/24", "dev", veth_a_},
-             {"-n", b_, "addr", "add", "10.233.0.2/24", "dev", veth_b_},
-             {"-n", a_, "link", "set", "lo", "up"},
-             {"-n", b_, "link", "set", "lo", "up"},
-             {"-n", a_, "link", "set", veth_a_, "up"},
-             {"-n", b_, "link", "set", veth_b_, "up"}}) {
+    for (const auto& args :
+         std::vector<std::vector<std::string>>{{"netns", "add", a_},
+                                               {"netns", "add", b_},
+                                               {"link", "add", veth_a_, "type", "veth", "peer", "name", veth_b_},
+                                               {"link", "set", veth_a_, "netns", a_},
+                                               {"link", "set", veth_b_, "netns", b_},
+                                               {"-n", a_, "addr", "add", "10.233.0.1/24", "dev", veth_a_},
+                                               {"-n", b_, "addr", "add", "10.233.0.2/24", "dev", veth_b_},
+                                               {"-n", a_, "link", "set", "lo", "up"},
+                                               {"-n", b_, "link", "set", "lo", "up"},
+                                               {"-n", a_, "link", "set", veth_a_, "up"},
+                                               {"-n", b_, "link", "set", veth_b_, "up"}}) {
       std::vector<std::string> argv{ip_};
       argv.insert(argv.end(), args.begin(), args.end());
       auto [status, output] = run_command(argv, dir_);
@@ -111,9 +111,9 @@ void require_prerequisites() {
 }
 
 std::vector<std::string> node_args(int node, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args{"--nnodes",      "2",          "--node-rank",      std::to_string(node),
-                                "--master-addr", "10.233.0.1", "--master-port",    "29517",
-                                "--nproc-per-node", "2",       "--rdzv-timeout",   "20"};
+  std::vector<std::string> args{"--nnodes",         "2",          "--node-rank",    std::to_string(node),
+                                "--master-addr",    "10.233.0.1", "--master-port",  "29517",
+                                "--nproc-per-node", "2",          "--rdzv-timeout", "20"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -178,8 +178,9 @@ TEST_CASE("two hosts joined by a veth pair: --check, a job, and broken setups") 
 
   SUBCASE("--check with a wrong --master-addr on the second host") {
     Process a = hosts.launcher(0, node_args(0, {"--check", "--rdzv-timeout", "3"}), {}, "addr-a");
-    Process b = hosts.launcher(1, {"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.233.0.9", "--master-port",
-                                   "29517", "--check", "--rdzv-timeout", "2"},
+    Process b = hosts.launcher(1,
+                               {"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.233.0.9", "--master-port",
+                                "29517", "--check", "--rdzv-timeout", "2"},
                                {}, "addr-b");
     REQUIRE(a.wait(60s));
     REQUIRE(b.wait(60s));

@@ -57,7 +57,8 @@ TEST_CASE("every flag, with a separate value, after '=', and in torchrun's spell
 }
 
 TEST_CASE("mistakes are errors that name the flag and say what to do") {
-  CHECK(error_of({"--nproc-per-node", "0", "p"}) == "ncclkit-run: --nproc-per-node '0' must be a whole number in [1, 4096]");
+  CHECK(error_of({"--nproc-per-node", "0", "p"}) ==
+        "ncclkit-run: --nproc-per-node '0' must be a whole number in [1, 4096]");
   CHECK(error_of({"--nproc-per-node", "two", "p"}).find("'two'") != std::string::npos);
   CHECK(error_of({"--nnodes", "1:4", "p"}).find("elastic ranges (MIN:MAX) are not supported") != std::string::npos);
   CHECK(error_of({"--master-port", "70000", "p"}).find("[1, 65535]") != std::string::npos);

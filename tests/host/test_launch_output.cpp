@@ -50,7 +50,7 @@ TEST_CASE("lines are written whole, with the prefix, only once complete; the las
   lines.finish();
   CHECK(out.drain() == "[rank 3] last\n");
   CHECK(log.drain() == "hello\nworld\n\nlast\n");  // the log file has no prefix
-  lines.finish();  // nothing left: nothing written
+  lines.finish();                                  // nothing left: nothing written
   CHECK(out.drain().empty());
 }
 
@@ -104,7 +104,8 @@ TEST_CASE("a closed reader does not stop the prefixer (EPIPE is ignored)") {
   int fds[2];
   REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
   ::close(fds[0]);
-  struct sigaction ignore {}, previous {};
+  struct sigaction ignore {
+  }, previous{};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGPIPE, &ignore, &previous);
   LinePrefixer lines("x ", fds[1]);

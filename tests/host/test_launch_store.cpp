@@ -21,12 +21,10 @@ using ncclkit_test::contains;
 /// What a StoreCoordinator over `server` reports when it starts.
 std::vector<std::string> reports_at_start(std::unique_ptr<TcpStoreServer> server, const std::string& token) {
   std::vector<std::string> messages;
-  auto store = std::make_shared<TcpStore>(
-      ncclkit::TcpStoreOptions{.host = "127.0.0.1", .port = server->port(), .timeout = std::chrono::seconds(5), .token = token});
+  auto store = std::make_shared<TcpStore>(ncclkit::TcpStoreOptions{
+      .host = "127.0.0.1", .port = server->port(), .timeout = std::chrono::seconds(5), .token = token});
   ncclkit::launch::StoreCoordinatorOptions options{.report = [&](const std::string& m) { messages.push_back(m); }};
-  {
-    ncclkit::launch::StoreCoordinator coordinator(store, options, std::move(server));
-  }
+  { ncclkit::launch::StoreCoordinator coordinator(store, options, std::move(server)); }
   return messages;
 }
 
@@ -46,7 +44,8 @@ TEST_CASE("a store on every address without a token is warned about, naming NCCL
 }
 
 TEST_CASE("ncclkit-run's coordinator reports an unguarded store when it starts, and only then") {
-  auto unguarded = reports_at_start(std::make_unique<TcpStoreServer>(ncclkit::TcpStoreServerOptions{.host = "", .token = ""}), "");
+  auto unguarded =
+      reports_at_start(std::make_unique<TcpStoreServer>(ncclkit::TcpStoreServerOptions{.host = "", .token = ""}), "");
   REQUIRE_FALSE(unguarded.empty());
   CHECK(contains(unguarded.front(), "warning: the launchers' store listens on "));
   CHECK(contains(unguarded.front(), "NCCLKIT_STORE_TOKEN"));

@@ -26,7 +26,8 @@ void check_all_dead(const std::string& dir, const Process& launcher) {
 /// rank that fails once all pids are recorded; returns the launcher after it ended, and checks
 /// that it ended within 5 s of the moment every worker was up.
 Process run_with_failure(int nproc, const std::vector<std::string>& failing_steps, const TempDir& dir,
-                         const std::vector<std::string>& extra_args = {}, const std::vector<std::string>& first_steps = {}) {
+                         const std::vector<std::string>& extra_args = {},
+                         const std::vector<std::string>& first_steps = {}) {
   std::vector<std::string> steps = first_steps;
   steps.push_back("pidfile=" + dir.path());
   steps.push_back("waitpids=" + dir.path());
@@ -52,10 +53,10 @@ TEST_CASE("N = 1, 2 and 8 workers get their place in the job, and other variable
   for (int n : {1, 2, 8}) {
     CAPTURE(n);
     TempDir dir;
-    Process launcher = run_launcher({"--nproc-per-node", std::to_string(n)}, {"env", "rendezvous", "print=3"},
-                                    dir.path(),
-                                    {"NCCL_DEBUG=INFO", "CUDA_VISIBLE_DEVICES=3,1", "RANK=77", "NCCLKIT_INIT_URL=file:///nowhere",
-                                     "LAUNCH_TEST_MARKER=kept as it is"});
+    Process launcher =
+        run_launcher({"--nproc-per-node", std::to_string(n)}, {"env", "rendezvous", "print=3"}, dir.path(),
+                     {"NCCL_DEBUG=INFO", "CUDA_VISIBLE_DEVICES=3,1", "RANK=77", "NCCLKIT_INIT_URL=file:///nowhere",
+                      "LAUNCH_TEST_MARKER=kept as it is"});
     REQUIRE_MESSAGE(launcher.status == 0, launcher.output());
     const std::string out = launcher.out();
     std::set<std::string> run_ids;  // the job's identity for FileStores: one per job
@@ -76,7 +77,8 @@ TEST_CASE("N = 1, 2 and 8 workers get their place in the job, and other variable
       std::smatch id;
       CHECK_MESSAGE(std::regex_search(env, id, std::regex(" NCCLKIT_LAUNCH_RUN_ID=([0-9a-f]{32})$")), env);
       if (!id.empty()) run_ids.insert(id[1]);
-      CHECK(lines_starting_with(out, prefix + "rank " + std::to_string(r) + " rendezvous ok " + std::to_string(n)).size() == 1);
+      CHECK(lines_starting_with(out, prefix + "rank " + std::to_string(r) + " rendezvous ok " + std::to_string(n))
+                .size() == 1);
       CHECK(lines_starting_with(out, prefix + "rank " + std::to_string(r) + " line ").size() == 3);
     }
     CHECK(run_ids.size() == 1);
@@ -88,7 +90,8 @@ TEST_CASE("a worker that exits 3 stops the others; the launcher exits 3 and name
   Process launcher = run_with_failure(4, {"r2/exit=3"}, dir);
   CHECK_MESSAGE(launcher.status == 3, launcher.output());
   CHECK_MESSAGE(contains(launcher.err(), "rank 2 (local rank 2, pid "), launcher.output());
-  CHECK(std::regex_search(launcher.err(), std::regex("\\) exited with code 3 at [0-9.]+ s; stopping the other 3 workers")));
+  CHECK(std::regex_search(launcher.err(),
+                          std::regex("\\) exited with code 3 at [0-9.]+ s; stopping the other 3 workers")));
   CHECK(contains(launcher.err(), "job failed: rank 2"));
 }
 
@@ -157,11 +160,11 @@ TEST_CASE("ranks that finish together before the last one fails in its teardown 
   TempDir dir;
   // Ranks 0-2 finish together with code 0; 100 ms after the launcher has reaped the last of
   // them, rank 3 dies of SIGSEGV, as a rank that crashes while tearing down does.
-  Process launcher = run_with_failure(4,
-                                      {"r0/exit=0", "r1/exit=0", "r2/exit=0", "r3/waitgone=" + (dir / "rank_0.pid"),
-                                       "r3/waitgone=" + (dir / "rank_1.pid"), "r3/waitgone=" + (dir / "rank_2.pid"),
-                                       "r3/sleepms=100", "r3/kill=11"},
-                                      dir);
+  Process launcher = run_with_failure(
+      4,
+      {"r0/exit=0", "r1/exit=0", "r2/exit=0", "r3/waitgone=" + (dir / "rank_0.pid"),
+       "r3/waitgone=" + (dir / "rank_1.pid"), "r3/waitgone=" + (dir / "rank_2.pid"), "r3/sleepms=100", "r3/kill=11"},
+      dir);
   CHECK_MESSAGE(launcher.status == 128 + SIGSEGV, launcher.output());
   const std::string err = launcher.err();
   const auto [failure, failure_at] = report_line(launcher, 3);
@@ -176,11 +179,12 @@ TEST_CASE("ranks that finish together before the last one fails in its teardown 
   CHECK_MESSAGE(contains(failure, ": the first failure, after every other rank had finished with code 0"), failure);
   // The verdict names rank 3 first, then the ranks that had finished before it.
   CHECK_MESSAGE(contains(err, "job failed: rank 3 (local rank 3, pid "), err);
-  CHECK_MESSAGE(std::regex_search(err, std::regex("job failed: rank 3 \\(local rank 3, pid [0-9]+\\) was killed by signal "
-                                                  "11 \\(SIGSEGV[^)]*\\) at [0-9.]+ s; before it, ranks 0-2 had exited "
-                                                  "with code 0 \\(at [0-9.]+(-[0-9.]+)? s, [0-9.]+(-[0-9.]+)? s before it\\); "
-                                                  "exit status 139")),
-                err);
+  CHECK_MESSAGE(
+      std::regex_search(err, std::regex("job failed: rank 3 \\(local rank 3, pid [0-9]+\\) was killed by signal "
+                                        "11 \\(SIGSEGV[^)]*\\) at [0-9.]+ s; before it, ranks 0-2 had exited "
+                                        "with code 0 \\(at [0-9.]+(-[0-9.]+)? s, [0-9.]+(-[0-9.]+)? s before it\\); "
+                                        "exit status 139")),
+      err);
   CHECK_FALSE(contains(err, "likely cause"));
 }
 
@@ -198,7 +202,8 @@ TEST_CASE("a rank that hangs while another fails is listed as still running, wit
   CHECK(contains(failure, ": the first failure"));
   CHECK_MESSAGE(contains(hung, "was killed by signal 15 (SIGTERM"), hung);
   CHECK(contains(hung, "; it was still running when the group was stopped at "));
-  CHECK_MESSAGE(std::regex_search(hung, std::regex("\\(last output at [0-9.]+ s, silent for [0-9.]+ s by then\\)")), hung);
+  CHECK_MESSAGE(std::regex_search(hung, std::regex("\\(last output at [0-9.]+ s, silent for [0-9.]+ s by then\\)")),
+                hung);
   CHECK(contains(err, "job failed: rank 0 (local rank 0, pid "));
   CHECK_FALSE(contains(err, "likely cause"));  // nothing the launcher can see explains it better
 }
@@ -207,8 +212,8 @@ TEST_CASE("two ranks that die are reported in the order they died, each with its
   TempDir dir;
   // Rank 2 exits 3 first; rank 1 ignores the SIGTERM that follows and exits 4 once rank 2 is
   // gone; rank 0 writes nothing and is stopped.
-  Process launcher = run_with_failure(
-      3, {"r2/exit=3", "r1/waitgone=" + (dir / "rank_2.pid"), "r1/exit=4"}, dir, {}, {"r1/ignoreterm"});
+  Process launcher = run_with_failure(3, {"r2/exit=3", "r1/waitgone=" + (dir / "rank_2.pid"), "r1/exit=4"}, dir, {},
+                                      {"r1/ignoreterm"});
   CHECK_MESSAGE(launcher.status == 3, launcher.output());
   const auto [first, first_at] = report_line(launcher, 2);
   const auto [second, second_at] = report_line(launcher, 1);
@@ -225,8 +230,8 @@ TEST_CASE("two ranks that die are reported in the order they died, each with its
 TEST_CASE("a job stopped by hand after a rank exited 0 early names that exit as the likely cause of the hang") {
   TempDir dir;
   // Rank 1 leaves with code 0; rank 0 waits forever for it. The user then stops the launcher.
-  Process launcher = start_launcher({"--nproc-per-node", "2"}, {"pidfile=" + dir.path(), "waitpids=" + dir.path(), "r1/exit=0", "hang"},
-                                    dir.path());
+  Process launcher = start_launcher(
+      {"--nproc-per-node", "2"}, {"pidfile=" + dir.path(), "waitpids=" + dir.path(), "r1/exit=0", "hang"}, dir.path());
   REQUIRE_MESSAGE(wait_until([&] { return read_pids(dir.path()).size() == 2; }, 30s), launcher.output());
   const pid_t rank1 = read_pids(dir.path()).at("rank_1.pid");
   REQUIRE(wait_until([&] { return ::kill(rank1, 0) != 0 && errno == ESRCH; }, 30s));  // reaped by the launcher
@@ -292,8 +297,8 @@ TEST_CASE("--max-restarts restarts the whole group until it succeeds, with NCCLK
 
 TEST_CASE("when the restart budget is spent, the launcher exits with the last failure's status") {
   TempDir dir;
-  Process launcher = run_launcher({"--nproc-per-node", "2", "--max-restarts", "1"}, {"env", "r0/exit=5", "r1/hang"},
-                                  dir.path());
+  Process launcher =
+      run_launcher({"--nproc-per-node", "2", "--max-restarts", "1"}, {"env", "r0/exit=5", "r1/hang"}, dir.path());
   CHECK_MESSAGE(launcher.status == 5, launcher.output());
   CHECK(lines_starting_with(launcher.out(), "[rank 0] env").size() == 2);  // two attempts, no more
   CHECK(contains(launcher.err(), "job failed: rank 0"));
@@ -304,7 +309,8 @@ TEST_CASE("SIGTERM and SIGINT to the launcher are forwarded; SIGUSR1 is forwarde
   for (int sig : {SIGTERM, SIGINT}) {
     CAPTURE(sig);
     TempDir dir;
-    Process launcher = start_launcher({"--nproc-per-node", "2"}, {"signals", "pidfile=" + dir.path(), "hang"}, dir.path());
+    Process launcher =
+        start_launcher({"--nproc-per-node", "2"}, {"signals", "pidfile=" + dir.path(), "hang"}, dir.path());
     REQUIRE_MESSAGE(wait_until([&] { return read_pids(dir.path()).size() == 2; }, 30s), launcher.output());
     if (sig == SIGTERM) {
       ::kill(launcher.pid, SIGUSR1);
@@ -339,7 +345,8 @@ TEST_CASE("a second signal skips the grace period") {
 
 TEST_CASE("workers die with the launcher when it is SIGKILLed") {
   TempDir dir;
-  Process launcher = start_launcher({"--nproc-per-node", "3"}, {"ignoreterm", "pidfile=" + dir.path(), "hang"}, dir.path());
+  Process launcher =
+      start_launcher({"--nproc-per-node", "3"}, {"ignoreterm", "pidfile=" + dir.path(), "hang"}, dir.path());
   REQUIRE(wait_until([&] { return read_pids(dir.path()).size() == 3; }, 30s));
   ::kill(launcher.pid, SIGKILL);
   REQUIRE(launcher.wait(10s));
@@ -365,8 +372,8 @@ TEST_CASE("processes the workers leave behind are stopped, in their process grou
 
 TEST_CASE("a worker that ended is reaped at once, while the others still run") {
   TempDir dir;
-  Process launcher = start_launcher({"--nproc-per-node", "2"},
-                                    {"pidfile=" + dir.path(), "r1/waitfile=" + (dir / "go")}, dir.path());
+  Process launcher =
+      start_launcher({"--nproc-per-node", "2"}, {"pidfile=" + dir.path(), "r1/waitfile=" + (dir / "go")}, dir.path());
   REQUIRE(wait_until([&] { return read_pids(dir.path()).size() == 2; }, 30s));
   const pid_t rank0 = read_pids(dir.path()).at("rank_0.pid");
   // Rank 0 exits at once; it must not stay a zombie of the launcher.
@@ -414,7 +421,8 @@ TEST_CASE("a program that cannot be found gives 127 and says so") {
   Process launcher = start({kLauncher, "--nproc-per-node", "2", "--", dir / "no-such-program"}, dir.path(), "launcher");
   REQUIRE(launcher.wait(30s));
   CHECK(launcher.status == 127);
-  CHECK_MESSAGE(contains(launcher.err(), "cannot execute '" + (dir / "no-such-program") + "' for rank 0"), launcher.output());
+  CHECK_MESSAGE(contains(launcher.err(), "cannot execute '" + (dir / "no-such-program") + "' for rank 0"),
+                launcher.output());
 }
 
 TEST_CASE("usage errors give exit status 2") {

@@ -65,8 +65,8 @@ TEST_CASE("a MemoryStore sets, gets, checks, counts and deletes keys") {
 
 TEST_CASE("MemoryStore::compare_set follows the Store contract") {
   MemoryStore store;
-  CHECK(store.compare_set("c", "", "first") == "first");      // missing + empty expected: set
-  CHECK(store.compare_set("c", "wrong", "x") == "first");     // mismatch: current value, unchanged
+  CHECK(store.compare_set("c", "", "first") == "first");   // missing + empty expected: set
+  CHECK(store.compare_set("c", "wrong", "x") == "first");  // mismatch: current value, unchanged
   CHECK(store.compare_set("c", "first", "second") == "second");
   CHECK(store.get_string("c", 1s) == "second");
   CHECK(store.compare_set("d", "expected", "x") == "expected");  // missing + non-empty expected: nothing set
@@ -80,8 +80,10 @@ TEST_CASE("add refuses a value that is not a counter, and int64 overflow") {
     (void)store.add("text", 1);
     FAIL("no StoreError");
   } catch (const ncclkit::StoreError& e) {
-    CHECK_MESSAGE(contains(e.what(), "MemoryStore memory://counters: add to key 'text': its value 'abc' is not a decimal integer"),
-                  e.what());
+    CHECK_MESSAGE(
+        contains(e.what(),
+                 "MemoryStore memory://counters: add to key 'text': its value 'abc' is not a decimal integer"),
+        e.what());
   }
   store.set("big", std::to_string(INT64_MAX));
   CHECK_THROWS_AS((void)store.add("big", 1), ncclkit::StoreError);
@@ -93,7 +95,8 @@ TEST_CASE("get and wait end at their timeout, naming the store and the missing k
   store.set("here", "1");
 
   auto [get_message, get_took] = memory_timeout_of([&] { (void)store.get("absent", 200ms); });
-  CHECK_MESSAGE(contains(get_message, "MemoryStore memory://timeouts: get of key 'absent' timed out after 0.2"), get_message);
+  CHECK_MESSAGE(contains(get_message, "MemoryStore memory://timeouts: get of key 'absent' timed out after 0.2"),
+                get_message);
   CHECK_MESSAGE(contains(get_message, "(timeout 0.200 s)"), get_message);
   CHECK(get_took >= 200ms);
   CHECK(get_took < 5s);
@@ -158,6 +161,7 @@ TEST_CASE("thread ranks report a rank's exception and its code") {
     return world.rank == 2 ? 7 : 0;
   });
   CHECK_FALSE(result.ok());
-  CHECK_MESSAGE(contains(result.describe(), "rank 1 threw: MemoryStore memory://ranks: get of key 'never'"), result.describe());
+  CHECK_MESSAGE(contains(result.describe(), "rank 1 threw: MemoryStore memory://ranks: get of key 'never'"),
+                result.describe());
   CHECK_MESSAGE(contains(result.describe(), "rank 2 returned 7"), result.describe());
 }

@@ -6,12 +6,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::sort
-#include <chrono>   // std::chrono
-#include <cstdio>   // std::printf
-#include <cstdint>  // std::uint64_t
-#include <memory>   // std::shared_ptr
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <chrono>     // std::chrono
+#include <cstdio>     // std::printf
+#include <cstdint>    // std::uint64_t
+#include <memory>     // std::shared_ptr
+#include <string>     // std::string
+#include <vector>     // std::vector
 
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
@@ -33,7 +33,9 @@ using namespace std::chrono_literals;
 using ncclkit_test::contains;
 
 CollectiveFingerprint all_reduce(std::uint64_t number, std::size_t count) {
-  return CollectiveFingerprint::of("all_reduce", count, DataType::kFloat32).with_op(ReduceOp::kSum).with_sequence(number);
+  return CollectiveFingerprint::of("all_reduce", count, DataType::kFloat32)
+      .with_op(ReduceOp::kSum)
+      .with_sequence(number);
 }
 
 // Codes of the ranks: 0 as expected, 2.. which expectation failed. The ranks are threads on a
@@ -88,8 +90,9 @@ TEST_CASE("a mismatch is the same CollectiveMismatchError on every rank, and the
       return 2;
     } catch (const ncclkit::CollectiveMismatchError& e) {
       const std::string message = e.what();
-      if (!contains(message, "test: collective argument mismatch at seq 2: rank 1 called all_reduce(count=4, float, "
-                             "sum) but ranks 0, 2 called all_reduce(count=8, float, sum): count (4 vs 8) differs")) {
+      if (!contains(message,
+                    "test: collective argument mismatch at seq 2: rank 1 called all_reduce(count=4, float, "
+                    "sum) but ranks 0, 2 called all_reduce(count=8, float, sum): count (4 vs 8) differs")) {
         return 3;
       }
       if (!contains(message, "still usable")) return 4;
@@ -152,8 +155,9 @@ TEST_CASE("cost of one exchange on a TcpStore, 2 and 4 processes (run by hand)" 
       }
       std::sort(times.begin(), times.end());
       if (world.rank == 0) {
-        std::printf("%d processes: %.1f us per exchange in the fastest round, %.1f in the median one (%d rounds of %d)\n",
-                    n, times[0], times[kRounds / 2], kRounds, kCalls);
+        std::printf(
+            "%d processes: %.1f us per exchange in the fastest round, %.1f in the median one (%d rounds of %d)\n", n,
+            times[0], times[kRounds / 2], kRounds, kCalls);
       }
       return 0;
     });

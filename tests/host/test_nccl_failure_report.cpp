@@ -62,7 +62,8 @@ TEST_CASE("the rank that never issued the failed collective is behind; a rank th
 
 TEST_CASE("a rank failing at a later collective shows every rank that never issued it") {
   // Rank 1's view when its seq 3 fails: ranks 0 and 2 failed at seq 2, rank 3 never issued it.
-  const auto report = report_of(1, 3, {known(0, 2, 1, true), known(1, 3, 2, true), known(2, 2, 1, true), known(3, 1, 1)});
+  const auto report =
+      report_of(1, 3, {known(0, 2, 1, true), known(1, 3, 2, true), known(2, 2, 1, true), known(3, 1, 1)});
   CHECK(report.ranks_behind() == std::vector<int>{0, 2, 3});
   const std::string text = report.describe();
   CHECK(contains(text, "\n    rank 0: 2/1  <- behind: has not issued seq 3  (failed too)\n"));
@@ -74,7 +75,8 @@ TEST_CASE("a record covering several collectives: every rank short of its last o
   // Rank 0 issued seq 10..14 back to back on one stream (one record, one event); rank 1
   // stopped after issuing 12, so seq 13 cannot complete. Judged by seq 10 alone, no rank
   // would be behind.
-  auto report = report_of(0, 10, {known(0, 14, 9, true), known(1, 12, 9), known(2, 14, 9, true), known(3, 14, 9, true)});
+  auto report =
+      report_of(0, 10, {known(0, 14, 9, true), known(1, 12, 9), known(2, 14, 9, true), known(3, 14, 9, true)});
   report.last_seq = 14;
   report.issued = 14;
   CHECK(report.needed_seq() == 14);
@@ -86,7 +88,8 @@ TEST_CASE("a record covering several collectives: every rank short of its last o
 }
 
 TEST_CASE("with no collective in flight, behind means behind the most advanced known rank") {
-  auto report = report_of(2, 0, {known(0, 5, 5), known(1, 5, 4), known(2, 4, 4, true), PeerProgress{3, false, 0, 0, false}});
+  auto report =
+      report_of(2, 0, {known(0, 5, 5), known(1, 5, 4), known(2, 4, 4, true), PeerProgress{3, false, 0, 0, false}});
   CHECK_FALSE(report.has_operation);
   CHECK(report.needed_seq() == 5);
   CHECK(report.ranks_behind() == std::vector<int>{2});

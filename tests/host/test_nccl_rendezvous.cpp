@@ -3,9 +3,9 @@
 // here, on machines without a GPU, with ranks as threads on a MemoryStore.
 #include <doctest/doctest.h>
 
-#include <chrono>   // std::chrono
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <chrono>  // std::chrono
+#include <string>  // std::string
+#include <vector>  // std::vector
 
 #include "ncclkit/nccl/rendezvous.hpp"
 #include "ncclkit/store/prefix_store.hpp"
@@ -32,7 +32,8 @@ using ncclkit_test::run_thread_ranks;
 TEST_CASE("every rank gets rank 0's unique id when versions agree") {
   auto result = run_thread_ranks(4, [](const WorldInfo& world, ncclkit::Store& store) {
     ncclkit::PrefixStore scope("comm/1", std::shared_ptr<ncclkit::Store>(&store, [](ncclkit::Store*) {}));
-    const Bytes id = init_rendezvous(scope, world.rank, world.world_size, kVersions, std::chrono::seconds(20), fake_id, "test");
+    const Bytes id =
+        init_rendezvous(scope, world.rank, world.world_size, kVersions, std::chrono::seconds(20), fake_id, "test");
     return id == fake_id() ? 0 : 2;
   });
   CHECK_MESSAGE(result.ok(), result.describe());
@@ -106,7 +107,8 @@ TEST_CASE("two scopes on one store do not mix") {
     } catch (const ncclkit::ConfigError&) {
       second_failed = true;
     }
-    const Bytes id = init_rendezvous(first, world.rank, world.world_size, kVersions, std::chrono::seconds(20), fake_id, "first");
+    const Bytes id =
+        init_rendezvous(first, world.rank, world.world_size, kVersions, std::chrono::seconds(20), fake_id, "first");
     return second_failed && id == fake_id() ? 0 : 2;
   });
   CHECK_MESSAGE(result.ok(), result.describe());

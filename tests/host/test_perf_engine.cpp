@@ -35,7 +35,7 @@ struct LoopWorld {
   explicit LoopWorld(int n) : size(n), pending(static_cast<std::size_t>(n)) {}
 
   int size;
-  int depth = 0;  // open groups
+  int depth = 0;                         // open groups
   std::vector<std::vector<Op>> pending;  // per rank, in issue order
   int collectives_run = 0;
 
@@ -62,22 +62,30 @@ struct LoopWorld {
 
   static double load(const TensorView& v, std::size_t i) {
     return ncclkit::visit_data_type(v.dtype, [&]<class T>() -> double {
-      if constexpr (std::is_arithmetic_v<T>) return static_cast<double>(static_cast<const T*>(v.data)[i]);
-      else throw std::logic_error("LoopWorld handles arithmetic element types only");
+      if constexpr (std::is_arithmetic_v<T>)
+        return static_cast<double>(static_cast<const T*>(v.data)[i]);
+      else
+        throw std::logic_error("LoopWorld handles arithmetic element types only");
     });
   }
   static void store(const TensorView& v, std::size_t i, double value) {
     ncclkit::visit_data_type(v.dtype, [&]<class T>() {
-      if constexpr (std::is_arithmetic_v<T>) static_cast<T*>(v.data)[i] = static_cast<T>(value);
-      else throw std::logic_error("LoopWorld handles arithmetic element types only");
+      if constexpr (std::is_arithmetic_v<T>)
+        static_cast<T*>(v.data)[i] = static_cast<T>(value);
+      else
+        throw std::logic_error("LoopWorld handles arithmetic element types only");
     });
   }
   static double combine(double a, double b, ReduceOp op) {
     switch (op) {
-      case ReduceOp::kProd: return a * b;
-      case ReduceOp::kMin: return a < b ? a : b;
-      case ReduceOp::kMax: return a > b ? a : b;
-      default: return a + b;
+      case ReduceOp::kProd:
+        return a * b;
+      case ReduceOp::kMin:
+        return a < b ? a : b;
+      case ReduceOp::kMax:
+        return a > b ? a : b;
+      default:
+        return a + b;
     }
   }
   void run(std::size_t index) {
@@ -103,7 +111,8 @@ struct LoopWorld {
           for (std::size_t i = 0; i < o.out.count; ++i) store(o.out, i, reduced(i));
           break;
         case Kind::kBroadcast:
-          for (std::size_t i = 0; i < o.out.count; ++i) store(o.out, i, inputs[static_cast<std::size_t>(first.root)][i]);
+          for (std::size_t i = 0; i < o.out.count; ++i)
+            store(o.out, i, inputs[static_cast<std::size_t>(first.root)][i]);
           break;
         case Kind::kAllGather: {
           const std::size_t part = o.out.count / static_cast<std::size_t>(size);
@@ -230,7 +239,7 @@ TEST_CASE("the perf engine counts wrong results on every local rank") {
   broken.name = "broken";
   auto last_out = std::make_shared<std::vector<TensorView>>(2);
   broken.issue = [issue = good.issue, last_out](int l, ncclkit::perf::Collective c, TensorView in, TensorView out,
-                                                  ReduceOp op, int root) {
+                                                ReduceOp op, int root) {
     (*last_out)[static_cast<std::size_t>(l)] = out;
     issue(l, c, in, out, op, root);
   };
@@ -243,7 +252,8 @@ TEST_CASE("the perf engine counts wrong results on every local rank") {
   options.types = {DataType::kInt32};
   options.ops = {ReduceOp::kSum};
   NullFile null;
-  const auto summary = ncclkit::perf::run_perf(local.backends, {good, broken}, options, local.begin(), local.end(), null.file);
+  const auto summary =
+      ncclkit::perf::run_perf(local.backends, {good, broken}, options, local.begin(), local.end(), null.file);
   CHECK_FALSE(summary.ok());
   for (const auto& row : summary.rows) {
     if (row.implementation == "ncclkit") {
@@ -264,8 +274,9 @@ TEST_CASE("several local ranks without group calls are refused before anything r
   const auto options = small_sweep();
   CHECK_THROWS_WITH_AS(ncclkit::perf::run_perf(local.backends, {grouped}, options, {}, {}, null.file),
                        doctest::Contains("group calls"), ncclkit::ConfigError);
-  CHECK_THROWS_WITH_AS(ncclkit::perf::run_perf(local.backends, {ungrouped}, options, local.begin(), local.end(), null.file),
-                       doctest::Contains("'ncclkit' has no group calls"), ncclkit::ConfigError);
+  CHECK_THROWS_WITH_AS(
+      ncclkit::perf::run_perf(local.backends, {ungrouped}, options, local.begin(), local.end(), null.file),
+      doctest::Contains("'ncclkit' has no group calls"), ncclkit::ConfigError);
   CHECK(local.world.collectives_run == 0);
 }
 

@@ -111,8 +111,8 @@ TEST_CASE("Backoff with jitter keeps every pause under one and a half times the 
 TEST_CASE("timeouts have one limit: environment variables are held to the deadlines' bound") {
   using ncclkit::detail::kLongestTimeout;
   CHECK(ncclkit::kMaxTimeoutSeconds == std::chrono::duration<double>(kLongestTimeout).count());
-  CHECK(ncclkit::parse_timeout_seconds(std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kLongestTimeout).count())) ==
-        kLongestTimeout);
+  CHECK(ncclkit::parse_timeout_seconds(std::to_string(
+            std::chrono::duration_cast<std::chrono::seconds>(kLongestTimeout).count())) == kLongestTimeout);
   CHECK_FALSE(ncclkit::parse_timeout_seconds(
       std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kLongestTimeout).count() + 1)));
   CHECK(ncclkit::detail::bounded_timeout(std::chrono::milliseconds::max()) == kLongestTimeout);

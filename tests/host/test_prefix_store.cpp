@@ -24,9 +24,7 @@ using ncclkit::PrefixStore;
 
 namespace {
 
-
 using ncclkit_test::TempDir;
-
 
 using ncclkit_test::require;
 
@@ -81,23 +79,26 @@ TEST_CASE("prefixes nest, and a null base is a clear error") {
 
 TEST_CASE("scoped counters and barriers of several communicators do not mix across processes") {
   constexpr int kRanks = 8;
-  auto result = ncclkit::spawn(kRanks, [](const ncclkit::WorldInfo& world) {
-    ::signal(SIGTERM, SIG_DFL);
-    auto base = std::make_shared<FileStore>(world.init_url.substr(7),
-                                            ncclkit::FileStoreOptions{.world_size = world.world_size, .timeout = 60s});
-    PrefixStore even("comm-even", base), all("comm-all", base);
-    const bool is_even = world.rank % 2 == 0;
-    // The even ranks form one communicator with their own ranks 0..3; everyone forms another.
-    if (is_even) {
-      even.add("count", 1);
-      ncclkit::barrier(even, world.rank / 2, kRanks / 2, "sync", 30s);
-      require(even.get_string("count") == std::to_string(kRanks / 2), "even count " + even.get_string("count"));
-    }
-    all.add("count", 10);
-    ncclkit::barrier(all, world.rank, kRanks, "sync", 30s);
-    require(all.get_string("count") == std::to_string(10 * kRanks), "all count " + all.get_string("count"));
-    require(!base->check({"count"}), "an unscoped key appeared");
-    ncclkit::barrier(all, world.rank, kRanks, "end", 30s);
-  }, {.timeout = 120s});
+  auto result = ncclkit::spawn(
+      kRanks,
+      [](const ncclkit::WorldInfo& world) {
+        ::signal(SIGTERM, SIG_DFL);
+        auto base = std::make_shared<FileStore>(
+            world.init_url.substr(7), ncclkit::FileStoreOptions{.world_size = world.world_size, .timeout = 60s});
+        PrefixStore even("comm-even", base), all("comm-all", base);
+        const bool is_even = world.rank % 2 == 0;
+        // The even ranks form one communicator with their own ranks 0..3; everyone forms another.
+        if (is_even) {
+          even.add("count", 1);
+          ncclkit::barrier(even, world.rank / 2, kRanks / 2, "sync", 30s);
+          require(even.get_string("count") == std::to_string(kRanks / 2), "even count " + even.get_string("count"));
+        }
+        all.add("count", 10);
+        ncclkit::barrier(all, world.rank, kRanks, "sync", 30s);
+        require(all.get_string("count") == std::to_string(10 * kRanks), "all count " + all.get_string("count"));
+        require(!base->check({"count"}), "an unscoped key appeared");
+        ncclkit::barrier(all, world.rank, kRanks, "end", 30s);
+      },
+      {.timeout = 120s});
   CHECK_MESSAGE(result.ok(), result.describe());
 }

@@ -1,8 +1,8 @@
 // Tests of ncclkit/bootstrap/slurm_nodelist.hpp: SLURM host lists and task counts per node.
 #include <doctest/doctest.h>
 
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <string>  // std::string
+#include <vector>  // std::vector
 
 #include "ncclkit/bootstrap/slurm_nodelist.hpp"
 

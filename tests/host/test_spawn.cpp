@@ -43,10 +43,12 @@ TEST_CASE("exit codes and exceptions are reported per rank") {
 TEST_CASE("one failing worker stops the others, which would otherwise never end") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   auto start = std::chrono::steady_clock::now();
-  auto result = ncclkit::spawn(4, [](const ncclkit::WorldInfo& world) {
-    if (world.rank == 2) ::_exit(3);
-    for (;;) ::pause();  // blocks until a signal ends it
-  }, {.timeout = 60s, .grace = 500ms});
+  auto result = ncclkit::spawn(4,
+                               [](const ncclkit::WorldInfo& world) {
+                                 if (world.rank == 2) ::_exit(3);
+                                 for (;;) ::pause();  // blocks until a signal ends it
+                               },
+                               {.timeout = 60s, .grace = 500ms});
   auto waited = std::chrono::steady_clock::now() - start;
   CHECK(waited < 10s);
   CHECK(result.workers[2].exited);
@@ -65,17 +67,19 @@ TEST_CASE("workers that ignore SIGTERM are killed after the grace period") {
   // spawn then sends cannot arrive before the worker ignores it.
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
-  auto result = ncclkit::spawn(2, [&ready](const ncclkit::WorldInfo& world) {
-    if (world.rank == 0) {
-      pollfd wait_for{ready[0], POLLIN, 0};
-      ::poll(&wait_for, 1, 30000);
-      ::_exit(1);
-    }
-    ::signal(SIGTERM, SIG_IGN);
-    const char byte = 1;
-    if (::write(ready[1], &byte, 1) != 1) ::_exit(2);
-    for (;;) ::pause();
-  }, {.timeout = 60s, .grace = 200ms});
+  auto result = ncclkit::spawn(2,
+                               [&ready](const ncclkit::WorldInfo& world) {
+                                 if (world.rank == 0) {
+                                   pollfd wait_for{ready[0], POLLIN, 0};
+                                   ::poll(&wait_for, 1, 30000);
+                                   ::_exit(1);
+                                 }
+                                 ::signal(SIGTERM, SIG_IGN);
+                                 const char byte = 1;
+                                 if (::write(ready[1], &byte, 1) != 1) ::_exit(2);
+                                 for (;;) ::pause();
+                               },
+                               {.timeout = 60s, .grace = 200ms});
   ::close(ready[0]);
   ::close(ready[1]);
   CHECK(result.workers[1].signal == SIGKILL);
@@ -83,9 +87,11 @@ TEST_CASE("workers that ignore SIGTERM are killed after the grace period") {
 
 TEST_CASE("the timeout kills workers that never end") {
   auto start = std::chrono::steady_clock::now();
-  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo&) {
-    for (;;) ::pause();
-  }, {.timeout = 300ms});
+  auto result = ncclkit::spawn(2,
+                               [](const ncclkit::WorldInfo&) {
+                                 for (;;) ::pause();
+                               },
+                               {.timeout = 300ms});
   auto waited = std::chrono::steady_clock::now() - start;
   CHECK(result.timed_out);
   CHECK_FALSE(result.ok());
@@ -95,8 +101,8 @@ TEST_CASE("the timeout kills workers that never end") {
 }
 
 TEST_CASE("bad arguments are clear errors") {
-  CHECK_THROWS_WITH_AS(ncclkit::spawn(0, [](const ncclkit::WorldInfo&) {}),
-                       doctest::Contains("nprocs=0"), ncclkit::ConfigError);
+  CHECK_THROWS_WITH_AS(ncclkit::spawn(0, [](const ncclkit::WorldInfo&) {}), doctest::Contains("nprocs=0"),
+                       ncclkit::ConfigError);
 }
 
 TEST_CASE("workers start with default signal handlers, whatever the parent installed") {
@@ -129,7 +135,8 @@ TEST_CASE("exit statuses are collected even when the caller ignores SIGCHLD, whi
   CHECK_MESSAGE(restored, "the caller's SIGCHLD disposition is restored");
   CHECK_FALSE(result.ok());
   const auto& first = result.workers[0];
-  CHECK_MESSAGE(((first.exited && first.exit_code == 0) || (first.stopped_by_spawn && !first.exited)), first.describe());
+  CHECK_MESSAGE(((first.exited && first.exit_code == 0) || (first.stopped_by_spawn && !first.exited)),
+                first.describe());
   CHECK(result.workers[1].exited);
   CHECK(result.workers[1].exit_code == 3);
   CHECK(result.describe().find("exited with code 3") != std::string::npos);
@@ -140,10 +147,13 @@ TEST_CASE("a huge timeout (milliseconds::max()) does not stop the workers at onc
   // be killed at once and the run reported as timed out.
   ncclkit::SpawnOptions options;
   options.timeout = std::chrono::milliseconds::max();
-  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo&) {
-    std::this_thread::sleep_for(300ms);  // work that outlasts spawn's first look at the workers
-    return 0;
-  }, options);
+  auto result = ncclkit::spawn(
+      2,
+      [](const ncclkit::WorldInfo&) {
+        std::this_thread::sleep_for(300ms);  // work that outlasts spawn's first look at the workers
+        return 0;
+      },
+      options);
   CHECK_FALSE(result.timed_out);
   CHECK_MESSAGE(result.ok(), result.describe());
 }

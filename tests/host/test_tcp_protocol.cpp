@@ -3,10 +3,10 @@
 // the rejection of every kind of malformed input.
 #include <doctest/doctest.h>
 
-#include <cstdint>   // std::uint8_t, std::uint64_t
-#include <random>    // std::mt19937_64: random payloads
-#include <string>    // std::string
-#include <vector>    // std::vector
+#include <cstdint>  // std::uint8_t, std::uint64_t
+#include <random>   // std::mt19937_64: random payloads
+#include <string>   // std::string
+#include <vector>   // std::vector
 
 #include "ncclkit/store/detail/tcp_protocol.hpp"
 
@@ -131,15 +131,33 @@ TEST_CASE("FrameWriter round trips every message type with random contents") {
     tcp::FrameWriter w(out);
     const int which = trial % 9;
     switch (which) {
-      case 0: w.begin(tcp::MessageType::kHello).bytes(value); break;
-      case 1: w.begin(tcp::MessageType::kSet).key(key).bytes(value); break;
-      case 2: w.begin(tcp::MessageType::kGet).u64(timeout).key(key); break;
-      case 3: w.begin(tcp::MessageType::kWait).u64(timeout).keys(keys); break;
-      case 4: w.begin(tcp::MessageType::kCheck).keys(keys); break;
-      case 5: w.begin(tcp::MessageType::kAdd).key(key).i64(number); break;
-      case 6: w.begin(tcp::MessageType::kCompareSet).key(key).bytes(value).bytes(second); break;
-      case 7: w.begin(tcp::MessageType::kTimeout).keys(keys); break;
-      case 8: w.begin(tcp::MessageType::kInteger).i64(number); break;
+      case 0:
+        w.begin(tcp::MessageType::kHello).bytes(value);
+        break;
+      case 1:
+        w.begin(tcp::MessageType::kSet).key(key).bytes(value);
+        break;
+      case 2:
+        w.begin(tcp::MessageType::kGet).u64(timeout).key(key);
+        break;
+      case 3:
+        w.begin(tcp::MessageType::kWait).u64(timeout).keys(keys);
+        break;
+      case 4:
+        w.begin(tcp::MessageType::kCheck).keys(keys);
+        break;
+      case 5:
+        w.begin(tcp::MessageType::kAdd).key(key).i64(number);
+        break;
+      case 6:
+        w.begin(tcp::MessageType::kCompareSet).key(key).bytes(value).bytes(second);
+        break;
+      case 7:
+        w.begin(tcp::MessageType::kTimeout).keys(keys);
+        break;
+      case 8:
+        w.begin(tcp::MessageType::kInteger).i64(number);
+        break;
     }
     w.finish();
     auto result = parse(out);
@@ -147,9 +165,17 @@ TEST_CASE("FrameWriter round trips every message type with random contents") {
     CHECK(result.frame_bytes == out.size());
     const auto& f = result.frame;
     switch (which) {
-      case 0: CHECK(Bytes(f.value.begin(), f.value.end()) == value); break;
-      case 1: CHECK(f.keys[0] == key); CHECK(Bytes(f.value.begin(), f.value.end()) == value); break;
-      case 2: CHECK(f.keys[0] == key); CHECK(f.timeout_ms == timeout); break;
+      case 0:
+        CHECK(Bytes(f.value.begin(), f.value.end()) == value);
+        break;
+      case 1:
+        CHECK(f.keys[0] == key);
+        CHECK(Bytes(f.value.begin(), f.value.end()) == value);
+        break;
+      case 2:
+        CHECK(f.keys[0] == key);
+        CHECK(f.timeout_ms == timeout);
+        break;
       case 3:
       case 7:
       case 4:
@@ -157,12 +183,17 @@ TEST_CASE("FrameWriter round trips every message type with random contents") {
         for (std::size_t i = 0; i < keys.size(); ++i) CHECK(f.keys[i] == keys[i]);
         if (which == 3) CHECK(f.timeout_ms == timeout);
         break;
-      case 5: CHECK(f.keys[0] == key); CHECK(f.integer == number); break;
+      case 5:
+        CHECK(f.keys[0] == key);
+        CHECK(f.integer == number);
+        break;
       case 6:
         CHECK(Bytes(f.value.begin(), f.value.end()) == value);
         CHECK(Bytes(f.second_value.begin(), f.second_value.end()) == second);
         break;
-      case 8: CHECK(f.integer == number); break;
+      case 8:
+        CHECK(f.integer == number);
+        break;
     }
   }
 }

@@ -9,16 +9,16 @@
 #include <stdlib.h>      // setenv, unsetenv
 #include <sys/socket.h>  // socket, send, recv
 
-#include <atomic>     // std::atomic
-#include <chrono>     // std::chrono
-#include <cstdint>    // std::uint8_t, std::uint64_t
-#include <future>     // std::promise: the outcome of a get running on a thread
-#include <memory>     // std::unique_ptr
-#include <random>     // std::mt19937_64: random values
-#include <regex>      // std::regex: times in messages
-#include <string>     // std::string
-#include <thread>     // std::thread
-#include <vector>     // std::vector
+#include <atomic>   // std::atomic
+#include <chrono>   // std::chrono
+#include <cstdint>  // std::uint8_t, std::uint64_t
+#include <future>   // std::promise: the outcome of a get running on a thread
+#include <memory>   // std::unique_ptr
+#include <random>   // std::mt19937_64: random values
+#include <regex>    // std::regex: times in messages
+#include <string>   // std::string
+#include <thread>   // std::thread
+#include <vector>   // std::vector
 
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
@@ -54,8 +54,10 @@ TcpStoreOptions client_of(const TcpStoreServer& server, std::chrono::millisecond
 /// The bounds every store timeout must meet: never early, late by at most max(10%, 250 ms).
 void check_timeout_bounds(Clock::duration waited, std::chrono::milliseconds timeout) {
   const auto late = std::max<std::chrono::milliseconds>(timeout / 10, 250ms);
-  CHECK_MESSAGE(waited >= timeout, "fired early: " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
-  CHECK_MESSAGE(waited <= timeout + late, "fired late: " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
+  CHECK_MESSAGE(waited >= timeout,
+                "fired early: " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
+  CHECK_MESSAGE(waited <= timeout + late,
+                "fired late: " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count() << " ms");
 }
 
 void raw_send(const ncclkit::detail::Socket& socket, const Bytes& bytes) {
@@ -349,7 +351,8 @@ TEST_CASE("hostile peers are disconnected; the server stays up and other clients
 
   std::vector<std::pair<std::string, Bytes>> attacks;
   attacks.emplace_back("random garbage", random_bytes(random, 4096));
-  attacks.emplace_back("an HTTP request", Bytes{'G', 'E', 'T', ' ', '/', ' ', 'H', 'T', 'T', 'P', '/', '1', '.', '1', '\r', '\n', '\r', '\n'});
+  attacks.emplace_back("an HTTP request", Bytes{'G', 'E', 'T', ' ', '/', ' ', 'H', 'T', 'T', 'P', '/', '1', '.', '1',
+                                                '\r', '\n', '\r', '\n'});
   {
     Bytes wrong_magic = hello_frame();
     wrong_magic[0] = 'X';

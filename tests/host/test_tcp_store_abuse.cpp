@@ -14,16 +14,16 @@
 #include <stdlib.h>        // setenv, unsetenv
 #include <unistd.h>        // fork, pipe, _exit
 
-#include <chrono>      // std::chrono
-#include <cstdint>     // std::uint8_t
-#include <cstdlib>     // std::getenv
-#include <fstream>     // std::ifstream: the child's log and /proc/PID/status
-#include <optional>    // std::optional
-#include <random>      // std::mt19937_64
-#include <sstream>     // std::stringstream
-#include <string>      // std::string
-#include <thread>      // std::thread, std::this_thread::sleep_for
-#include <vector>      // std::vector
+#include <chrono>    // std::chrono
+#include <cstdint>   // std::uint8_t
+#include <cstdlib>   // std::getenv
+#include <fstream>   // std::ifstream: the child's log and /proc/PID/status
+#include <optional>  // std::optional
+#include <random>    // std::mt19937_64
+#include <sstream>   // std::stringstream
+#include <string>    // std::string
+#include <thread>    // std::thread, std::this_thread::sleep_for
+#include <vector>    // std::vector
 
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/tcp_store.hpp"
@@ -64,7 +64,8 @@ bool try_send(const Socket& socket, const Bytes& bytes) {
 }
 
 /// Whether `store` answers a get of `key` with `value` within `limit`.
-bool answers_within(TcpStore& store, const std::string& key, const std::string& value, std::chrono::milliseconds limit) {
+bool answers_within(TcpStore& store, const std::string& key, const std::string& value,
+                    std::chrono::milliseconds limit) {
   const auto start = Clock::now();
   try {
     if (store.get_string(key, limit) != value) return false;
@@ -73,7 +74,8 @@ bool answers_within(TcpStore& store, const std::string& key, const std::string& 
     return false;
   }
   const auto took = Clock::now() - start;
-  if (took > limit) MESSAGE("answered after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
+  if (took > limit)
+    MESSAGE("answered after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms");
   return took <= limit;
 }
 
@@ -117,7 +119,8 @@ class ServerProcess {
         ::sigtimedwait(&term, nullptr, &limit);
       } catch (const std::exception& e) {
         ncclkit::log_error(std::string("server process: ") + e.what());
-        if (port < 0) [[maybe_unused]] auto ignored = ::write(report[1], &port, sizeof port);
+        if (port < 0) [[maybe_unused]]
+          auto ignored = ::write(report[1], &port, sizeof port);
         ::_exit(3);
       }
       ::_exit(0);  // after the server's destructor returned
@@ -216,8 +219,8 @@ TEST_CASE("out of descriptors: the server serves its clients, refuses new ones q
 
   const auto start = Clock::now();
   for (int i = 0; i < 5; ++i) CHECK(answers_within(good, "k", "v", 1000ms));
-  MESSAGE("5 gets while out of descriptors took " << std::chrono::duration<double, std::milli>(Clock::now() - start).count()
-                                                   << " ms in all");
+  MESSAGE("5 gets while out of descriptors took "
+          << std::chrono::duration<double, std::milli>(Clock::now() - start).count() << " ms in all");
   // More connections keep arriving and are refused; the log says so a few times, not thousands.
   for (int i = 0; i < 50; ++i) raw_connect(server.port());
   std::this_thread::sleep_for(500ms);
@@ -226,7 +229,8 @@ TEST_CASE("out of descriptors: the server serves its clients, refuses new ones q
   CHECK_MESSAGE(count_of(log, "out of file descriptors") >= 1, log.substr(0, 2000));
   CHECK(contains(log, "limit of 64"));
   CHECK_MESSAGE(server.log_lines() <= 5, server.log_lines() << " log lines: " << log.substr(0, 2000));
-  MESSAGE("log lines while out of descriptors: " << server.log_lines() << "; the first: " << log.substr(0, log.find('\n')));
+  MESSAGE("log lines while out of descriptors: " << server.log_lines()
+                                                 << "; the first: " << log.substr(0, log.find('\n')));
 
   // Once the idle connections close, new clients are served again.
   idle.clear();
@@ -237,7 +241,8 @@ TEST_CASE("out of descriptors: the server serves its clients, refuses new ones q
     CHECK(answers_within(good, "k2", "v2", 1000ms));
   }
   fresh.reset();
-  CHECK_MESSAGE(server.terminate(5s), "the server process did not stop on SIGTERM; log: " << server.log().substr(0, 2000));
+  CHECK_MESSAGE(server.terminate(5s),
+                "the server process did not stop on SIGTERM; log: " << server.log().substr(0, 2000));
 }
 
 TEST_CASE("a client that never reads its replies is disconnected before the server queues them") {
@@ -298,7 +303,8 @@ TEST_CASE("before its token is proven, a peer can make the server buffer only a 
   CHECK(server.terminate(5s));
 }
 
-TEST_CASE("a connection that does not finish its handshake, or stalls mid-frame, is closed after the handshake timeout") {
+TEST_CASE(
+    "a connection that does not finish its handshake, or stalls mid-frame, is closed after the handshake timeout") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
   ScopedEnv quick("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "0.3");
   ncclkit::TcpStoreServer server(no_token());

@@ -168,9 +168,9 @@ inline Process start(const std::vector<std::string>& argv, const std::string& di
 }
 
 /// ncclkit-run with `launcher_args`, then `--`, the test worker and `worker_steps`.
-inline Process start_launcher(const std::vector<std::string>& launcher_args, const std::vector<std::string>& worker_steps,
-                              const std::string& dir, const std::string& tag = "launcher",
-                              const std::vector<std::string>& extra_env = {}) {
+inline Process start_launcher(const std::vector<std::string>& launcher_args,
+                              const std::vector<std::string>& worker_steps, const std::string& dir,
+                              const std::string& tag = "launcher", const std::vector<std::string>& extra_env = {}) {
   std::vector<std::string> argv{kLauncher};
   argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
   if (!worker_steps.empty()) {

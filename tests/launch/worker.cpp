@@ -125,7 +125,8 @@ void rendezvous() {
   const long long sum = store->add("sum", 0);
   const long long expected = 1LL * world.world_size * (world.world_size + 1) / 2;
   if (sum != expected) {
-    write_all(2, "rank " + std::to_string(world.rank) + " sum " + std::to_string(sum) + " != " + std::to_string(expected) + "\n");
+    write_all(2, "rank " + std::to_string(world.rank) + " sum " + std::to_string(sum) +
+                     " != " + std::to_string(expected) + "\n");
     std::exit(97);
   }
   // Rank 0 serves a TCP store: it leaves last, once every other rank is done with the store.
@@ -177,10 +178,10 @@ int main(int argc, char** argv) {
       if (!wait_until(all_there, std::chrono::seconds(30))) return 99;
     } else if (name == "env") {
       std::string line = "env";
-      for (const char* variable : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                                   "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NCCLKIT_INIT_URL",
-                                   "NCCLKIT_RESTART_COUNT", "NCCLKIT_MAX_RESTARTS", "CUDA_VISIBLE_DEVICES",
-                                   "NCCL_DEBUG", "LAUNCH_TEST_MARKER", "NCCLKIT_LAUNCH_RUN_ID"}) {
+      for (const char* variable :
+           {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "GROUP_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "NCCLKIT_INIT_URL", "NCCLKIT_RESTART_COUNT", "NCCLKIT_MAX_RESTARTS",
+            "CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "LAUNCH_TEST_MARKER", "NCCLKIT_LAUNCH_RUN_ID"}) {
         line += std::string(" ") + variable + "=" + env_text(variable);
       }
       write_all(1, line + "\n");

@@ -23,12 +23,14 @@ using namespace std::chrono_literals;
 }
 
 int main() {
-  auto result = ncclkit::spawn(2, [](const ncclkit::WorldInfo& world) {
-    auto store = ncclkit::make_store(world.init_url, world, {.timeout = 60s});
-    store->set("hello/" + std::to_string(world.rank), "hi");
-    ncclkit::barrier(*store, world.rank, world.world_size, "consumer");
-    return store->get_string("hello/" + std::to_string(1 - world.rank)) == "hi" ? 0 : 1;
-  }, {.timeout = 120s});
+  auto result = ncclkit::spawn(2,
+                               [](const ncclkit::WorldInfo& world) {
+                                 auto store = ncclkit::make_store(world.init_url, world, {.timeout = 60s});
+                                 store->set("hello/" + std::to_string(world.rank), "hi");
+                                 ncclkit::barrier(*store, world.rank, world.world_size, "consumer");
+                                 return store->get_string("hello/" + std::to_string(1 - world.rank)) == "hi" ? 0 : 1;
+                               },
+                               {.timeout = 120s});
   std::printf("consumer: %s\n", result.describe().c_str());
   return result.ok() ? 0 : 1;
 }

@@ -17,7 +17,9 @@ struct SelectionCounter : doctest::IReporter {
   explicit SelectionCounter(const doctest::ContextOptions&) {}
   void report_query(const doctest::QueryData&) override {}
   void test_run_start() override {}
-  void test_run_end(const doctest::TestRunStats& stats) override { selected_test_cases = stats.numTestCasesPassingFilters; }
+  void test_run_end(const doctest::TestRunStats& stats) override {
+    selected_test_cases = stats.numTestCasesPassingFilters;
+  }
   void test_case_start(const doctest::TestCaseData&) override {}
   void test_case_reenter(const doctest::TestCaseData&) override {}
   void test_case_end(const doctest::CurrentTestCaseStats&) override {}
@@ -38,8 +40,9 @@ int run_doctest(int argc, char** argv) {
   const int result = context.run();
   if (context.shouldExit()) return result;  // --help, --list-test-cases, ...
   if (result == 0 && selected_test_cases == 0) {
-    std::fprintf(stderr, "no test case matches the filters given (a test file renamed or moved? "
-                         "see tests/CMakeLists.txt)\n");
+    std::fprintf(stderr,
+                 "no test case matches the filters given (a test file renamed or moved? "
+                 "see tests/CMakeLists.txt)\n");
     return 1;
   }
   return result;

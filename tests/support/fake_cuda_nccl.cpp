@@ -59,8 +59,8 @@ struct FakeComm {
   bool block_until_abort = false;
   int launched = 0;
   long async_error_queries = 0;  ///< ncclCommGetAsyncError calls (a watchdog polls it)
-  int inside = 0;  ///< threads inside an NCCL call on it (a launch, possibly blocked)
-  CallSeen last_call;  ///< the stream handle and current device of its last collective call
+  int inside = 0;                ///< threads inside an NCCL call on it (a launch, possibly blocked)
+  CallSeen last_call;            ///< the stream handle and current device of its last collective call
 };
 
 struct Allocation {
@@ -124,8 +124,8 @@ ThreadState& this_thread() {
 void violation(State& s, std::string what) { s.violations.push_back(std::move(what)); }
 
 std::string comm_name(const FakeComm& c) {
-  return "communicator #" + std::to_string(c.id) + " (rank " + std::to_string(c.rank) + " of " + std::to_string(c.size) +
-         (c.blocking ? ", blocking)" : ", non-blocking)");
+  return "communicator #" + std::to_string(c.id) + " (rank " + std::to_string(c.rank) + " of " +
+         std::to_string(c.size) + (c.blocking ? ", blocking)" : ", non-blocking)");
 }
 
 /// The communicator behind `handle` when it may be used: null (and a violation) when it is
@@ -177,8 +177,9 @@ FakeEvent* find_event(State& s, cudaEvent_t handle, const char* call) {
 /// this thread is not in relaxed mode.
 bool capture_forbids(State& s, const char* call) {
   if (s.capturing_streams == 0 || this_thread().capture_mode == cudaStreamCaptureModeRelaxed) return false;
-  violation(s, std::string(call) + " while a stream captures a CUDA graph in global mode, from a thread not in "
-                                   "relaxed capture mode (it would spoil the capture)");
+  violation(s, std::string(call) +
+                   " while a stream captures a CUDA graph in global mode, from a thread not in "
+                   "relaxed capture mode (it would spoil the capture)");
   return true;
 }
 
@@ -248,8 +249,8 @@ ncclResult_t launch(State& s, std::unique_lock<std::mutex>& lock, const std::vec
       continue;
     }
     ++op.comm->launched;
-    if (op.stream != nullptr &&
-        std::find(op.stream->launched_by.begin(), op.stream->launched_by.end(), op.comm) == op.stream->launched_by.end()) {
+    if (op.stream != nullptr && std::find(op.stream->launched_by.begin(), op.stream->launched_by.end(), op.comm) ==
+                                    op.stream->launched_by.end()) {
       op.stream->launched_by.push_back(op.comm);
     }
     if (op.comm->block_until_abort && blocking_on == nullptr) blocking_on = op.comm;
@@ -263,8 +264,9 @@ ncclResult_t launch(State& s, std::unique_lock<std::mutex>& lock, const std::vec
   const bool released = s.aborted_cv.wait_for(lock, s.block_limit, [&] { return blocking_on->aborted; });
   for (auto* comm : inside) --comm->inside;
   if (!released) {
-    violation(s, std::string(call) + " on " + comm_name(*blocking_on) + " was blocked until an abort, and none came "
-                                                                         "within the fake's limit");
+    violation(s, std::string(call) + " on " + comm_name(*blocking_on) +
+                     " was blocked until an abort, and none came "
+                     "within the fake's limit");
     return ncclSystemError;
   }
   ++s.released_by_abort;
@@ -542,31 +544,43 @@ cudaError_t cudaSetDevice(int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaGetLastError(void) {
-  return std::exchange(fake::this_thread().last_error, cudaSuccess);
-}
+cudaError_t cudaGetLastError(void) { return std::exchange(fake::this_thread().last_error, cudaSuccess); }
 
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorDevicesUnavailable:
+      return "cudaErrorDevicesUnavailable";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable (fake)";
-    case cudaErrorNotReady: return "device not ready (fake)";
-    default: return "an error of the fake CUDA runtime";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorDevicesUnavailable:
+      return "CUDA-capable device(s) is/are busy or unavailable (fake)";
+    case cudaErrorNotReady:
+      return "device not ready (fake)";
+    default:
+      return "an error of the fake CUDA runtime";
   }
 }
 
@@ -676,7 +690,8 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
   fake::State& s = fake::state();
   std::lock_guard lock(s.mutex);
   fake::FakeStream* target = nullptr;
-  if (!fake::find_stream(s, stream, "cudaStreamIsCapturing", &target)) return fake::fail(cudaErrorInvalidResourceHandle);
+  if (!fake::find_stream(s, stream, "cudaStreamIsCapturing", &target))
+    return fake::fail(cudaErrorInvalidResourceHandle);
   *status = target != nullptr && target->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
   return cudaSuccess;
 }
@@ -764,12 +779,18 @@ cudaError_t cudaEventElapsedTime(float* milliseconds, cudaEvent_t start, cudaEve
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclInvalidArgument: return "invalid argument (fake NCCL)";
-    case ncclInvalidUsage: return "invalid usage (fake NCCL)";
-    case ncclRemoteError: return "remote process exited or there was a network error (fake NCCL)";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "an error of the fake NCCL";
+    case ncclSuccess:
+      return "no error";
+    case ncclInvalidArgument:
+      return "invalid argument (fake NCCL)";
+    case ncclInvalidUsage:
+      return "invalid usage (fake NCCL)";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error (fake NCCL)";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "an error of the fake NCCL";
   }
 }
 
@@ -965,8 +986,8 @@ extern "C" int pthread_mutex_clocklock(pthread_mutex_t* mutex, clockid_t clock, 
   timespec now{}, realtime{};
   clock_gettime(clock, &now);
   clock_gettime(CLOCK_REALTIME, &realtime);
-  long long remaining = (static_cast<long long>(deadline->tv_sec) - now.tv_sec) * 1000000000LL +
-                        (deadline->tv_nsec - now.tv_nsec);
+  long long remaining =
+      (static_cast<long long>(deadline->tv_sec) - now.tv_sec) * 1000000000LL + (deadline->tv_nsec - now.tv_nsec);
   if (remaining < 0) remaining = 0;
   const long long total = realtime.tv_nsec + remaining;
   const timespec until{realtime.tv_sec + static_cast<time_t>(total / 1000000000LL),

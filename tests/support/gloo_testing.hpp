@@ -45,11 +45,16 @@ SpawnResult run_gloo(int nprocs, Fn fn, gloo::Options options = {},
 /// Machine epsilon of an element type (0 for integers).
 inline double epsilon_of(DataType type) {
   switch (type) {
-    case DataType::kFloat16: return 0x1p-10;
-    case DataType::kBFloat16: return 0x1p-7;
-    case DataType::kFloat32: return 0x1p-23;
-    case DataType::kFloat64: return 0x1p-52;
-    default: return 0.0;
+    case DataType::kFloat16:
+      return 0x1p-10;
+    case DataType::kBFloat16:
+      return 0x1p-7;
+    case DataType::kFloat32:
+      return 0x1p-23;
+    case DataType::kFloat64:
+      return 0x1p-52;
+    default:
+      return 0.0;
   }
 }
 

@@ -173,10 +173,14 @@ class LoopbackWorld {
   static A combine(A a, A b, ReduceOp op) {
     switch (op) {
       case ReduceOp::kSum:
-      case ReduceOp::kAvg: return static_cast<A>(a + b);
-      case ReduceOp::kProd: return static_cast<A>(a * b);
-      case ReduceOp::kMin: return b < a ? b : a;
-      case ReduceOp::kMax: return a < b ? b : a;
+      case ReduceOp::kAvg:
+        return static_cast<A>(a + b);
+      case ReduceOp::kProd:
+        return static_cast<A>(a * b);
+      case ReduceOp::kMin:
+        return b < a ? b : a;
+      case ReduceOp::kMax:
+        return a < b ? b : a;
     }
     return a;
   }
@@ -376,12 +380,12 @@ class LoopbackBackend {
 
   void* allocate(std::size_t bytes) {
     ++allocations_;
-    return ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{64});
+    return ::operator new (std::max<std::size_t>(bytes, 1), std::align_val_t{64});
   }
   void deallocate(void* pointer) {
     if (pointer == nullptr) return;
     --allocations_;
-    ::operator delete(pointer, std::align_val_t{64});
+    ::operator delete (pointer, std::align_val_t{64});
   }
   void copy(void* to, const void* from, std::size_t bytes, Stream stream) {
     run_on(stream, [to, from, bytes] {

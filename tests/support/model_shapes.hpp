@@ -23,8 +23,8 @@ struct ModelTensor {
 
 /// The tensors of bench/data/<model>.shapes.txt, in registration order.
 inline std::vector<ModelTensor> read_model_shapes(const std::string& model) {
-  const auto path = std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "bench" / "data" /
-                    (model + ".shapes.txt");
+  const auto path =
+      std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "bench" / "data" / (model + ".shapes.txt");
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path.string());
   std::vector<ModelTensor> tensors;

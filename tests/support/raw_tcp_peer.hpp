@@ -19,7 +19,8 @@ namespace ncclkit_test {
 inline ncclkit::detail::Socket raw_connect(int port) {
   auto addresses = ncclkit::detail::resolve_addresses("127.0.0.1", port, false);
   int error = 0;
-  auto socket = ncclkit::detail::connect_once(addresses.at(0), std::chrono::steady_clock::now() + std::chrono::seconds(5), error);
+  auto socket =
+      ncclkit::detail::connect_once(addresses.at(0), std::chrono::steady_clock::now() + std::chrono::seconds(5), error);
   REQUIRE_MESSAGE(socket, "raw connect failed: " << error);
   return socket;
 }

@@ -7,6 +7,4 @@
 #include "readme_snippets.hpp"
 #undef main
 
-TEST_CASE("the README's Gloo example runs with four workers") {
-  CHECK(run_four_workers());
-}
+TEST_CASE("the README's Gloo example runs with four workers") { CHECK(run_four_workers()); }

@@ -19,19 +19,19 @@
 #include <poll.h>        // poll
 #include <sys/socket.h>  // accept4, send, recv
 
-#include <algorithm>   // std::max, std::sort
-#include <atomic>      // std::atomic
-#include <chrono>      // std::chrono
-#include <cstdio>      // std::snprintf
-#include <map>         // std::map
-#include <memory>      // std::shared_ptr
-#include <optional>    // std::optional
-#include <random>      // std::random_device
-#include <set>         // std::set
-#include <sstream>     // std::istringstream
-#include <string>      // std::string
-#include <thread>      // std::thread (the listener)
-#include <vector>      // std::vector
+#include <algorithm>  // std::max, std::sort
+#include <atomic>     // std::atomic
+#include <chrono>     // std::chrono
+#include <cstdio>     // std::snprintf
+#include <map>        // std::map
+#include <memory>     // std::shared_ptr
+#include <optional>   // std::optional
+#include <random>     // std::random_device
+#include <set>        // std::set
+#include <sstream>    // std::istringstream
+#include <string>     // std::string
+#include <thread>     // std::thread (the listener)
+#include <vector>     // std::vector
 
 #include "launch/gpus.hpp"
 #include "launch/interfaces.hpp"
@@ -57,19 +57,19 @@ struct NodeReport {
   std::string gpus = "none";
   int gpu_count = 0;
   SoftwareVersions versions;
-  std::string nccl_socket_ifname;  ///< NCCL_SOCKET_IFNAME as set ("" when unset)
-  std::string nccl_interface;      ///< the interface NCCL would use first ("" when none)
-  std::string nccl_address;        ///< its address
+  std::string nccl_socket_ifname;                              ///< NCCL_SOCKET_IFNAME as set ("" when unset)
+  std::string nccl_interface;                                  ///< the interface NCCL would use first ("" when none)
+  std::string nccl_address;                                    ///< its address
   std::vector<std::pair<std::string, std::string>> addresses;  ///< (interface, address) to try
   std::vector<std::string> problems;                           ///< found locally, with the fix
 
   std::string encode() const {
-    std::string text = "node=" + std::to_string(node_rank) + "\nhost=" + host + "\nid=" + id +
-                       "\nport=" + std::to_string(port) + "\ngpus=" + gpus + "\ngpu_count=" +
-                       std::to_string(gpu_count) + "\ndriver=" + versions.driver + "\ncuda_driver=" +
-                       versions.cuda_driver + "\ncuda_runtime=" + versions.cuda_runtime + "\nnccl=" +
-                       versions.nccl + "\nnccl_path=" + versions.nccl_path + "\nnccl_socket_ifname=" +
-                       nccl_socket_ifname + "\nnccl_interface=" + nccl_interface + "\nnccl_address=" + nccl_address;
+    std::string text =
+        "node=" + std::to_string(node_rank) + "\nhost=" + host + "\nid=" + id + "\nport=" + std::to_string(port) +
+        "\ngpus=" + gpus + "\ngpu_count=" + std::to_string(gpu_count) + "\ndriver=" + versions.driver +
+        "\ncuda_driver=" + versions.cuda_driver + "\ncuda_runtime=" + versions.cuda_runtime +
+        "\nnccl=" + versions.nccl + "\nnccl_path=" + versions.nccl_path + "\nnccl_socket_ifname=" + nccl_socket_ifname +
+        "\nnccl_interface=" + nccl_interface + "\nnccl_address=" + nccl_address;
     for (const auto& [name, address] : addresses) text += "\naddress=" + name + " " + address;
     for (const auto& problem : problems) text += "\nproblem=" + problem;
     return text;
@@ -84,24 +84,40 @@ struct NodeReport {
       if (eq == std::string::npos) continue;
       const std::string name = line.substr(0, eq), value = line.substr(eq + 1);
       auto number = [&] { return static_cast<int>(parse_int(value).value_or(0)); };
-      if (name == "node") report.node_rank = number();
-      else if (name == "host") report.host = value;
-      else if (name == "id") report.id = value;
-      else if (name == "port") report.port = number();
-      else if (name == "gpus") report.gpus = value;
-      else if (name == "gpu_count") report.gpu_count = number();
-      else if (name == "driver") report.versions.driver = value;
-      else if (name == "cuda_driver") report.versions.cuda_driver = value;
-      else if (name == "cuda_runtime") report.versions.cuda_runtime = value;
-      else if (name == "nccl") report.versions.nccl = value;
-      else if (name == "nccl_path") report.versions.nccl_path = value;
-      else if (name == "nccl_socket_ifname") report.nccl_socket_ifname = value;
-      else if (name == "nccl_interface") report.nccl_interface = value;
-      else if (name == "nccl_address") report.nccl_address = value;
+      if (name == "node")
+        report.node_rank = number();
+      else if (name == "host")
+        report.host = value;
+      else if (name == "id")
+        report.id = value;
+      else if (name == "port")
+        report.port = number();
+      else if (name == "gpus")
+        report.gpus = value;
+      else if (name == "gpu_count")
+        report.gpu_count = number();
+      else if (name == "driver")
+        report.versions.driver = value;
+      else if (name == "cuda_driver")
+        report.versions.cuda_driver = value;
+      else if (name == "cuda_runtime")
+        report.versions.cuda_runtime = value;
+      else if (name == "nccl")
+        report.versions.nccl = value;
+      else if (name == "nccl_path")
+        report.versions.nccl_path = value;
+      else if (name == "nccl_socket_ifname")
+        report.nccl_socket_ifname = value;
+      else if (name == "nccl_interface")
+        report.nccl_interface = value;
+      else if (name == "nccl_address")
+        report.nccl_address = value;
       else if (name == "address") {
         const auto space = value.find(' ');
-        report.addresses.emplace_back(value.substr(0, space), space == std::string::npos ? "" : value.substr(space + 1));
-      } else if (name == "problem") report.problems.push_back(value);
+        report.addresses.emplace_back(value.substr(0, space),
+                                      space == std::string::npos ? "" : value.substr(space + 1));
+      } else if (name == "problem")
+        report.problems.push_back(value);
     }
     return report;
   }
@@ -131,7 +147,8 @@ namespace detail {
 class CheckListener {
  public:
   explicit CheckListener(std::string id)
-      : id_(std::move(id)), socket_(ncclkit::detail::listen_tcp("", 0)),
+      : id_(std::move(id)),
+        socket_(ncclkit::detail::listen_tcp("", 0)),
         port_(ncclkit::detail::local_port(socket_.get())) {
     thread_ = std::thread([this] { serve(); });
   }
@@ -208,9 +225,9 @@ inline std::string probe_peer(const std::string& address, int port, const std::s
     int err = 0;
     ncclkit::detail::Socket socket = ncclkit::detail::connect_once(target, deadline, err);
     if (!socket) {
-      error = err == ETIMEDOUT ? "connection timed out after " + ncclkit::format_seconds(limit) +
-                                     " (a firewall dropping packets?)"
-                               : ncclkit::detail::errno_text(err);
+      error = err == ETIMEDOUT
+                  ? "connection timed out after " + ncclkit::format_seconds(limit) + " (a firewall dropping packets?)"
+                  : ncclkit::detail::errno_text(err);
       continue;
     }
     if (!CheckListener::send_text(socket.get(), "ncclkit-check " + expected_id + "\n", deadline)) {
@@ -306,28 +323,33 @@ inline NodeReport local_report(const LaunchOptions& options, int node_rank, int 
   }
   if (options.nproc_per_node && report.gpu_count > 0 && *options.nproc_per_node > report.gpu_count) {
     report.problems.push_back("--nproc-per-node " + std::to_string(*options.nproc_per_node) + " but only " +
-                              std::to_string(report.gpu_count) + " GPU(s) are visible: ranks would share GPUs, "
+                              std::to_string(report.gpu_count) +
+                              " GPU(s) are visible: ranks would share GPUs, "
                               "which NCCL refuses. Use --nproc-per-node auto");
   }
   if (options.rendezvous() == RendezvousKind::kTcp && node_rank == 0) {
     const auto resolved = resolve_host(options.master_addr);
     if (resolved.empty()) {
-      report.problems.push_back("--master-addr " + options.master_addr + " does not resolve on node 0. Give node 0's "
+      report.problems.push_back("--master-addr " + options.master_addr +
+                                " does not resolve on node 0. Give node 0's "
                                 "IP address or a name every node resolves");
     } else {
       bool local = false;
-      for (const auto& address : resolved) local = local || !interface_of(interfaces, address).empty() || address == "127.0.0.1" || address == "::1";
+      for (const auto& address : resolved)
+        local = local || !interface_of(interfaces, address).empty() || address == "127.0.0.1" || address == "::1";
       if (!local) {
         const std::string shown = resolved.size() == 1 && resolved.front() == options.master_addr
                                       ? options.master_addr
                                       : options.master_addr + " (" + detail::join_words(resolved) + ")";
-        report.problems.push_back("--master-addr " + shown + " is not an address of this host, node 0, which serves the store there. Give "
+        report.problems.push_back("--master-addr " + shown +
+                                  " is not an address of this host, node 0, which serves the store there. Give "
                                   "node 0's own address (this host has " +
                                   detail::join_words([&] {
                                     std::vector<std::string> list;
                                     for (const auto& [name, address] : report.addresses) list.push_back(address);
                                     return list;
-                                  }()) + ")");
+                                  }()) +
+                                  ")");
       }
     }
   }
@@ -342,7 +364,8 @@ inline std::vector<std::string> cross_node_problems(const LaunchOptions& options
                                                     const std::vector<RouteResult>& routes) {
   std::vector<std::string> problems;
   for (const auto& node : nodes)
-    for (const auto& problem : node.problems) problems.push_back("[node " + std::to_string(node.node_rank) + "] " + problem);
+    for (const auto& problem : node.problems)
+      problems.push_back("[node " + std::to_string(node.node_rank) + "] " + problem);
 
   std::map<std::pair<int, int>, std::vector<const ReachResult*>> by_pair;
   for (const auto& r : reach) by_pair[{r.from, r.to}].push_back(&r);
@@ -359,13 +382,14 @@ inline std::vector<std::string> cross_node_problems(const LaunchOptions& options
     if (any_ok != nullptr && nccl_result != nullptr) {
       problems.push_back(who + "cannot connect to node " + std::to_string(pair.second) + "'s NCCL interface " +
                          target.nccl_interface + " (" + nccl_result->address + "): " + nccl_result->error + ". Node " +
-                         std::to_string(pair.second) + " is reachable at " + any_ok->address + " (" + any_ok->interface +
-                         "): set NCCL_SOCKET_IFNAME=" + any_ok->interface + " on node " + std::to_string(pair.second));
+                         std::to_string(pair.second) + " is reachable at " + any_ok->address + " (" +
+                         any_ok->interface + "): set NCCL_SOCKET_IFNAME=" + any_ok->interface + " on node " +
+                         std::to_string(pair.second));
     } else if (any_ok == nullptr) {
       std::vector<std::string> tried;
       for (const auto* r : results) tried.push_back(r->address + " (" + r->interface + "): " + r->error);
-      problems.push_back(who + "cannot connect to node " + std::to_string(pair.second) + " at any of its addresses: " +
-                         detail::join_words(tried) +
+      problems.push_back(who + "cannot connect to node " + std::to_string(pair.second) +
+                         " at any of its addresses: " + detail::join_words(tried) +
                          ". A firewall or a routing problem between the nodes: allow TCP between them on all ports "
                          "(the store, NCCL's bootstrap and its socket transport use ephemeral ports)");
     }
@@ -400,9 +424,11 @@ inline std::vector<std::string> cross_node_problems(const LaunchOptions& options
     bool several_hosts = false;
     for (const auto& node : nodes) several_hosts = several_hosts || node.host != nodes.front().host;
     if (loopback && several_hosts) {
-      problems.push_back("[all] --master-addr " + options.master_addr + " is a loopback address (" +
-                         detail::join_words(resolved) + "), but the nodes are on different hosts. Give node 0's "
-                         "network address (e.g. " + (nodes.front().nccl_address.empty() ? std::string("its IP") : nodes.front().nccl_address) + ")");
+      problems.push_back(
+          "[all] --master-addr " + options.master_addr + " is a loopback address (" + detail::join_words(resolved) +
+          "), but the nodes are on different hosts. Give node 0's "
+          "network address (e.g. " +
+          (nodes.front().nccl_address.empty() ? std::string("its IP") : nodes.front().nccl_address) + ")");
     }
   }
   return problems;
@@ -432,17 +458,21 @@ inline std::string format_check_report(const std::string& store_text, const std:
     }
     std::string reaches = nodes.size() == 1 ? "-" : "";
     auto add = [&](const std::vector<std::string>& list, const std::string& what) {
-      if (!list.empty()) reaches += std::string(reaches.empty() ? "" : "; ") + "node " + detail::join_words(list) + " " + what;
+      if (!list.empty())
+        reaches += std::string(reaches.empty() ? "" : "; ") + "node " + detail::join_words(list) + " " + what;
     };
     add(ok, "ok");
     add(other, "only on another interface");
     add(failed, "FAILED");
     if (reaches.empty()) reaches = "not tested";
-    rows.push_back({std::to_string(node.node_rank), node.host, node.gpus, node.versions.driver,
-                    node.versions.cuda_driver + " / " + node.versions.cuda_runtime, node.versions.nccl,
-                    node.nccl_interface.empty() ? "none" : node.nccl_interface + " " + node.nccl_address +
-                                                               (node.nccl_socket_ifname.empty() ? "" : " (NCCL_SOCKET_IFNAME=" + node.nccl_socket_ifname + ")"),
-                    reaches});
+    rows.push_back(
+        {std::to_string(node.node_rank), node.host, node.gpus, node.versions.driver,
+         node.versions.cuda_driver + " / " + node.versions.cuda_runtime, node.versions.nccl,
+         node.nccl_interface.empty()
+             ? "none"
+             : node.nccl_interface + " " + node.nccl_address +
+                   (node.nccl_socket_ifname.empty() ? "" : " (NCCL_SOCKET_IFNAME=" + node.nccl_socket_ifname + ")"),
+         reaches});
   }
   std::string text = "ncclkit-run --check: " + std::to_string(nodes.size()) + " node(s); store: " + store_text + "\n";
   text += detail::format_table(rows);
@@ -491,9 +521,11 @@ inline int run_check(const LaunchOptions& options) {
   if (node_rank < 0) node_rank = static_cast<int>(store.add(prefix + "next_node", 1) - 1);
   std::vector<std::string> warnings;
   if (opened.server != nullptr) {
-    if (auto warning = store_token_warning(*opened.server)) warnings.push_back("[node " + std::to_string(node_rank) + "] " + *warning);
+    if (auto warning = store_token_warning(*opened.server))
+      warnings.push_back("[node " + std::to_string(node_rank) + "] " + *warning);
   } else if (options.rendezvous() == RendezvousKind::kTcp && resolve_store_token(std::nullopt).empty()) {
-    warnings.push_back("[node " + std::to_string(node_rank) + "] joined the launchers' store without a token "
+    warnings.push_back("[node " + std::to_string(node_rank) +
+                       "] joined the launchers' store without a token "
                        "(NCCLKIT_STORE_TOKEN is unset here), so node 0's store asks for none: any process that can "
                        "reach it can read and change the job's keys. Set NCCLKIT_STORE_TOKEN to the same secret on "
                        "every node");
@@ -568,7 +600,8 @@ inline int run_check(const LaunchOptions& options) {
   std::vector<RouteResult> routes;
   for (const auto& node : nodes) {
     if (std::find(missing_reach.begin(), missing_reach.end(), node.node_rank) != missing_reach.end()) continue;
-    std::istringstream lines(store.get_string(prefix + "reach/" + std::to_string(node.node_rank), options.rdzv_timeout));
+    std::istringstream lines(
+        store.get_string(prefix + "reach/" + std::to_string(node.node_rank), options.rdzv_timeout));
     std::string line;
     while (std::getline(lines, line)) {
       std::istringstream fields(line.substr(line.find('=') + 1));
@@ -593,8 +626,10 @@ inline int run_check(const LaunchOptions& options) {
   // Records of missing nodes are absent: drop what refers to them, and say who is missing.
   std::vector<NodeReport> by_rank(static_cast<std::size_t>(options.nnodes));
   for (const auto& node : nodes) by_rank[static_cast<std::size_t>(node.node_rank)] = node;
-  std::erase_if(reach, [&](const ReachResult& r) { return std::find(missing.begin(), missing.end(), r.to) != missing.end(); });
-  std::erase_if(routes, [&](const RouteResult& r) { return std::find(missing.begin(), missing.end(), r.to) != missing.end(); });
+  std::erase_if(reach,
+                [&](const ReachResult& r) { return std::find(missing.begin(), missing.end(), r.to) != missing.end(); });
+  std::erase_if(routes,
+                [&](const RouteResult& r) { return std::find(missing.begin(), missing.end(), r.to) != missing.end(); });
   std::vector<std::string> problems;
   if (missing.empty()) {
     problems = cross_node_problems(options, by_rank, reach, routes);
@@ -602,11 +637,12 @@ inline int run_check(const LaunchOptions& options) {
     problems = cross_node_problems(options, nodes, {}, {});
     std::vector<std::string> names;
     for (int n : missing) names.push_back(std::to_string(n));
-    problems.push_back("[all] node(s) " + detail::join_words(names) + " did not join the check at " + store.describe() +
-                       " within " + ncclkit::format_seconds(options.rdzv_timeout) +
-                       ": start ncclkit-run --check on every node with the same --nnodes and " +
-                       (options.rendezvous() == RendezvousKind::kFolder ? "--rdzv-dir" : "--master-addr/--master-port") +
-                       " (--rdzv-timeout sets how long to wait)");
+    problems.push_back(
+        "[all] node(s) " + detail::join_words(names) + " did not join the check at " + store.describe() + " within " +
+        ncclkit::format_seconds(options.rdzv_timeout) +
+        ": start ncclkit-run --check on every node with the same --nnodes and " +
+        (options.rendezvous() == RendezvousKind::kFolder ? "--rdzv-dir" : "--master-addr/--master-port") +
+        " (--rdzv-timeout sets how long to wait)");
   }
   if (!missing_reach.empty() && missing.empty()) {
     problems.push_back("[all] some nodes did not finish their connection tests in time; run the check again");

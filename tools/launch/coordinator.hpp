@@ -20,10 +20,10 @@ namespace ncclkit::launch {
 /// One node as its launcher announced itself.
 struct NodeInfo {
   int node_rank = 0;
-  int nproc = 1;      ///< workers it runs
-  std::string host;   ///< its host name
-  int pid = 0;        ///< its launcher's pid
-  int first_rank = 0; ///< global rank of its local rank 0
+  int nproc = 1;       ///< workers it runs
+  std::string host;    ///< its host name
+  int pid = 0;         ///< its launcher's pid
+  int first_rank = 0;  ///< global rank of its local rank 0
 };
 
 /// Where this node's workers sit in the job.
@@ -43,7 +43,7 @@ struct JobLayout {
 struct WorkerStoreInfo {
   std::string master_addr;  ///< empty for a shared-folder store
   int master_port = 0;
-  std::string init_url;     ///< NCCLKIT_INIT_URL
+  std::string init_url;  ///< NCCLKIT_INIT_URL
 };
 
 /// What happens after an attempt.

@@ -33,9 +33,9 @@ struct GpuDevice {
 
 /// The GPUs of this node and which of them the workers see.
 struct GpuInventory {
-  std::vector<GpuDevice> physical;  ///< every GPU of the node
-  std::vector<GpuDevice> visible;   ///< after CUDA_VISIBLE_DEVICES
-  std::string source;               ///< "nvidia-smi", "/proc/driver/nvidia", "/dev/nvidia*" or "none"
+  std::vector<GpuDevice> physical;                  ///< every GPU of the node
+  std::vector<GpuDevice> visible;                   ///< after CUDA_VISIBLE_DEVICES
+  std::string source;                               ///< "nvidia-smi", "/proc/driver/nvidia", "/dev/nvidia*" or "none"
   std::optional<std::string> cuda_visible_devices;  ///< the variable's value, if set (even empty)
 
   /// "2 x NVIDIA H100 80GB HBM3", "none", "4 (names unknown)".

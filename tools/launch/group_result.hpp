@@ -60,8 +60,8 @@ struct WorkerExit {
   /// "exited with code 3", "was killed by signal 6 (SIGABRT: Aborted)".
   std::string how() const {
     if (exited) return "exited with code " + std::to_string(exit_code);
-    return "was killed by signal " + std::to_string(signal) + " (" + signal_name(signal) + ": " +
-           ::strsignal(signal) + ")";
+    return "was killed by signal " + std::to_string(signal) + " (" + signal_name(signal) + ": " + ::strsignal(signal) +
+           ")";
   }
   /// "rank 3 (local rank 3, pid 4242)".
   std::string who() const {
@@ -100,11 +100,16 @@ struct GroupResult {
   /// 128 + the launcher's signal; 1 for a stop from outside (the caller knows better).
   int exit_status() const {
     switch (outcome) {
-      case GroupOutcome::kSucceeded: return 0;
-      case GroupOutcome::kWorkerFailed: return workers[static_cast<std::size_t>(failed)].shell_status();
-      case GroupOutcome::kInterrupted: return 128 + launcher_signal;
-      case GroupOutcome::kStoppedFromOutside: return 1;
-      case GroupOutcome::kStartFailed: return start_status;
+      case GroupOutcome::kSucceeded:
+        return 0;
+      case GroupOutcome::kWorkerFailed:
+        return workers[static_cast<std::size_t>(failed)].shell_status();
+      case GroupOutcome::kInterrupted:
+        return 128 + launcher_signal;
+      case GroupOutcome::kStoppedFromOutside:
+        return 1;
+      case GroupOutcome::kStartFailed:
+        return start_status;
     }
     return 1;
   }
@@ -173,7 +178,8 @@ struct GroupResult {
             time_range(first, last) + ", " + time_range(failure.ended_at - last, failure.ended_at - first) +
             " before it)";
     const std::vector<std::size_t> early = early_exits();
-    if (!early.empty()) text += "; the likely cause is rank " + std::to_string(workers[early.front()].rank) + "'s early exit";
+    if (!early.empty())
+      text += "; the likely cause is rank " + std::to_string(workers[early.front()].rank) + "'s early exit";
     return text;
   }
 
@@ -209,8 +215,9 @@ struct GroupResult {
           line += ", " + ncclkit::format_seconds(worker.ended_at - workers[early.front()].ended_at) + " after rank " +
                   std::to_string(workers[early.front()].rank) + " exited early";
         } else if (finished_before_failure()) {
-          line += ", after every other rank had finished with code 0 (the job had finished; this rank failed in "
-                  "its last steps or its teardown)";
+          line +=
+              ", after every other rank had finished with code 0 (the job had finished; this rank failed in "
+              "its last steps or its teardown)";
         }
       } else if (worker.stopped_by_launcher && stopped_at) {
         line += "; it was still running when the group was stopped at " + ncclkit::format_seconds(*stopped_at);
@@ -218,9 +225,10 @@ struct GroupResult {
           line += " (it wrote no output at all)";
         } else {
           const auto silent = *stopped_at - *worker.last_output_at;
-          line += " (last output at " + ncclkit::format_seconds(*worker.last_output_at) + ", silent for " +
-                  ncclkit::format_seconds(silent < std::chrono::milliseconds(0) ? std::chrono::milliseconds(0) : silent) +
-                  " by then)";
+          line +=
+              " (last output at " + ncclkit::format_seconds(*worker.last_output_at) + ", silent for " +
+              ncclkit::format_seconds(silent < std::chrono::milliseconds(0) ? std::chrono::milliseconds(0) : silent) +
+              " by then)";
         }
       } else if (!worker.ok() && outcome == GroupOutcome::kWorkerFailed) {
         line += ": failed too, after the first failure";

@@ -18,10 +18,10 @@
 #include <unistd.h>      // close
 
 #include <algorithm>  // std::find
-#include <optional>  // std::optional
-#include <sstream>   // std::istringstream
-#include <string>    // std::string
-#include <vector>    // std::vector
+#include <optional>   // std::optional
+#include <sstream>    // std::istringstream
+#include <string>     // std::string
+#include <vector>     // std::vector
 
 #include "ncclkit/store/detail/socket.hpp"
 

@@ -11,10 +11,10 @@
 /// Launcher errors (rendezvous timeouts, store failures) are thrown as ncclkit::Error; the
 /// program turns them into exit status 1.
 
-#include <memory>      // std::unique_ptr, std::make_unique
-#include <optional>    // std::optional
-#include <string>      // std::string
-#include <vector>      // std::vector
+#include <memory>    // std::unique_ptr, std::make_unique
+#include <optional>  // std::optional
+#include <string>    // std::string
+#include <vector>    // std::vector
 
 #include "launch/coordinator.hpp"
 #include "launch/gpus.hpp"
@@ -62,7 +62,8 @@ inline int run_launcher(const LaunchOptions& options, SignalCatcher& signals) {
   if (log_enabled(LogLevel::kInfo) || layout.num_nodes > 1) {
     report_line("node " + std::to_string(layout.node_rank) + " of " + std::to_string(layout.num_nodes) + ": ranks " +
                 std::to_string(layout.first_rank) + "-" + std::to_string(layout.first_rank + nproc - 1) + " of " +
-                std::to_string(layout.world_size) + "; GPUs: " + gpus.describe() + "; store: " + coordinator->describe());
+                std::to_string(layout.world_size) + "; GPUs: " + gpus.describe() +
+                "; store: " + coordinator->describe());
   }
 
   const std::vector<std::string> base_environment = current_environment();
@@ -84,8 +85,8 @@ inline int run_launcher(const LaunchOptions& options, SignalCatcher& signals) {
           .max_restarts = options.max_restarts,
           .run_id = layout.run_id,
       };
-      specs.push_back(WorkerSpec{placement.rank, local, options.program,
-                                 build_worker_environment(base_environment, placement)});
+      specs.push_back(
+          WorkerSpec{placement.rank, local, options.program, build_worker_environment(base_environment, placement)});
     }
     SuperviseOptions supervise{
         .grace = options.grace_period,

@@ -21,8 +21,8 @@ namespace ncclkit::launch {
 struct LauncherStore {
   std::unique_ptr<TcpStoreServer> server;  ///< node 0 with --master-addr: the server it hosts
   std::shared_ptr<Store> store;
-  std::string worker_folder;               ///< --rdzv-dir: <dir>/workers, the workers' store
-  std::optional<int> node_rank;            ///< known before joining (--node-rank, or one node)
+  std::string worker_folder;     ///< --rdzv-dir: <dir>/workers, the workers' store
+  std::optional<int> node_rank;  ///< known before joining (--node-rank, or one node)
 };
 
 /// The warning ncclkit-run gives at start and in --check when the launchers' store it hosts
@@ -58,8 +58,8 @@ inline LauncherStore open_launcher_store(const LaunchOptions& options) {
                         "; --rdzv-dir must be a folder every node can write");
     }
     result.worker_folder = workers.string();
-    result.store = std::make_shared<FileStore>(launchers.string(),
-                                               FileStoreOptions{.world_size = options.nnodes, .timeout = options.rdzv_timeout});
+    result.store = std::make_shared<FileStore>(
+        launchers.string(), FileStoreOptions{.world_size = options.nnodes, .timeout = options.rdzv_timeout});
     return result;
   }
   if (result.node_rank.value_or(0) == 0) {

@@ -106,10 +106,9 @@ inline int parse_count_flag(std::string_view flag, const std::string& value, int
 inline std::chrono::milliseconds parse_seconds_flag(std::string_view flag, const std::string& value) {
   char* end = nullptr;
   const double seconds = std::strtod(value.c_str(), &end);
-  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(seconds) || seconds < 0 ||
-      seconds > 1e8) {
-    throw ConfigError("ncclkit-run: " + std::string(flag) + " '" + value +
-                      "' must be a number of seconds, e.g. " + std::string(flag) + " 30");
+  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(seconds) || seconds < 0 || seconds > 1e8) {
+    throw ConfigError("ncclkit-run: " + std::string(flag) + " '" + value + "' must be a number of seconds, e.g. " +
+                      std::string(flag) + " 30");
   }
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0 + 0.5));
 }
@@ -201,8 +200,9 @@ inline LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   if (options.help || options.version) return options;
 
   if (!options.master_addr.empty() && !options.rdzv_dir.empty()) {
-    throw ConfigError("ncclkit-run: give either --master-addr (a TCP store) or --rdzv-dir (a shared folder), "
-                      "not both");
+    throw ConfigError(
+        "ncclkit-run: give either --master-addr (a TCP store) or --rdzv-dir (a shared folder), "
+        "not both");
   }
   if (options.node_rank && *options.node_rank >= options.nnodes) {
     throw ConfigError("ncclkit-run: --node-rank " + std::to_string(*options.node_rank) + " must be below --nnodes " +
@@ -223,8 +223,9 @@ inline LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
                       "' was given; drop one of them");
   }
   if (!options.check && options.program.empty()) {
-    throw ConfigError("ncclkit-run: no program to run; usage: ncclkit-run [options] [--] program [args...] "
-                      "(see --help)");
+    throw ConfigError(
+        "ncclkit-run: no program to run; usage: ncclkit-run [options] [--] program [args...] "
+        "(see --help)");
   }
   return options;
 }

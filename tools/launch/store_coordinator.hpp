@@ -153,13 +153,14 @@ class StoreCoordinator final : public NodeCoordinator {
                         "); give every node its own --node-rank");
     }
     store_->set(key("node/" + std::to_string(node_rank) + "/info"),
-                "nproc=" + std::to_string(options_.nproc) + "\nhost=" + detail::host_name() + "\npid=" +
-                    std::to_string(::getpid()) + "\nmax_restarts=" + std::to_string(options_.max_restarts));
+                "nproc=" + std::to_string(options_.nproc) + "\nhost=" + detail::host_name() +
+                    "\npid=" + std::to_string(::getpid()) + "\nmax_restarts=" + std::to_string(options_.max_restarts));
     std::vector<std::string> keys;
     for (int n = 0; n < nnodes; ++n) keys.push_back(key("node/" + std::to_string(n) + "/info"));
-    wait_for_nodes(keys, "the rendezvous of the " + std::to_string(nnodes) + " nodes' launchers",
-                   "start ncclkit-run on every node with the same --nnodes and " +
-                       std::string(options_.kind == RendezvousKind::kFolder ? "--rdzv-dir" : "--master-addr/--master-port"));
+    wait_for_nodes(
+        keys, "the rendezvous of the " + std::to_string(nnodes) + " nodes' launchers",
+        "start ncclkit-run on every node with the same --nnodes and " +
+            std::string(options_.kind == RendezvousKind::kFolder ? "--rdzv-dir" : "--master-addr/--master-port"));
 
     JobLayout layout;
     layout.node_rank = node_rank;
@@ -182,9 +183,9 @@ class StoreCoordinator final : public NodeCoordinator {
       layout.nodes.push_back(info);
     }
     if (!restart_mismatch.empty()) {
-      throw ConfigError("ncclkit-run: the nodes disagree on --max-restarts (this node: " +
-                        std::to_string(options_.max_restarts) + ";" + restart_mismatch +
-                        " give every node the same value");
+      throw ConfigError(
+          "ncclkit-run: the nodes disagree on --max-restarts (this node: " + std::to_string(options_.max_restarts) +
+          ";" + restart_mismatch + " give every node the same value");
     }
     layout.local_world_size = options_.nproc;
     layout.first_rank = layout.nodes[static_cast<std::size_t>(node_rank)].first_rank;
@@ -211,9 +212,9 @@ class StoreCoordinator final : public NodeCoordinator {
       try {
         port = detail::pick_free_port(options_.master_addr);
       } catch (const Error& e) {
-        throw ConfigError("ncclkit-run: --master-addr " + options_.master_addr +
-                          " is not an address of node 0 (its worker rank 0 must serve the workers' store there): " +
-                          e.what());
+        throw ConfigError(
+            "ncclkit-run: --master-addr " + options_.master_addr +
+            " is not an address of node 0 (its worker rank 0 must serve the workers' store there): " + e.what());
       }
       store_->set(prefix + "worker_port", std::to_string(port));
     } else {
@@ -238,7 +239,8 @@ class StoreCoordinator final : public NodeCoordinator {
 
   void announce_failure(int attempt, const GroupResult& so_far) override {
     try {
-      announce(attempt, so_far.exit_status(), true, so_far.failure_summary() + " on node " + std::to_string(node_rank_));
+      announce(attempt, so_far.exit_status(), true,
+               so_far.failure_summary() + " on node " + std::to_string(node_rank_));
     } catch (const std::exception& e) {
       report("could not tell the other nodes about the failure: " + std::string(e.what()));
     }
@@ -250,7 +252,8 @@ class StoreCoordinator final : public NodeCoordinator {
       case GroupOutcome::kSucceeded:
         return wait_for_success(attempt);
       case GroupOutcome::kWorkerFailed: {
-        announce(attempt, result.exit_status(), true, result.failure_summary() + " on node " + std::to_string(node_rank_));
+        announce(attempt, result.exit_status(), true,
+                 result.failure_summary() + " on node " + std::to_string(node_rank_));
         break;
       }
       case GroupOutcome::kInterrupted:
@@ -275,7 +278,8 @@ class StoreCoordinator final : public NodeCoordinator {
         // a node whose launcher was killed never leaves).
         std::vector<std::string> keys;
         for (int n = 0; n < options_.nnodes; ++n) {
-          if (store_->check({key("node/" + std::to_string(n) + "/info")})) keys.push_back(key("left/" + std::to_string(n)));
+          if (store_->check({key("node/" + std::to_string(n) + "/info")}))
+            keys.push_back(key("left/" + std::to_string(n)));
         }
         store_->wait(keys, std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(60)));
       }
@@ -302,11 +306,10 @@ class StoreCoordinator final : public NodeCoordinator {
         (store_->check({keys[n]}) ? present : missing).push_back(static_cast<int>(n));
       }
       std::string message = "ncclkit-run (node " + std::to_string(node_rank_) + "): " + what + " at " +
-                            store_->describe() + " timed out after " +
-                            ncclkit::format_seconds(options_.timeout) + ": ";
+                            store_->describe() + " timed out after " + ncclkit::format_seconds(options_.timeout) + ": ";
       if (!options_.node_rank && !layout_joined_) {  // node ranks by arrival: only a count is meaningful
-        message += std::to_string(present.size()) + " of " + std::to_string(keys.size()) + " launchers arrived (missing node rank(s) " +
-                   detail::join_ints(missing) + ")";
+        message += std::to_string(present.size()) + " of " + std::to_string(keys.size()) +
+                   " launchers arrived (missing node rank(s) " + detail::join_ints(missing) + ")";
       } else {
         message += "node(s) " + detail::join_ints(missing) + " never arrived";
         if (!present.empty()) message += " (arrived: " + detail::join_ints(present) + ")";
@@ -342,11 +345,13 @@ class StoreCoordinator final : public NodeCoordinator {
   /// The verdict once a stop record exists.
   AttemptEnd verdict(int attempt) {
     const std::string prefix = attempt_prefix(attempt);
-    auto fields = detail::parse_record(get_from_nodes(prefix + "stop", "the stop record of attempt " + std::to_string(attempt)));
+    auto fields =
+        detail::parse_record(get_from_nodes(prefix + "stop", "the stop record of attempt " + std::to_string(attempt)));
     AttemptEnd end;
     end.exit_status = detail::record_int(fields, "status", 1);
     end.message = detail::record_text(fields, "what");
-    const bool restartable = detail::record_text(fields, "restartable") == "1" && !store_->check({prefix + "no_restart"});
+    const bool restartable =
+        detail::record_text(fields, "restartable") == "1" && !store_->check({prefix + "no_restart"});
     end.kind = restartable && attempt < options_.max_restarts ? AttemptEnd::Kind::kRestart : AttemptEnd::Kind::kFailed;
     return end;
   }

@@ -26,14 +26,14 @@
 /// Each worker is the leader of its own process group, so a terminal's Ctrl-C reaches the
 /// workers once (forwarded), not twice; their stdin is /dev/null.
 
-#include <fcntl.h>       // open, O_*
-#include <poll.h>        // poll, pollfd
-#include <signal.h>      // kill, sigprocmask, signal, SIG*
-#include <sys/prctl.h>   // prctl, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER
-#include <sys/stat.h>    // mode constants for open
-#include <sys/types.h>   // pid_t
-#include <sys/wait.h>    // waitpid, W*
-#include <unistd.h>      // fork, execvpe, setpgid, pipe2, dup2, read, close, getpid, getppid, _exit
+#include <fcntl.h>      // open, O_*
+#include <poll.h>       // poll, pollfd
+#include <signal.h>     // kill, sigprocmask, signal, SIG*
+#include <sys/prctl.h>  // prctl, PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER
+#include <sys/stat.h>   // mode constants for open
+#include <sys/types.h>  // pid_t
+#include <sys/wait.h>   // waitpid, W*
+#include <unistd.h>     // fork, execvpe, setpgid, pipe2, dup2, read, close, getpid, getppid, _exit
 
 #include <algorithm>   // std::min
 #include <cerrno>      // errno
@@ -297,8 +297,8 @@ class WorkerGroup {
     worker.rank = specs_[i].rank;
     worker.local_rank = specs_[i].local_rank;
     int out_fds[2] = {-1, -1}, err_fds[2] = {-1, -1}, error_fds[2] = {-1, -1};
-    const bool piped = ::pipe2(out_fds, O_CLOEXEC) == 0 && ::pipe2(err_fds, O_CLOEXEC) == 0 &&
-                       ::pipe2(error_fds, O_CLOEXEC) == 0;
+    const bool piped =
+        ::pipe2(out_fds, O_CLOEXEC) == 0 && ::pipe2(err_fds, O_CLOEXEC) == 0 && ::pipe2(error_fds, O_CLOEXEC) == 0;
     pid_t pid = -1;
     int fork_errno = 0;
     if (piped) {
@@ -352,8 +352,8 @@ class WorkerGroup {
       int status = 0;
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
-      result_.message = "cannot execute '" + specs_[i].argv[0] + "' for rank " + std::to_string(specs_[i].rank) +
-                        ": " + std::strerror(exec_errno) +
+      result_.message = "cannot execute '" + specs_[i].argv[0] + "' for rank " + std::to_string(specs_[i].rank) + ": " +
+                        std::strerror(exec_errno) +
                         (exec_errno == ENOENT ? " (not found: give a path, or check PATH)" : "");
       result_.start_status = exec_errno == ENOENT ? 127 : 126;
     }

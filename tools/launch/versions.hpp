@@ -39,7 +39,8 @@ struct OpenedLibrary {
       symbol = ::dlsym(handle, symbol_name);
       if (symbol != nullptr) {
         link_map* map = nullptr;
-        if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr) path = map->l_name;
+        if (::dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr)
+          path = map->l_name;
         return;
       }
       ::dlclose(handle);

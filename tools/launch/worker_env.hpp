@@ -38,19 +38,28 @@ struct WorkerPlacement {
   int num_nodes = 1;
   std::string master_addr;  ///< empty: MASTER_ADDR/MASTER_PORT are removed, not set
   int master_port = 0;
-  std::string init_url;     ///< NCCLKIT_INIT_URL; empty: removed
+  std::string init_url;  ///< NCCLKIT_INIT_URL; empty: removed
   int restart_count = 0;
   int max_restarts = 0;
-  std::string run_id;       ///< NCCLKIT_LAUNCH_RUN_ID; empty: removed
+  std::string run_id;  ///< NCCLKIT_LAUNCH_RUN_ID; empty: removed
 };
 
 /// The variables the launcher owns: set (or removed) for every worker, whatever the
 /// launcher's own environment says.
 inline const std::vector<std::string_view>& launcher_owned_variables() {
-  static const std::vector<std::string_view> names = {
-      "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-      "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NCCLKIT_INIT_URL", "NCCLKIT_RESTART_COUNT",
-      "NCCLKIT_MAX_RESTARTS", kLaunchRunIdVariable};
+  static const std::vector<std::string_view> names = {"RANK",
+                                                      "LOCAL_RANK",
+                                                      "WORLD_SIZE",
+                                                      "LOCAL_WORLD_SIZE",
+                                                      "GROUP_RANK",
+                                                      "GROUP_WORLD_SIZE",
+                                                      "NODE_RANK",
+                                                      "MASTER_ADDR",
+                                                      "MASTER_PORT",
+                                                      "NCCLKIT_INIT_URL",
+                                                      "NCCLKIT_RESTART_COUNT",
+                                                      "NCCLKIT_MAX_RESTARTS",
+                                                      kLaunchRunIdVariable};
   return names;
 }
 

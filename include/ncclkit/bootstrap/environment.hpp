@@ -17,15 +17,15 @@
 /// The environment is read through an EnvironmentLookup, so tests (and programs that assemble
 /// an environment) need not touch the process environment.
 
-#include <cstdint>      // std::int64_t
-#include <functional>   // std::function, std::less
+#include <cstdint>           // std::int64_t
+#include <functional>        // std::function, std::less
 #include <initializer_list>  // std::initializer_list (lists of variable names)
-#include <map>          // std::map
-#include <optional>     // std::optional
-#include <string>       // std::string
-#include <string_view>  // std::string_view
-#include <utility>      // std::move, std::pair
-#include <vector>       // std::vector
+#include <map>               // std::map
+#include <optional>          // std::optional
+#include <string>            // std::string
+#include <string_view>       // std::string_view
+#include <utility>           // std::move, std::pair
+#include <vector>            // std::vector
 
 #include "ncclkit/bootstrap/slurm_nodelist.hpp"
 #include "ncclkit/bootstrap/world_info.hpp"
@@ -122,8 +122,8 @@ class EnvironmentReader {
   }
 
   /// The first of `names` that is set, read as integer(); nullopt when none is.
-  std::optional<int> first_integer(std::initializer_list<std::string_view> names,
-                                   std::vector<std::string>& found, int minimum) {
+  std::optional<int> first_integer(std::initializer_list<std::string_view> names, std::vector<std::string>& found,
+                                   int minimum) {
     for (auto name : names)
       if (is_set(name)) return integer(name, found, minimum);
     return std::nullopt;
@@ -148,8 +148,8 @@ inline bool torchrun_present(EnvironmentReader& env) {
 }
 
 inline bool open_mpi_present(EnvironmentReader& env) {
-  for (auto name : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                    "OMPI_COMM_WORLD_LOCAL_SIZE"})
+  for (auto name :
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
     if (env.is_set(name)) return true;
   return false;
 }
@@ -224,8 +224,8 @@ inline LauncherValues read_slurm(EnvironmentReader& env) {
     if (!v.world_size) v.world_size = static_cast<int>(total);
     if (v.node_rank) {
       if (static_cast<std::size_t>(*v.node_rank) >= counts.size()) {
-        fail("SLURM_NODEID=" + std::to_string(*v.node_rank) + " but the task counts '" + *per_node +
-             "' cover only " + std::to_string(counts.size()) + " nodes");
+        fail("SLURM_NODEID=" + std::to_string(*v.node_rank) + " but the task counts '" + *per_node + "' cover only " +
+             std::to_string(counts.size()) + " nodes");
       }
       v.local_world_size = counts[static_cast<std::size_t>(*v.node_rank)];
     } else if (counts.size() == 1) {
@@ -292,8 +292,8 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
   }
   if (open_mpi && torchrun) {
     ignored.push_back(detail::describe_ignored(
-        env, "Open MPI", {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_SIZE"}));
+        env, "Open MPI",
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}));
   }
   if (slurm && (torchrun || open_mpi)) {
     ignored.push_back(detail::describe_ignored(
@@ -343,8 +343,8 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
     }
     if (launcher && !overridden.empty()) source += "; arguments: " + detail::join(overridden);
     if (!ignored.empty()) {
-      source += "; ignored, lower precedence than " + (launcher ? launcher->name : std::string("arguments")) +
-                ": " + detail::join(ignored);
+      source += "; ignored, lower precedence than " + (launcher ? launcher->name : std::string("arguments")) + ": " +
+                detail::join(ignored);
     }
     world.source = std::move(source);
   }
@@ -354,8 +354,7 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
     std::string from = launcher ? "the " + launcher->name + " environment" : std::string("the arguments");
     throw ConfigError("cannot determine this process's place in the job from " + from + ": " + problem +
                       "; found: " + found_text +
-                      (overridden.empty() ? "" : "; arguments: " + detail::join(overridden)) +
-                      "; " + needed);
+                      (overridden.empty() ? "" : "; arguments: " + detail::join(overridden)) + "; " + needed);
   };
 
   const bool single_default = !launcher && overridden.empty();
@@ -368,8 +367,9 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
   world.world_size = world_size.value_or(1);
 
   if (local_rank.has_value() != local_world_size.has_value()) {
-    fail(local_rank ? "the local rank is known but not the local world size" : "the local world size is known but "
-                                                                                 "not the local rank",
+    fail(local_rank ? "the local rank is known but not the local world size"
+                    : "the local world size is known but "
+                      "not the local rank",
          "needed: both LOCAL_RANK and LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_RANK and "
          "OMPI_COMM_WORLD_LOCAL_SIZE (mpirun), SLURM_LOCALID and SLURM's task counts per node "
          "(SLURM_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE), or local_rank and local_world_size as arguments");
@@ -399,9 +399,9 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
       num_nodes = world.world_size / per_node;
       if (num_nodes > 1) notes.push_back("node_rank = rank / local_world_size");
     } else {
-      fail("the node index is missing and cannot be derived: rank " + std::to_string(world.rank) +
-               " with local rank " + std::to_string(world.local_rank) + " of " + std::to_string(per_node) +
-               " in a world of " + std::to_string(world.world_size) + " is not laid out node by node",
+      fail("the node index is missing and cannot be derived: rank " + std::to_string(world.rank) + " with local rank " +
+               std::to_string(world.local_rank) + " of " + std::to_string(per_node) + " in a world of " +
+               std::to_string(world.world_size) + " is not laid out node by node",
            "needed: node_rank and num_nodes as arguments, or GROUP_RANK and GROUP_WORLD_SIZE (with "
            "Open MPI, --map-by slot lays ranks out node by node)");
     }
@@ -430,8 +430,8 @@ inline WorldInfo detect_world(const WorldInfoOverrides& overrides = {},
   }
 
   if (world.num_nodes > world.world_size) {
-    fail("num_nodes=" + std::to_string(world.num_nodes) + " exceeds world_size=" +
-             std::to_string(world.world_size) + " (every node runs at least one process)",
+    fail("num_nodes=" + std::to_string(world.num_nodes) + " exceeds world_size=" + std::to_string(world.world_size) +
+             " (every node runs at least one process)",
          "fix the launcher's variables or the arguments so that they agree");
   }
   if (!notes.empty()) world.source += "; derived: " + detail::join(notes);

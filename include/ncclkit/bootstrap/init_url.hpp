@@ -40,11 +40,11 @@ enum class InitUrlScheme { kEnv, kTcp, kFile };
 struct InitUrl {
   InitUrlScheme scheme = InitUrlScheme::kEnv;
   std::string host{};  ///< tcp://: host name, IPv4 or IPv6 address (without the brackets)
-  int port = 0;      ///< tcp://: 0 to 65535 (0: the server picks a free port; single process only)
+  int port = 0;        ///< tcp://: 0 to 65535 (0: the server picks a free port; single process only)
   std::string path{};  ///< file://: the absolute folder
   std::optional<std::chrono::milliseconds> timeout{};  ///< from ?timeout=SECONDS, if given
   bool external_server = false;  ///< ?server=external: the TCP server runs elsewhere, rank 0 only connects
-  std::string text{};  ///< the URL as given, for messages
+  std::string text{};            ///< the URL as given, for messages
 };
 
 namespace detail {
@@ -59,8 +59,7 @@ inline constexpr const char* kInitUrlForms =
 }
 
 inline bool is_hostname_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' ||
-         c == '_';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_';
 }
 
 inline int parse_url_port(std::string_view url, std::string_view text) {
@@ -102,7 +101,8 @@ inline void parse_url_query(std::string_view url, std::string_view query, InitUr
     if (out.timeout) throw_init_url_error(url, "timeout is given twice");
     out.timeout = parse_timeout_seconds(value);
     if (!out.timeout) {
-      throw_init_url_error(url, "timeout='" + std::string(value) + "' is not a positive number of seconds (e.g. ?timeout=30)");
+      throw_init_url_error(
+          url, "timeout='" + std::string(value) + "' is not a positive number of seconds (e.g. ?timeout=30)");
     }
     start = amp + 1;
   }
@@ -115,8 +115,9 @@ inline void parse_tcp_authority(std::string_view url, std::string_view authority
     throw_init_url_error(url, "a tcp:// URL has no path, only HOST:PORT");
   }
   if (authority.find('@') != std::string_view::npos) {
-    throw_init_url_error(url, "user names are not supported in a tcp:// URL (for a shared secret, "
-                              "set NCCLKIT_STORE_TOKEN)");
+    throw_init_url_error(url,
+                         "user names are not supported in a tcp:// URL (for a shared secret, "
+                         "set NCCLKIT_STORE_TOKEN)");
   }
   std::string_view port_text;
   if (authority.front() == '[') {
@@ -189,8 +190,9 @@ inline InitUrl parse_init_url(std::string_view url) {
   if (scheme == "env") {
     out.scheme = InitUrlScheme::kEnv;
     if (!rest.empty()) {
-      detail::throw_init_url_error(url, "env:// takes no address (it reads MASTER_ADDR and MASTER_PORT); "
-                                        "for an explicit address write tcp://HOST:PORT");
+      detail::throw_init_url_error(url,
+                                   "env:// takes no address (it reads MASTER_ADDR and MASTER_PORT); "
+                                   "for an explicit address write tcp://HOST:PORT");
     }
   } else if (scheme == "tcp") {
     out.scheme = InitUrlScheme::kTcp;
@@ -200,9 +202,11 @@ inline InitUrl parse_init_url(std::string_view url) {
     if (rest.empty()) detail::throw_init_url_error(url, "the folder is missing (file:///ABSOLUTE/DIR)");
     if (rest.front() != '/') {
       const std::string relative(rest);
-      detail::throw_init_url_error(url, "a file:// URL needs an absolute path, written with three slashes: "
-                                        "file:///" + relative + " if you meant /" + relative +
-                                        " (relative paths are not accepted: ranks may start in different folders)");
+      detail::throw_init_url_error(url,
+                                   "a file:// URL needs an absolute path, written with three slashes: "
+                                   "file:///" +
+                                       relative + " if you meant /" + relative +
+                                       " (relative paths are not accepted: ranks may start in different folders)");
     }
     out.path = std::string(rest);
     if (out.external_server) detail::throw_init_url_error(url, "server= applies to env:// and tcp:// only");
@@ -235,15 +239,16 @@ inline std::shared_ptr<Store> make_store(const std::string& url, const WorldInfo
                                          MakeStoreOptions options = {}) {
   const InitUrl parsed = parse_init_url(url);
   world.validate();
-  const std::chrono::milliseconds timeout =
-      options.timeout ? *options.timeout : parsed.timeout ? *parsed.timeout : default_store_timeout();
+  const std::chrono::milliseconds timeout = options.timeout  ? *options.timeout
+                                            : parsed.timeout ? *parsed.timeout
+                                                             : default_store_timeout();
   if (timeout.count() <= 0) {
     throw ConfigError("make_store('" + url + "'): the timeout must be positive, got " + format_seconds(timeout));
   }
 
   if (parsed.scheme == InitUrlScheme::kFile) {
-    auto store = std::make_shared<FileStore>(parsed.path, FileStoreOptions{.world_size = world.world_size,
-                                                                            .timeout = timeout});
+    auto store =
+        std::make_shared<FileStore>(parsed.path, FileStoreOptions{.world_size = world.world_size, .timeout = timeout});
     store->set_default_timeout(timeout);
     return store;
   }
@@ -260,9 +265,11 @@ inline std::shared_ptr<Store> make_store(const std::string& url, const WorldInfo
       std::string missing = host.empty() && port == 0 ? "MASTER_ADDR and MASTER_PORT"
                             : host.empty()            ? "MASTER_ADDR"
                                                       : "MASTER_PORT";
-      throw ConfigError("make_store('" + url + "'): env:// needs " + missing + " (the host and port of rank 0's "
-                        "store server), found master_addr='" + world.master_addr + "', master_port=" +
-                        std::to_string(world.master_port) + " (from " + world.source + "); set " + missing +
+      throw ConfigError("make_store('" + url + "'): env:// needs " + missing +
+                        " (the host and port of rank 0's "
+                        "store server), found master_addr='" +
+                        world.master_addr + "', master_port=" + std::to_string(world.master_port) + " (from " +
+                        world.source + "); set " + missing +
                         " in every process's environment, or use tcp://HOST:PORT or file:///SHARED/DIR");
     }
   }

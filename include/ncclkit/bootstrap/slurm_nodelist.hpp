@@ -25,26 +25,25 @@ namespace detail {
 
 /// One piece of a host name pattern: literal text, or a bracket group of number ranges.
 struct HostPatternPart {
-  std::string literal;  ///< used when `values` is empty
+  std::string literal;              ///< used when `values` is empty
   std::vector<std::string> values;  ///< the expanded bracket group, padding applied
 };
 
 [[noreturn]] inline void throw_nodelist_error(std::string_view list, std::size_t at, std::string_view what) {
-  throw ConfigError("cannot parse the SLURM host list '" + std::string(list) + "' at character " +
-                    std::to_string(at) + ": " + std::string(what) +
+  throw ConfigError("cannot parse the SLURM host list '" + std::string(list) + "' at character " + std::to_string(at) +
+                    ": " + std::string(what) +
                     "; expected host names separated by commas, with ranges in brackets like "
                     "'gpu[01-04,07],cpu3'");
 }
 
 inline bool is_host_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '_' || c == '.';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
 }
 
 /// Expands the inside of one bracket group ("01-04,07") into its values, keeping at most `limit`
 /// of them (so a typo like [1-99999999] cannot exhaust memory) but checking every item.
-inline std::vector<std::string> expand_bracket_group(std::string_view list, std::size_t offset,
-                                                     std::string_view group, std::size_t limit) {
+inline std::vector<std::string> expand_bracket_group(std::string_view list, std::size_t offset, std::string_view group,
+                                                     std::size_t limit) {
   std::vector<std::string> values;
   if (group.empty()) throw_nodelist_error(list, offset, "empty brackets");
   std::size_t start = 0;
@@ -64,8 +63,7 @@ inline std::vector<std::string> expand_bracket_group(std::string_view list, std:
       return true;
     };
     if (!all_digits(low_text) || !all_digits(high_text)) {
-      throw_nodelist_error(list, item_at,
-                           "'" + std::string(item) + "' is not a number or a range like 01-04");
+      throw_nodelist_error(list, item_at, "'" + std::string(item) + "' is not a number or a range like 01-04");
     }
     const std::int64_t low = *parse_int(low_text);
     const std::int64_t high = *parse_int(high_text);
@@ -85,8 +83,8 @@ inline std::vector<std::string> expand_bracket_group(std::string_view list, std:
 }
 
 /// Appends the names of one host pattern ("a[1-2]-b[3-4]") to `out`, stopping at `limit` names.
-inline void expand_host_pattern(std::string_view list, std::size_t offset, std::string_view pattern,
-                                std::size_t limit, std::vector<std::string>& out) {
+inline void expand_host_pattern(std::string_view list, std::size_t offset, std::string_view pattern, std::size_t limit,
+                                std::vector<std::string>& out) {
   if (pattern.empty()) throw_nodelist_error(list, offset, "empty host name");
   std::vector<HostPatternPart> parts;
   std::size_t i = 0;

@@ -5,13 +5,13 @@
 /// Fork before anything touches CUDA (or starts threads) in the parent: a forked child gets
 /// only the calling thread, and a CUDA context does not survive fork.
 
-#include <fcntl.h>       // open
-#include <signal.h>      // kill, SIGTERM, SIGKILL
-#include <stdlib.h>      // mkdtemp
-#include <sys/prctl.h>   // prctl(PR_SET_PDEATHSIG)
-#include <sys/types.h>   // pid_t
-#include <sys/wait.h>    // waitpid
-#include <unistd.h>      // fork, _exit
+#include <fcntl.h>      // open
+#include <signal.h>     // kill, SIGTERM, SIGKILL
+#include <stdlib.h>     // mkdtemp
+#include <sys/prctl.h>  // prctl(PR_SET_PDEATHSIG)
+#include <sys/types.h>  // pid_t
+#include <sys/wait.h>   // waitpid
+#include <unistd.h>     // fork, _exit
 
 #include <cerrno>       // errno
 #include <chrono>       // std::chrono
@@ -39,9 +39,9 @@ namespace ncclkit {
 struct WorkerStatus {
   int rank = 0;
   pid_t pid = -1;
-  bool exited = false;       ///< exited normally, with `exit_code`
+  bool exited = false;  ///< exited normally, with `exit_code`
   int exit_code = -1;
-  int signal = 0;            ///< killed by this signal (when !exited)
+  int signal = 0;                 ///< killed by this signal (when !exited)
   bool stopped_by_spawn = false;  ///< spawn killed it (another worker failed, or the timeout)
 
   bool ok() const { return exited && exit_code == 0; }
@@ -271,8 +271,8 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
   Clock::time_point kill_at{};
   // Children are polled (waitpid WNOHANG): from 200 µs, so that quick workers are reaped
   // quickly, doubling up to 10 ms while nothing happens, and from the start after each exit.
-  detail::Backoff backoff(detail::BackoffPolicy{.first = std::chrono::microseconds(200),
-                                                .cap = std::chrono::milliseconds(10)});
+  detail::Backoff backoff(
+      detail::BackoffPolicy{.first = std::chrono::microseconds(200), .cap = std::chrono::milliseconds(10)});
   while (remaining > 0) {
     bool progressed = false;
     for (int rank = 0; rank < nprocs; ++rank) {
@@ -308,11 +308,13 @@ SpawnResult spawn(int nprocs, Fn&& fn, const SpawnOptions& options = {}) {
       terminating = true;
       kill_at = now;
       for (int other = 0; other < nprocs; ++other)
-        if (!done[static_cast<std::size_t>(other)]) result.workers[static_cast<std::size_t>(other)].stopped_by_spawn = true;
+        if (!done[static_cast<std::size_t>(other)])
+          result.workers[static_cast<std::size_t>(other)].stopped_by_spawn = true;
     }
     if (terminating && now >= kill_at) {
       for (int other = 0; other < nprocs; ++other)
-        if (!done[static_cast<std::size_t>(other)]) ::kill(result.workers[static_cast<std::size_t>(other)].pid, SIGKILL);
+        if (!done[static_cast<std::size_t>(other)])
+          ::kill(result.workers[static_cast<std::size_t>(other)].pid, SIGKILL);
       kill_at = now + std::chrono::seconds(1);  // re-send if something is slow to die
     }
     if (progressed) {

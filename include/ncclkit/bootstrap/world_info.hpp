@@ -10,15 +10,15 @@
 namespace ncclkit {
 
 struct WorldInfo {
-  int rank = 0;              ///< global rank, 0 <= rank < world_size
-  int world_size = 1;        ///< number of processes in the job
-  int local_rank = 0;        ///< rank among the processes of this node
-  int local_world_size = 1;  ///< processes on this node
-  int node_rank = 0;         ///< index of this node
-  int num_nodes = 1;         ///< number of nodes
-  std::string master_addr{};  ///< host of the TCP store (torchrun's MASTER_ADDR), if any
-  int master_port = 0;       ///< port of the TCP store (MASTER_PORT), if any
-  std::string init_url{};     ///< rendezvous store: "env://", "tcp://host:port" or "file:///dir"
+  int rank = 0;                      ///< global rank, 0 <= rank < world_size
+  int world_size = 1;                ///< number of processes in the job
+  int local_rank = 0;                ///< rank among the processes of this node
+  int local_world_size = 1;          ///< processes on this node
+  int node_rank = 0;                 ///< index of this node
+  int num_nodes = 1;                 ///< number of nodes
+  std::string master_addr{};         ///< host of the TCP store (torchrun's MASTER_ADDR), if any
+  int master_port = 0;               ///< port of the TCP store (MASTER_PORT), if any
+  std::string init_url{};            ///< rendezvous store: "env://", "tcp://host:port" or "file:///dir"
   std::string source = "arguments";  ///< where the values came from, for error messages
 
   /// Throws ConfigError listing every inconsistent field, e.g. rank >= world_size.
@@ -31,8 +31,8 @@ struct WorldInfo {
     if (local_world_size < 1 || local_world_size > world_size)
       add("local_world_size=" + std::to_string(local_world_size) + " must be in [1, world_size]");
     if (local_rank < 0 || local_rank >= local_world_size)
-      add("local_rank=" + std::to_string(local_rank) + " must be in [0, local_world_size=" +
-          std::to_string(local_world_size) + ")");
+      add("local_rank=" + std::to_string(local_rank) +
+          " must be in [0, local_world_size=" + std::to_string(local_world_size) + ")");
     if (num_nodes < 1 || node_rank < 0 || node_rank >= num_nodes)
       add("node_rank=" + std::to_string(node_rank) + " must be in [0, num_nodes=" + std::to_string(num_nodes) + ")");
     if (master_port < 0 || master_port > 65535)

@@ -39,9 +39,8 @@
 namespace ncclkit {
 
 template <class B>
-concept Backend = requires(B& backend, const B& const_backend, TensorView in, TensorView out,
-                           ReduceOp op, int root, typename B::Stream stream,
-                           typename B::Event& event, std::size_t bytes, void* pointer,
+concept Backend = requires(B& backend, const B& const_backend, TensorView in, TensorView out, ReduceOp op, int root,
+                           typename B::Stream stream, typename B::Event& event, std::size_t bytes, void* pointer,
                            const void* const_pointer, double factor) {
   typename B::Stream;
   typename B::Event;
@@ -55,7 +54,7 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   { backend.default_stream() } -> std::same_as<typename B::Stream>;
   { backend.comm_stream() } -> std::same_as<typename B::Stream>;
   { backend.create_event() } -> std::same_as<typename B::Event>;
-  backend.record(event, stream);                 // re-records a reusable event
+  backend.record(event, stream);  // re-records a reusable event
   { backend.record(stream) } -> std::same_as<typename B::Event>;
   backend.wait(event, stream);
   backend.synchronize(stream);

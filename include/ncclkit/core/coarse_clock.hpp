@@ -20,9 +20,8 @@ inline std::chrono::steady_clock::time_point coarse_now() noexcept {
 #if defined(__linux__) && defined(CLOCK_MONOTONIC_COARSE)
   timespec now{};
   if (clock_gettime(CLOCK_MONOTONIC_COARSE, &now) == 0) {
-    return std::chrono::steady_clock::time_point(
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::seconds(now.tv_sec) +
-                                                                        std::chrono::nanoseconds(now.tv_nsec)));
+    return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
   }
 #endif
   return std::chrono::steady_clock::now();

@@ -50,17 +50,17 @@ inline bool default_check_collectives() {
 /// What one rank's call of a collective is compared by. Fields a collective does not have keep
 /// their "none" values, so that e.g. a broadcast and an all_reduce differ in op and root too.
 struct CollectiveFingerprint {
-  static constexpr std::size_t kNameCapacity = 23;  ///< longest collective name kept
-  static constexpr std::int32_t kNone = -1;         ///< op, root or dtype a collective lacks
+  static constexpr std::size_t kNameCapacity = 23;     ///< longest collective name kept
+  static constexpr std::int32_t kNone = -1;            ///< op, root or dtype a collective lacks
   static constexpr std::size_t kReasonCapacity = 191;  ///< longest rejection reason kept
 
-  std::uint64_t sequence = 0;  ///< the call's number on this communicator, from 1
+  std::uint64_t sequence = 0;                        ///< the call's number on this communicator, from 1
   std::array<char, kNameCapacity + 1> collective{};  ///< "all_reduce", NUL-terminated
-  std::uint64_t count = 0;     ///< elements (the collective's own meaning: per rank, or total)
-  std::int32_t dtype = kNone;  ///< DataType's value
-  std::int32_t op = kNone;     ///< ReduceOp's value
-  std::int32_t root = kNone;   ///< root rank
-  std::uint64_t counts_hash = 0;  ///< per-rank counts of uneven gathers (hash_counts()); 0: none
+  std::uint64_t count = 0;                           ///< elements (the collective's own meaning: per rank, or total)
+  std::int32_t dtype = kNone;                        ///< DataType's value
+  std::int32_t op = kNone;                           ///< ReduceOp's value
+  std::int32_t root = kNone;                         ///< root rank
+  std::uint64_t counts_hash = 0;                     ///< per-rank counts of uneven gathers (hash_counts()); 0: none
   /// Why this rank's local validation rejected its arguments, NUL-terminated; empty when it
   /// did not. A rejected call compares unequal to every accepted one.
   std::array<char, kReasonCapacity + 1> rejected{};
@@ -309,10 +309,11 @@ inline std::optional<std::string> find_mismatch(std::span<const CollectiveFinger
   if (groups.size() > described) {
     std::size_t ranks = 0;
     for (std::size_t i = described; i < groups.size(); ++i) ranks += groups[i].ranks.size();
-    text += "; and " + std::to_string(groups.size() - described) + " more group(s) of ranks (" +
-            std::to_string(ranks) + " rank(s)) with other arguments";
+    text += "; and " + std::to_string(groups.size() - described) + " more group(s) of ranks (" + std::to_string(ranks) +
+            " rank(s)) with other arguments";
   }
-  text += std::string(kNothingRan) + "Every rank must issue the same collectives in the same order with the "
+  text += std::string(kNothingRan) +
+          "Every rank must issue the same collectives in the same order with the "
           "same count, element type, op and root: look for a branch on the rank, or a size computed differently "
           "on some ranks, at this call";
   return text;

@@ -29,15 +29,19 @@ enum class DataType : int {
 constexpr std::size_t size_of(DataType type) {
   switch (type) {
     case DataType::kInt8:
-    case DataType::kUint8: return 1;
+    case DataType::kUint8:
+      return 1;
     case DataType::kFloat16:
-    case DataType::kBFloat16: return 2;
+    case DataType::kBFloat16:
+      return 2;
     case DataType::kInt32:
     case DataType::kUint32:
-    case DataType::kFloat32: return 4;
+    case DataType::kFloat32:
+      return 4;
     case DataType::kInt64:
     case DataType::kUint64:
-    case DataType::kFloat64: return 8;
+    case DataType::kFloat64:
+      return 8;
   }
   return 0;
 }
@@ -45,16 +49,26 @@ constexpr std::size_t size_of(DataType type) {
 /// The name nccl-tests prints for the type ("float", "half", "bfloat16", "int32", ...).
 constexpr std::string_view name_of(DataType type) {
   switch (type) {
-    case DataType::kInt8: return "int8";
-    case DataType::kUint8: return "uint8";
-    case DataType::kInt32: return "int32";
-    case DataType::kUint32: return "uint32";
-    case DataType::kInt64: return "int64";
-    case DataType::kUint64: return "uint64";
-    case DataType::kFloat16: return "half";
-    case DataType::kBFloat16: return "bfloat16";
-    case DataType::kFloat32: return "float";
-    case DataType::kFloat64: return "double";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUint8:
+      return "uint8";
+    case DataType::kInt32:
+      return "int32";
+    case DataType::kUint32:
+      return "uint32";
+    case DataType::kInt64:
+      return "int64";
+    case DataType::kUint64:
+      return "uint64";
+    case DataType::kFloat16:
+      return "half";
+    case DataType::kBFloat16:
+      return "bfloat16";
+    case DataType::kFloat32:
+      return "float";
+    case DataType::kFloat64:
+      return "double";
   }
   return "unknown";
 }
@@ -75,10 +89,10 @@ struct DataTypeOf {
 template <class T>
 struct DataTypeOf<const T> : DataTypeOf<T> {};
 
-#define NCCLKIT_DATATYPE_OF(Type, Value)                  \
-  template <>                                             \
-  struct DataTypeOf<Type> {                               \
-    static constexpr DataType value = DataType::Value;    \
+#define NCCLKIT_DATATYPE_OF(Type, Value)               \
+  template <>                                          \
+  struct DataTypeOf<Type> {                            \
+    static constexpr DataType value = DataType::Value; \
   }
 NCCLKIT_DATATYPE_OF(std::int8_t, kInt8);
 NCCLKIT_DATATYPE_OF(std::uint8_t, kUint8);
@@ -100,16 +114,26 @@ inline constexpr DataType data_type_v = DataTypeOf<T>::value;
 template <class Visitor>
 decltype(auto) visit_data_type(DataType type, Visitor&& visit) {
   switch (type) {
-    case DataType::kInt8: return visit.template operator()<std::int8_t>();
-    case DataType::kUint8: return visit.template operator()<std::uint8_t>();
-    case DataType::kInt32: return visit.template operator()<std::int32_t>();
-    case DataType::kUint32: return visit.template operator()<std::uint32_t>();
-    case DataType::kInt64: return visit.template operator()<std::int64_t>();
-    case DataType::kUint64: return visit.template operator()<std::uint64_t>();
-    case DataType::kFloat16: return visit.template operator()<Half>();
-    case DataType::kBFloat16: return visit.template operator()<BFloat16>();
-    case DataType::kFloat32: return visit.template operator()<float>();
-    case DataType::kFloat64: return visit.template operator()<double>();
+    case DataType::kInt8:
+      return visit.template operator()<std::int8_t>();
+    case DataType::kUint8:
+      return visit.template operator()<std::uint8_t>();
+    case DataType::kInt32:
+      return visit.template operator()<std::int32_t>();
+    case DataType::kUint32:
+      return visit.template operator()<std::uint32_t>();
+    case DataType::kInt64:
+      return visit.template operator()<std::int64_t>();
+    case DataType::kUint64:
+      return visit.template operator()<std::uint64_t>();
+    case DataType::kFloat16:
+      return visit.template operator()<Half>();
+    case DataType::kBFloat16:
+      return visit.template operator()<BFloat16>();
+    case DataType::kFloat32:
+      return visit.template operator()<float>();
+    case DataType::kFloat64:
+      return visit.template operator()<double>();
   }
   throw ConfigError("ncclkit: unknown data type " + std::to_string(static_cast<int>(type)));
 }
@@ -120,11 +144,16 @@ enum class ReduceOp : int { kSum, kProd, kMin, kMax, kAvg };
 /// The name nccl-tests prints for the op.
 constexpr std::string_view name_of(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kProd: return "prod";
-    case ReduceOp::kMin: return "min";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kProd:
+      return "prod";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kAvg:
+      return "avg";
   }
   return "unknown";
 }

@@ -67,7 +67,8 @@ inline std::optional<std::chrono::milliseconds> parse_timeout_seconds(std::strin
   const std::string number(text);
   char* end = nullptr;
   const double seconds = std::strtod(number.c_str(), &end);
-  if (end == number.c_str() || end != number.c_str() + number.size() || !(seconds > 0) || seconds > kMaxTimeoutSeconds) {
+  if (end == number.c_str() || end != number.c_str() + number.size() || !(seconds > 0) ||
+      seconds > kMaxTimeoutSeconds) {
     return std::nullopt;
   }
   return std::chrono::milliseconds(std::max<std::int64_t>(1, std::llround(seconds * 1000.0)));

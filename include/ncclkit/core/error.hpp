@@ -6,7 +6,8 @@
 /// stops here with one message instead of hundreds of errors about std::span and std::bit_cast.
 
 #if __cplusplus < 202002L && !(defined(_MSVC_LANG) && _MSVC_LANG >= 202002L)
-#error "ncclkit needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike). In CMake, link ncclkit::ncclkit (it asks for C++20, for CUDA sources too) and do not set CMAKE_CXX_STANDARD or CMAKE_CUDA_STANDARD below 20."
+#error \
+    "ncclkit needs C++20: compile with -std=c++20 (g++, clang++ and nvcc alike). In CMake, link ncclkit::ncclkit (it asks for C++20, for CUDA sources too) and do not set CMAKE_CXX_STANDARD or CMAKE_CUDA_STANDARD below 20."
 // A missing header is a fatal error: the compiler stops after the message above.
 #include <ncclkit-stops-here-it-needs-c++20>
 #endif

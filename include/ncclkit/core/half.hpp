@@ -33,8 +33,8 @@ struct Half {
       return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
     }
     if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
-    if (abs < 0x38800000u) {  // subnormal half (or zero)
-      if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);  // below half of min subnormal
+    if (abs < 0x38800000u) {                                                    // subnormal half (or zero)
+      if (abs < 0x33000000u) return static_cast<std::uint16_t>(sign);           // below half of min subnormal
       std::uint32_t exponent = abs >> 23;
       std::uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
       std::uint32_t shift = 126u - exponent;  // 14 - (exponent - 127) + 13 ... into 10-bit field

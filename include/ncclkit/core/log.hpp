@@ -51,10 +51,10 @@ inline void log(LogLevel level, std::string_view message) {
   static constexpr const char* kNames[] = {"error", "warn", "info", "debug"};
   char prefix[64];
   int rank = detail::log_rank_slot().load(std::memory_order_relaxed);
-  int n = rank >= 0 ? std::snprintf(prefix, sizeof prefix, "[ncclkit rank %d %s] ", rank,
-                                    kNames[static_cast<int>(level)])
-                    : std::snprintf(prefix, sizeof prefix, "[ncclkit pid %d %s] ",
-                                    static_cast<int>(::getpid()), kNames[static_cast<int>(level)]);
+  int n = rank >= 0
+              ? std::snprintf(prefix, sizeof prefix, "[ncclkit rank %d %s] ", rank, kNames[static_cast<int>(level)])
+              : std::snprintf(prefix, sizeof prefix, "[ncclkit pid %d %s] ", static_cast<int>(::getpid()),
+                              kNames[static_cast<int>(level)]);
   std::string line(prefix, static_cast<std::size_t>(n));
   line.append(message);
   line.push_back('\n');

@@ -7,12 +7,12 @@
 ///
 /// Host code only: C++20.
 
-#include <algorithm>  // std::min
-#include <chrono>     // std::chrono
-#include <cstdint>    // std::uint64_t
-#include <functional> // std::hash (jitter seed)
-#include <random>     // std::minstd_rand (jitter)
-#include <thread>     // std::this_thread::sleep_for, std::this_thread::get_id
+#include <algorithm>   // std::min
+#include <chrono>      // std::chrono
+#include <cstdint>     // std::uint64_t
+#include <functional>  // std::hash (jitter seed)
+#include <random>      // std::minstd_rand (jitter)
+#include <thread>      // std::this_thread::sleep_for, std::this_thread::get_id
 
 namespace ncclkit::detail {
 
@@ -39,8 +39,9 @@ class Backoff {
     if (now >= deadline) return;
     auto interval = std::chrono::duration_cast<Clock::duration>(next_);
     if (policy_.jitter) {
-      thread_local std::minstd_rand random(static_cast<unsigned>(
-          static_cast<std::uint64_t>(now.time_since_epoch().count()) ^ std::hash<std::thread::id>{}(std::this_thread::get_id())));
+      thread_local std::minstd_rand random(
+          static_cast<unsigned>(static_cast<std::uint64_t>(now.time_since_epoch().count()) ^
+                                std::hash<std::thread::id>{}(std::this_thread::get_id())));
       interval = interval / 2 + interval * static_cast<long>(random() % 1024) / 1024;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(interval, deadline - now));

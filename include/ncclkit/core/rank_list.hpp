@@ -3,7 +3,7 @@
 
 #include <cstddef>  // std::size_t
 #include <string>   // std::string
-#include <vector>  // std::vector
+#include <vector>   // std::vector
 
 namespace ncclkit::detail {
 

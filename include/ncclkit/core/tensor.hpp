@@ -1,7 +1,7 @@
 #pragma once
 /// Non-owning views of typed buffers, as collectives and fused buffers see them.
 
-#include <cstddef>  // std::size_t
+#include <cstddef>      // std::size_t
 #include <span>         // std::span
 #include <type_traits>  // std::remove_const_t
 

@@ -10,17 +10,17 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
-#include <algorithm>    // std::sort, std::lower_bound
-#include <array>        // std::array
-#include <cstddef>      // std::byte, std::size_t
-#include <cstdint>      // std::uint32_t, std::uint64_t
-#include <cstdio>       // std::snprintf
-#include <limits>       // std::numeric_limits
-#include <optional>     // std::optional
-#include <span>         // std::span
-#include <string>       // std::string, std::to_string
-#include <utility>      // std::move
-#include <vector>       // std::vector
+#include <algorithm>  // std::sort, std::lower_bound
+#include <array>      // std::array
+#include <cstddef>    // std::byte, std::size_t
+#include <cstdint>    // std::uint32_t, std::uint64_t
+#include <cstdio>     // std::snprintf
+#include <limits>     // std::numeric_limits
+#include <optional>   // std::optional
+#include <span>       // std::span
+#include <string>     // std::string, std::to_string
+#include <utility>    // std::move
+#include <vector>     // std::vector
 
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
@@ -234,8 +234,8 @@ inline BucketPlan BucketPlan::parse(std::span<const std::byte> bytes, const Fuse
                                   " this build reads; every rank must run the same ncclkit");
   }
   if (const auto alignment = in.u64("alignment"); alignment != layout.alignment()) {
-    throw in.error("alignment", "the plan aligns tensors at " + std::to_string(alignment) +
-                                    " bytes, this layout at " + std::to_string(layout.alignment()) +
+    throw in.error("alignment", "the plan aligns tensors at " + std::to_string(alignment) + " bytes, this layout at " +
+                                    std::to_string(layout.alignment()) +
                                     "; finalize every rank's layout with the same LayoutOptions");
   }
   const std::uint32_t tensor_count = in.u32("tensor count");
@@ -251,10 +251,10 @@ inline BucketPlan BucketPlan::parse(std::span<const std::byte> bytes, const Fuse
     const Slot slot{i};
     if (name != layout.name(slot) || type != static_cast<std::uint8_t>(layout.dtype(slot)) ||
         count != layout.count(slot)) {
-      const std::string theirs = "\"" + name + "\" (" +
-                                 (type < kDataTypeCount ? std::string(name_of(static_cast<DataType>(type)))
-                                                        : "type " + std::to_string(type)) +
-                                 ", " + std::to_string(count) + " elements)";
+      const std::string theirs =
+          "\"" + name + "\" (" +
+          (type < kDataTypeCount ? std::string(name_of(static_cast<DataType>(type))) : "type " + std::to_string(type)) +
+          ", " + std::to_string(count) + " elements)";
       const std::string ours = "\"" + layout.name(slot) + "\" (" + std::string(name_of(layout.dtype(slot))) + ", " +
                                std::to_string(layout.count(slot)) + " elements)";
       throw in.error(field, "the plan has " + theirs + " where this layout has " + ours +
@@ -266,7 +266,7 @@ inline BucketPlan BucketPlan::parse(std::span<const std::byte> bytes, const Fuse
   // Each bucket takes 17 bytes: a count larger than the bytes left is malformed, not a reason
   // to reserve gigabytes.
   if (bucket_count > in.remaining() / 17) throw in.error("bucket count", "more buckets than the bytes hold");
-  std::array<std::size_t, kDataTypeCount> next_begin{};    // where the next bucket of a type starts
+  std::array<std::size_t, kDataTypeCount> next_begin{};     // where the next bucket of a type starts
   std::array<std::size_t, kDataTypeCount> next_position{};  // index into layout.order(type)
   for (std::uint32_t b = 0; b < bucket_count; ++b) {
     const std::string field = "bucket " + std::to_string(b);
@@ -276,8 +276,8 @@ inline BucketPlan BucketPlan::parse(std::span<const std::byte> bytes, const Fuse
     if (type_code >= kDataTypeCount) throw in.error(field, "element type " + std::to_string(type_code) + " is unknown");
     const auto type = static_cast<DataType>(type_code);
     const std::size_t t = type_code;
-    const std::string range = std::string(name_of(type)) + " bytes [" + std::to_string(begin) + ", " +
-                              std::to_string(end) + ")";
+    const std::string range =
+        std::string(name_of(type)) + " bytes [" + std::to_string(begin) + ", " + std::to_string(end) + ")";
     if (begin != next_begin[t]) {
       throw in.error(field, range + " does not start where the previous " + std::string(name_of(type)) +
                                 " bucket ended (" + std::to_string(next_begin[t]) + ")");

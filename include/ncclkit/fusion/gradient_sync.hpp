@@ -250,7 +250,8 @@ class GradientSync {
         listed += ", ...";
         break;
       }
-      listed += (listed.empty() ? "rank " : ", rank ") + std::to_string(r) + " " + hex(all[static_cast<std::size_t>(r)]);
+      listed +=
+          (listed.empty() ? "rank " : ", rank ") + std::to_string(r) + " " + hex(all[static_cast<std::size_t>(r)]);
     }
     throw ConfigError("ncclkit: GradientSync on rank " + std::to_string(backend_->rank()) +
                       ": the ranks hold different bucket plans (fingerprints: " + listed +
@@ -266,7 +267,7 @@ class GradientSync {
   Stream comm_;
   Event done_event_;                 // recorded on the comm stream after a step's last bucket
   std::vector<Event> ready_events_;  // per bucket; a launch of several buckets uses its first's
-  detail::Allocation<B> zeros_;  // kZeroBytes of zeros, for MissingTensors::kReduceAsZeros
+  detail::Allocation<B> zeros_;      // kZeroBytes of zeros, for MissingTensors::kReduceAsZeros
   GradientSyncStats stats_;
   std::vector<std::uint32_t> initial_pending_;  // non-empty tensors per bucket
   std::vector<std::uint32_t> pending_;          // of those, not marked yet this step

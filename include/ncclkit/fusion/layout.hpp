@@ -146,9 +146,7 @@ class FusedLayout {
   std::size_t alignment() const { return alignment_; }
   /// The alignment of offsets in an allocation of `dtype`: the layout's, or the element size
   /// where that is larger.
-  std::size_t alignment_of(DataType dtype) const {
-    return alignment_ > size_of(dtype) ? alignment_ : size_of(dtype);
-  }
+  std::size_t alignment_of(DataType dtype) const { return alignment_ > size_of(dtype) ? alignment_ : size_of(dtype); }
 
   /// The slot of the tensor called `name`, if one is registered.
   std::optional<Slot> find(std::string_view name) const {

@@ -138,7 +138,8 @@ class ReadyTracker {
   /// mark them and call finish again, or reset()); kReduceAsZeros returns them and the buckets
   /// still to launch. ConfigError when called twice in a step.
   FinishResult finish() {
-    if (finished_) throw ConfigError("ncclkit: ReadyTracker::finish: called twice; call reset() to start the next step");
+    if (finished_)
+      throw ConfigError("ncclkit: ReadyTracker::finish: called twice; call reset() to start the next step");
     FinishResult result{BucketRange{launched_, launched_}, {}};
     for (std::uint32_t i = 0; i < marked_.size(); ++i) {
       if (!marked_[i] && plan_.count(Slot{i}) != 0) result.zeroed.push_back(Slot{i});
@@ -147,8 +148,8 @@ class ReadyTracker {
       std::string names;
       for (Slot s : result.zeroed) names += (names.empty() ? "\"" : ", \"") + plan_.name(s) + "\"";
       throw ConfigError("ncclkit: ReadyTracker::finish: " + std::to_string(result.zeroed.size()) + " of " +
-                        std::to_string(plan_.tensor_count()) + " tensors were never marked ready this step: " +
-                        names + ". Mark every tensor whose gradient the step produced, or set "
+                        std::to_string(plan_.tensor_count()) + " tensors were never marked ready this step: " + names +
+                        ". Mark every tensor whose gradient the step produced, or set "
                         "ReadyTrackerOptions::missing = MissingTensors::kReduceAsZeros to reduce them as zeros");
     }
     const std::size_t first = launched_;

@@ -76,8 +76,7 @@ struct QueueState {
 class Event {
  public:
   Event() = default;
-  Event(std::shared_ptr<detail::QueueState> state, std::uint64_t ticket)
-      : state_(std::move(state)), ticket_(ticket) {}
+  Event(std::shared_ptr<detail::QueueState> state, std::uint64_t ticket) : state_(std::move(state)), ticket_(ticket) {}
 
   /// Whether the work has finished (successfully or not). Never blocks, never throws.
   bool query() const {
@@ -167,10 +166,10 @@ class CommQueue {
         if (cancelled > 0) {
           const std::uint64_t first = tasks_.front().first;
           tasks_.clear();
-          fail_locked(first, std::make_exception_ptr(CommError(
-                                 "gloo communicator '" + name_ +
-                                 "': work queued on the comm stream was cancelled because the "
-                                 "communicator was destroyed before it ran")));
+          fail_locked(first,
+                      std::make_exception_ptr(CommError("gloo communicator '" + name_ +
+                                                        "': work queued on the comm stream was cancelled because the "
+                                                        "communicator was destroyed before it ran")));
           // Cancelled tickets complete now, or right after the task that is running.
           if (running_ == 0) {
             state_->completed = state_->submitted;

@@ -286,7 +286,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
       if (out.count != in.count * static_cast<std::size_t>(s.size)) {
         detail::mismatch(s, "all_gather", "out.count == in.count * size()", in.count, out.count);
       }
-      if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) detail::overlap_error(s, "all_gather");
+      if (!in_place && detail::overlaps(in.data, in.bytes(), out.data, out.bytes()))
+        detail::overlap_error(s, "all_gather");
     });
     auto op_info = info("all_gather", out.count, out.dtype, "");
     op_info.fingerprint = CollectiveFingerprint::of("all_gather", in.count, in.dtype);
@@ -362,11 +363,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
       detail::check_views(s, kOp, in, out);
       if (in.count != out.count) detail::mismatch(s, kOp, "in.count == out.count", in.count, out.count);
       if (in.count % static_cast<std::size_t>(s.size) != 0) {
-        throw ConfigError(s.who() + ": " + kOp + " in.count " + std::to_string(in.count) + " is not a multiple of size() " +
-                          std::to_string(s.size));
+        throw ConfigError(s.who() + ": " + kOp + " in.count " + std::to_string(in.count) +
+                          " is not a multiple of size() " + std::to_string(s.size));
       }
       if (detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) {
-        throw ConfigError(s.who() + ": " + kOp + " input and output overlap; all_to_all is out of place only: pass "
+        throw ConfigError(s.who() + ": " + kOp +
+                          " input and output overlap; all_to_all is out of place only: pass "
                           "separate buffers");
       }
     });
@@ -469,8 +471,10 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 
   /// Host memory aligned to 64 bytes (a cache line, and any vector width). Never null; free
   /// with deallocate().
-  void* allocate(std::size_t bytes) { return ::operator new(std::max<std::size_t>(bytes, 1), std::align_val_t{kAlignment}); }
-  void deallocate(void* pointer) { ::operator delete(pointer, std::align_val_t{kAlignment}); }
+  void* allocate(std::size_t bytes) {
+    return ::operator new (std::max<std::size_t>(bytes, 1), std::align_val_t{kAlignment});
+  }
+  void deallocate(void* pointer) { ::operator delete (pointer, std::align_val_t{kAlignment}); }
 
   /// memcpy(to, from, bytes) on `stream`. The ranges must not overlap.
   void copy(void* to, const void* from, std::size_t bytes, Stream stream = {}) {
@@ -502,7 +506,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 
   /// Numbers a collective and describes it for messages. `checked`: every rank takes part, so
   /// the argument check (Options::check_collectives) compares it; false for send and recv.
-  detail::OpInfo info(const char* name, std::size_t count, DataType type, std::string detail_text, bool checked = true) {
+  detail::OpInfo info(const char* name, std::size_t count, DataType type, std::string detail_text,
+                      bool checked = true) {
     auto& s = state();
     s.check_usable(name);
     detail::OpInfo op;

@@ -25,7 +25,7 @@ struct Options {
   std::chrono::milliseconds timeout = default_comm_timeout();
   /// Network interface whose address this rank binds and advertises ("eth0", "lo"). Empty:
   /// NCCLKIT_GLOO_SOCKET_IFNAME if set, else `hostname` is used.
-  std::string interface{};
+  std::string interface {};
   /// Host name or IP address to bind and advertise when no interface is given. Empty:
   /// NCCLKIT_GLOO_HOSTNAME if set, else this machine's host name (which must resolve to an
   /// address the peers can reach).

@@ -167,9 +167,7 @@ inline bool cpu_has_avx2_f16c() {
 }  // namespace detail
 
 /// Whether this CPU can run `isa`'s copy of the loops.
-inline bool isa_supported(KernelIsa isa) {
-  return isa == KernelIsa::kGeneric || detail::cpu_has_avx2_f16c();
-}
+inline bool isa_supported(KernelIsa isa) { return isa == KernelIsa::kGeneric || detail::cpu_has_avx2_f16c(); }
 
 /// The copy used by default: AVX2+F16C where the CPU has both, else generic.
 /// `NCCLKIT_GLOO_ISA=generic` (or `avx2`) overrides. Decided once per process.
@@ -189,9 +187,7 @@ inline KernelIsa default_isa() {
 }
 
 /// "generic" or "avx2+f16c".
-inline std::string_view name_of(KernelIsa isa) {
-  return isa == KernelIsa::kAvx2F16c ? "avx2+f16c" : "generic";
-}
+inline std::string_view name_of(KernelIsa isa) { return isa == KernelIsa::kAvx2F16c ? "avx2+f16c" : "generic"; }
 
 /// The element-wise reduction for `type` and `op`. kAvg reduces as kSum: the average's
 /// division happens once, outside the callback. Precondition: `isa_supported(isa)`.

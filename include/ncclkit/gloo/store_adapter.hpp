@@ -34,8 +34,7 @@ class StoreAdapter final : public ::gloo::rendezvous::Store {
   }
 
   void set(const std::string& key, const std::vector<char>& data) override {
-    store_->set(key, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(data.data()),
-                                                   data.size()));
+    store_->set(key, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(data.data()), data.size()));
   }
 
   std::vector<char> get(const std::string& key) override {

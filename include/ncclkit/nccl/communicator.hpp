@@ -271,8 +271,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     if (rank() == root) call.pair(in, out, in.count, "in.count == out.count on the root");
     check_collective(call, CollectiveFingerprint::of(kOp, in.count, in.dtype).with_op(op).with_root(root));
     issue(call, in.bytes(), [&](ncclComm_t comm, cudaStream_t s) {
-      return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.count, to_nccl(in.dtype), to_nccl(op),
-                        root, comm, s);
+      return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.count, to_nccl(in.dtype), to_nccl(op), root,
+                        comm, s);
     });
   }
 
@@ -291,19 +291,18 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// all_gather with a different count per rank: rank r contributes counts[r] elements, which
   /// land at offset counts[0] + ... + counts[r-1] of `out`. `counts` must be the same on every
   /// rank. One grouped broadcast per rank with a non-empty slice.
-  void all_gather_uneven(TensorView in, TensorView out, std::span<const std::size_t> counts,
-                         StreamArg stream = {}) {
+  void all_gather_uneven(TensorView in, TensorView out, std::span<const std::size_t> counts, StreamArg stream = {}) {
     static constexpr const char* kOp = "all_gather_uneven";
     const detail::CheckedCall call(core(), kOp, stream);
     if (counts.size() != static_cast<std::size_t>(size())) {
-      call.misuse("counts has " + std::to_string(counts.size()) + " entries, one per rank (" +
-                      std::to_string(size()) + ") needed");
+      call.misuse("counts has " + std::to_string(counts.size()) + " entries, one per rank (" + std::to_string(size()) +
+                  ") needed");
     }
     std::size_t total = 0;
     for (std::size_t c : counts) total += c;
     if (in.count != counts[static_cast<std::size_t>(rank())]) {
       call.misuse("in.count is " + std::to_string(in.count) + " but counts[" + std::to_string(rank()) + "] is " +
-                      std::to_string(counts[static_cast<std::size_t>(rank())]));
+                  std::to_string(counts[static_cast<std::size_t>(rank())]));
     }
     call.pair(in, out, total, "out.count == sum of counts");
     const ncclDataType_t type = to_nccl(out.dtype);
@@ -349,7 +348,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     if (in.count % static_cast<std::size_t>(size()) != 0) {
       call.misuse("in.count " + std::to_string(in.count) + " is not a multiple of size() " + std::to_string(size()));
     }
-    if (in.count != 0 && in.data == out.data) call.misuse("in and out are the same buffer; all_to_all is out of place only");
+    if (in.count != 0 && in.data == out.data)
+      call.misuse("in and out are the same buffer; all_to_all is out of place only");
     const std::size_t per_peer = in.count / static_cast<std::size_t>(size());
     const ncclDataType_t type = to_nccl(in.dtype);
     check_collective(call, CollectiveFingerprint::of(kOp, in.count, in.dtype));
@@ -371,7 +371,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     const detail::CheckedCall call(core(), kOp, stream);
     call.root(root);
     call.buffer("input", in);
-    if (rank() == root) call.pair(in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size() on the root");
+    if (rank() == root)
+      call.pair(in, out, in.count * static_cast<std::size_t>(size()), "out.count == in.count * size() on the root");
     const ncclDataType_t type = to_nccl(in.dtype);
     void* receive = rank() == root ? out.data : nullptr;
     check_collective(call, CollectiveFingerprint::of(kOp, in.count, in.dtype).with_root(root));
@@ -401,7 +402,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     const detail::CheckedCall call(core(), kOp, stream);
     call.root(root);
     call.buffer("output", out);
-    if (rank() == root) call.pair(out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size() on the root");
+    if (rank() == root)
+      call.pair(out, in, out.count * static_cast<std::size_t>(size()), "in.count == out.count * size() on the root");
     const ncclDataType_t type = to_nccl(out.dtype);
     const void* send = rank() == root ? in.data : nullptr;
     check_collective(call, CollectiveFingerprint::of(kOp, out.count, out.dtype).with_root(root));
@@ -455,8 +457,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     static constexpr const char* kOp = "barrier";
     const detail::CheckedCall call(core(), kOp, stream);
     if (detail::group_state().depth > 0) {
-      call.misuse("called inside an open GroupGuard, where nothing is launched until the group ends, so it "
-                  "cannot wait for the other ranks; call it after the group's end");
+      call.misuse(
+          "called inside an open GroupGuard, where nothing is launched until the group ends, so it "
+          "cannot wait for the other ranks; call it after the group's end");
     }
     if (call.stream().capturing) call.refuse_capture();
     check_collective(call, CollectiveFingerprint::of(kOp));
@@ -494,8 +497,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
       throw ConfigError("ncclkit copy on " + core().who() + ": null pointer with " + std::to_string(bytes) + " bytes");
     }
     DeviceGuard guard(core().device);  // the stream is this GPU's, which may not be current
-    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice,
-                                       stream.resolve(core().default_stream)));
+    NCCLKIT_CUDA_CHECK(
+        cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream.resolve(core().default_stream)));
   }
   /// out[i] *= factor, computed in out's type (floats in float, doubles in double, integers
   /// rounded to nearest and saturated).
@@ -504,8 +507,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     call.buffer("buffer", out);
     auto launcher = detail::scale_launcher();
     if (launcher == nullptr) {
-      throw ConfigError("scale needs ncclkit's CUDA kernels: include ncclkit/nccl/communicator.hpp (or "
-                        "ncclkit/nccl/kernels.cuh) in at least one file compiled by nvcc");
+      throw ConfigError(
+          "scale needs ncclkit's CUDA kernels: include ncclkit/nccl/communicator.hpp (or "
+          "ncclkit/nccl/kernels.cuh) in at least one file compiled by nvcc");
     }
     DeviceGuard guard(core().device);  // kernels launch on the current device's streams only
     launcher(out.data, out.count, out.dtype, factor, call.stream().stream);
@@ -576,8 +580,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
 #if !NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
   template <class SendAt, class ReceiveAt>
-  ncclResult_t grouped_exchange(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, std::size_t count,
-                                SendAt send_at, ReceiveAt receive_at) {
+  ncclResult_t grouped_exchange(ncclComm_t comm, cudaStream_t s, ncclDataType_t type, std::size_t count, SendAt send_at,
+                                ReceiveAt receive_at) {
     ncclResult_t status = ncclGroupStart();
     if (status != ncclSuccess) return status;
     if (count != 0) {

@@ -18,9 +18,7 @@ namespace ncclkit::nccl {
 
 namespace detail {
 
-inline std::string where_text(const char* file, int line) {
-  return std::string(file) + ":" + std::to_string(line);
-}
+inline std::string where_text(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
 
 }  // namespace detail
 
@@ -32,10 +30,9 @@ inline std::string describe_cuda_error(cudaError_t status) {
 /// "ncclInvalidArgument (invalid argument (run with NCCL_DEBUG=WARN for details))", plus NCCL's
 /// last error text for `comm` when it has one.
 inline std::string describe_nccl_error(ncclResult_t status, ncclComm_t comm = nullptr) {
-  static constexpr const char* kNames[] = {"ncclSuccess",        "ncclUnhandledCudaError",
-                                           "ncclSystemError",    "ncclInternalError",
-                                           "ncclInvalidArgument", "ncclInvalidUsage",
-                                           "ncclRemoteError",    "ncclInProgress"};
+  static constexpr const char* kNames[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                                           "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                                           "ncclRemoteError",   "ncclInProgress"};
   std::string text = static_cast<int>(status) >= 0 && static_cast<int>(status) < 8
                          ? kNames[static_cast<int>(status)]
                          : "ncclResult " + std::to_string(static_cast<int>(status));
@@ -65,24 +62,22 @@ inline void check_nccl(ncclResult_t status, std::string_view what, ncclComm_t co
 
 /// Checks a CUDA runtime call: throws ncclkit::CudaError naming the expression and its place.
 /// The message is built only on failure, so the check costs one comparison on success.
-#define NCCLKIT_CUDA_CHECK(expr)                                                             \
-  do {                                                                                       \
-    const cudaError_t ncclkit_status_ = (expr);                                              \
-    if (ncclkit_status_ != cudaSuccess) {                                                    \
-      ::ncclkit::nccl::check_cuda(ncclkit_status_,                                           \
-                                  std::string(#expr " at ") +                                \
-                                      ::ncclkit::nccl::detail::where_text(__FILE__, __LINE__)); \
-    }                                                                                        \
+#define NCCLKIT_CUDA_CHECK(expr)                                                                                 \
+  do {                                                                                                           \
+    const cudaError_t ncclkit_status_ = (expr);                                                                  \
+    if (ncclkit_status_ != cudaSuccess) {                                                                        \
+      ::ncclkit::nccl::check_cuda(                                                                               \
+          ncclkit_status_, std::string(#expr " at ") + ::ncclkit::nccl::detail::where_text(__FILE__, __LINE__)); \
+    }                                                                                                            \
   } while (0)
 
 /// Checks an NCCL call: throws ncclkit::NcclError naming the expression and its place.
 /// ncclInProgress passes (see check_nccl).
-#define NCCLKIT_NCCL_CHECK(expr)                                                             \
-  do {                                                                                       \
-    const ncclResult_t ncclkit_status_ = (expr);                                             \
-    if (ncclkit_status_ != ncclSuccess) {                                                    \
-      ::ncclkit::nccl::check_nccl(ncclkit_status_,                                           \
-                                  std::string(#expr " at ") +                                \
-                                      ::ncclkit::nccl::detail::where_text(__FILE__, __LINE__)); \
-    }                                                                                        \
+#define NCCLKIT_NCCL_CHECK(expr)                                                                                 \
+  do {                                                                                                           \
+    const ncclResult_t ncclkit_status_ = (expr);                                                                 \
+    if (ncclkit_status_ != ncclSuccess) {                                                                        \
+      ::ncclkit::nccl::check_nccl(                                                                               \
+          ncclkit_status_, std::string(#expr " at ") + ::ncclkit::nccl::detail::where_text(__FILE__, __LINE__)); \
+    }                                                                                                            \
   } while (0)

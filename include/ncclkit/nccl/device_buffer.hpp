@@ -33,19 +33,15 @@ class DeviceBuffer {
     cudaError_t status = cudaMalloc(&pointer, count * sizeof(T));
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
-      throw CudaError("cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes on GPU " +
-                      std::to_string(device) + " failed: " + describe_cuda_error(status) +
-                      (status == cudaErrorMemoryAllocation
-                           ? "; free memory on that GPU or use smaller buffers"
-                           : ""));
+      throw CudaError("cudaMalloc of " + std::to_string(count * sizeof(T)) + " bytes on GPU " + std::to_string(device) +
+                      " failed: " + describe_cuda_error(status) +
+                      (status == cudaErrorMemoryAllocation ? "; free memory on that GPU or use smaller buffers" : ""));
     }
     data_ = static_cast<T*>(pointer);
   }
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)),
-        count_(std::exchange(other.count_, 0)),
-        device_(other.device_) {}
+      : data_(std::exchange(other.data_, nullptr)), count_(std::exchange(other.count_, 0)), device_(other.device_) {}
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     if (this != &other) {
       reset();

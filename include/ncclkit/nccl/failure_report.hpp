@@ -20,7 +20,7 @@ namespace ncclkit::nccl {
 /// One rank's progress, as published to the store by its watchdog.
 struct PeerProgress {
   int rank = 0;
-  bool known = false;        ///< false: nothing published, or the store did not answer
+  bool known = false;           ///< false: nothing published, or the store did not answer
   std::uint64_t issued = 0;     ///< sequence number of the last collective issued
   std::uint64_t completed = 0;  ///< every collective up to this one has completed
   bool failed = false;          ///< that rank's communicator had failed when it published
@@ -28,24 +28,24 @@ struct PeerProgress {
 
 /// What the watchdog recorded when the communicator failed.
 struct FailureReport {
-  std::string name;       ///< the communicator's name (Options::name)
+  std::string name;  ///< the communicator's name (Options::name)
   int rank = 0;
   int world = 1;
   int device = 0;
-  std::string reason;     ///< what was detected, in words
+  std::string reason;          ///< what was detected, in words
   bool has_operation = false;  ///< whether a collective was in flight (the fields below)
-  std::string operation;  ///< e.g. "all_reduce", "broadcast (+3 more in one group)"
-  std::uint64_t seq = 0;  ///< its sequence number (the first, for a group or a burst)
+  std::string operation;       ///< e.g. "all_reduce", "broadcast (+3 more in one group)"
+  std::uint64_t seq = 0;       ///< its sequence number (the first, for a group or a burst)
   /// The last collective of the record in flight when it covers several (a group, or single
   /// collectives issued back to back on one stream, which share a completion event): one of
   /// seq..last_seq did not complete, which one is not known. 0: seq alone.
   std::uint64_t last_seq = 0;
-  std::size_t bytes = 0;  ///< bytes it moves (this rank's output, or its input when larger)
-  double waited_s = 0;    ///< how long it had been in flight when the failure was detected
-  std::uint64_t issued = 0;     ///< this rank's last issued sequence number
-  std::uint64_t completed = 0;  ///< this rank's last completed sequence number
-  bool aborted = false;   ///< ncclCommAbort was called
-  double abort_s = 0;     ///< how long ncclCommAbort took
+  std::size_t bytes = 0;            ///< bytes it moves (this rank's output, or its input when larger)
+  double waited_s = 0;              ///< how long it had been in flight when the failure was detected
+  std::uint64_t issued = 0;         ///< this rank's last issued sequence number
+  std::uint64_t completed = 0;      ///< this rank's last completed sequence number
+  bool aborted = false;             ///< ncclCommAbort was called
+  double abort_s = 0;               ///< how long ncclCommAbort took
   std::vector<PeerProgress> peers;  ///< every rank's progress (empty without a store)
   std::string peers_note;           ///< why peers are missing or incomplete, if they are
 
@@ -77,8 +77,8 @@ struct FailureReport {
     std::string text = ncclkit::detail::communicator_label("nccl", name, rank, world, "GPU " + std::to_string(device)) +
                        " failed: " + reason;
     if (has_operation) {
-      text += "\n  in flight: " + operation + " seq " + std::to_string(seq) + ", " + format_bytes(bytes) +
-              ", waited " + format_seconds(waited_s);
+      text += "\n  in flight: " + operation + " seq " + std::to_string(seq) + ", " + format_bytes(bytes) + ", waited " +
+              format_seconds(waited_s);
     } else {
       text += "\n  no collective was in flight";
     }
@@ -106,9 +106,10 @@ struct FailureReport {
       }
     }
     if (!peers_note.empty()) text += "\n  " + peers_note;
-    text += "\n  what to do: look at the log of any rank shown behind or unknown (did it crash, "
-            "stop, or skip a collective?); if the work is legitimately slow, raise the timeout "
-            "(Options::timeout or NCCLKIT_TIMEOUT); this communicator is unusable, create a new one";
+    text +=
+        "\n  what to do: look at the log of any rank shown behind or unknown (did it crash, "
+        "stop, or skip a collective?); if the work is legitimately slow, raise the timeout "
+        "(Options::timeout or NCCLKIT_TIMEOUT); this communicator is unusable, create a new one";
     return text;
   }
 

@@ -130,15 +130,16 @@ class GroupGuard {
       for (auto* member : members) {
         ncclResult_t state = ncclSuccess;
         try {
-          state = detail::wait_while_in_progress(
-              *member, detail::Clock::now() + member->options.timeout, "ncclGroupEnd");
+          state =
+              detail::wait_while_in_progress(*member, detail::Clock::now() + member->options.timeout, "ncclGroupEnd");
         } catch (const TimeoutError& e) {
           state = ncclRemoteError;
           if (failure.empty()) failure = e.what();
         }
         if (state != ncclSuccess && failed_member == nullptr) {
           failed_member = member;
-          if (failure.empty()) failure = "ncclGroupEnd left " + member->who() + " in error " + describe_nccl_error(state);
+          if (failure.empty())
+            failure = "ncclGroupEnd left " + member->who() + " in error " + describe_nccl_error(state);
         }
       }
     } else if (status == ncclInvalidArgument || status == ncclInvalidUsage) {

@@ -97,16 +97,26 @@ void launch_scale_typed(void* data, std::size_t count, double factor, cudaStream
 inline void launch_scale(void* data, std::size_t count, DataType type, double factor, cudaStream_t stream) {
   if (count == 0) return;
   switch (type) {
-    case DataType::kInt8: return launch_scale_typed<std::int8_t>(data, count, factor, stream);
-    case DataType::kUint8: return launch_scale_typed<std::uint8_t>(data, count, factor, stream);
-    case DataType::kInt32: return launch_scale_typed<std::int32_t>(data, count, factor, stream);
-    case DataType::kUint32: return launch_scale_typed<std::uint32_t>(data, count, factor, stream);
-    case DataType::kInt64: return launch_scale_typed<std::int64_t>(data, count, factor, stream);
-    case DataType::kUint64: return launch_scale_typed<std::uint64_t>(data, count, factor, stream);
-    case DataType::kFloat16: return launch_scale_typed<__half>(data, count, factor, stream);
-    case DataType::kBFloat16: return launch_scale_typed<__nv_bfloat16>(data, count, factor, stream);
-    case DataType::kFloat32: return launch_scale_typed<float>(data, count, factor, stream);
-    case DataType::kFloat64: return launch_scale_typed<double>(data, count, factor, stream);
+    case DataType::kInt8:
+      return launch_scale_typed<std::int8_t>(data, count, factor, stream);
+    case DataType::kUint8:
+      return launch_scale_typed<std::uint8_t>(data, count, factor, stream);
+    case DataType::kInt32:
+      return launch_scale_typed<std::int32_t>(data, count, factor, stream);
+    case DataType::kUint32:
+      return launch_scale_typed<std::uint32_t>(data, count, factor, stream);
+    case DataType::kInt64:
+      return launch_scale_typed<std::int64_t>(data, count, factor, stream);
+    case DataType::kUint64:
+      return launch_scale_typed<std::uint64_t>(data, count, factor, stream);
+    case DataType::kFloat16:
+      return launch_scale_typed<__half>(data, count, factor, stream);
+    case DataType::kBFloat16:
+      return launch_scale_typed<__nv_bfloat16>(data, count, factor, stream);
+    case DataType::kFloat32:
+      return launch_scale_typed<float>(data, count, factor, stream);
+    case DataType::kFloat64:
+      return launch_scale_typed<double>(data, count, factor, stream);
   }
   throw ConfigError("scale: invalid DataType value " + std::to_string(static_cast<int>(type)));
 }

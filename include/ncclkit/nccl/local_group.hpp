@@ -46,8 +46,9 @@ class LocalGroup {
     if (options.check_collectives) {
       // One thread issues every member's call in turn: a blocking comparison per call cannot
       // work, and the members have no store to compare through.
-      log_warn("LocalGroup: the collective argument check (NCCLKIT_CHECK_COLLECTIVES) does not cover a LocalGroup's "
-               "members; their collectives run unchecked");
+      log_warn(
+          "LocalGroup: the collective argument check (NCCLKIT_CHECK_COLLECTIVES) does not cover a LocalGroup's "
+          "members; their collectives run unchecked");
     }
     for (std::size_t i = 0; i < devices.size(); ++i) {
       if (devices[i] < 0 || devices[i] >= visible) {
@@ -56,7 +57,8 @@ class LocalGroup {
       }
       for (std::size_t j = 0; j < i; ++j)
         if (devices[j] == devices[i])
-          throw ConfigError("LocalGroup: device " + std::to_string(devices[i]) + " is listed twice (NCCL needs one rank per GPU)");
+          throw ConfigError("LocalGroup: device " + std::to_string(devices[i]) +
+                            " is listed twice (NCCL needs one rank per GPU)");
     }
     const int n = static_cast<int>(devices.size());
     std::vector<std::unique_ptr<detail::CommCore>> cores;
@@ -115,19 +117,20 @@ class LocalGroup {
       grouped("init", [&](int i) { return ncclCommInitRankConfig(&at(controls, i), n, id, i, &at(configs, i)); });
       for (int i = 0; i < n; ++i) {
         detail::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group init",
-                                    /*abort_on_failure=*/false, /*picks_network=*/true);
+                              /*abort_on_failure=*/false, /*picks_network=*/true);
       }
-      grouped("split", [&](int i) { return ncclCommSplit(at(controls, i), 0, i, &at(comms, i), &at(blocking_configs, i)); });
+      grouped("split",
+              [&](int i) { return ncclCommSplit(at(controls, i), 0, i, &at(comms, i), &at(blocking_configs, i)); });
       // The children appear once their non-blocking parents are done.
       for (int i = 0; i < n; ++i) {
         detail::wait_for_init(at(controls, i), deadline, *at(cores, i), "single-process group split",
-                                    /*abort_on_failure=*/false);
+                              /*abort_on_failure=*/false);
       }
       for (int i = 0; i < n; ++i) {
-        at(comms, i) = detail::await_child(at(comms, i), at(controls, i), deadline, *at(cores, i),
-                                                 "single-process group split");
+        at(comms, i) =
+            detail::await_child(at(comms, i), at(controls, i), deadline, *at(cores, i), "single-process group split");
         detail::wait_for_init(at(comms, i), deadline, *at(cores, i), "single-process group split",
-                                    /*abort_on_failure=*/false);
+                              /*abort_on_failure=*/false);
       }
     } catch (...) {
       abort_all();

@@ -48,21 +48,23 @@ inline Bytes init_rendezvous(Store& scope, int rank, int world, const std::strin
       scope.wait(std::span<const std::string>(keys), timeout);
     } catch (const TimeoutError& e) {
       auto missing = missing_ranks(scope, "version/", world);
-      throw TimeoutError(who + " init: rank 0 waited " + std::to_string(timeout.count()) +
-                         " ms for rank(s) " + format_ranks(missing) +
+      throw TimeoutError(who + " init: rank 0 waited " + std::to_string(timeout.count()) + " ms for rank(s) " +
+                         format_ranks(missing) +
                          " to arrive; start every rank, with the same init URL and world size (" + e.what() + ")");
     }
     std::map<std::string, std::vector<int>> by_version;
-    for (int r = 0; r < world; ++r) by_version[scope.get_string(keys[static_cast<std::size_t>(r)], timeout)].push_back(r);
+    for (int r = 0; r < world; ++r)
+      by_version[scope.get_string(keys[static_cast<std::size_t>(r)], timeout)].push_back(r);
     if (by_version.size() != 1) {
       std::string message = who + " init: ranks disagree on versions or settings:";
       for (auto& [text, ranks] : by_version) {
         std::sort(ranks.begin(), ranks.end());
-        message += (ranks.size() > 1 ? " ranks " : " rank ") + format_ranks(ranks) + (ranks.size() > 1 ? " run " : " runs ") +
-                   text + ";";
+        message += (ranks.size() > 1 ? " ranks " : " rank ") + format_ranks(ranks) +
+                   (ranks.size() > 1 ? " run " : " runs ") + text + ";";
       }
-      message += " every rank must run the same NCCL, CUDA runtime and ncclkit (check each node's "
-                 "installation, LD_LIBRARY_PATH and container image), with the same NCCLKIT_CHECK_COLLECTIVES";
+      message +=
+          " every rank must run the same NCCL, CUDA runtime and ncclkit (check each node's "
+          "installation, LD_LIBRARY_PATH and container image), with the same NCCLKIT_CHECK_COLLECTIVES";
       scope.set("verdict", "error\n" + message);
       throw ConfigError(message);
     }
@@ -87,7 +89,8 @@ inline Bytes init_rendezvous(Store& scope, int rank, int world, const std::strin
                                    : "rank(s) " + format_ranks(missing) + " never arrived, rank 0 among them") +
               "; is it running, with the same init URL and world size?";
       } else {
-        why = "rank 0 was still waiting for rank(s) " + format_ranks(missing) + " to arrive; start every rank, with "
+        why = "rank 0 was still waiting for rank(s) " + format_ranks(missing) +
+              " to arrive; start every rank, with "
               "the same init URL and world size";
       }
     } catch (const std::exception& store_error) {

@@ -72,8 +72,7 @@ class Stream {
                "cudaStreamCreateWithPriority on GPU " + std::to_string(device));
   }
   ~Stream() { reset(); }
-  Stream(Stream&& other) noexcept
-      : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+  Stream(Stream&& other) noexcept : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
   Stream& operator=(Stream&& other) noexcept {
     if (this != &other) {
       reset();
@@ -172,7 +171,7 @@ class Event {
 class StreamArg {
  public:
   StreamArg() = default;
-  StreamArg(cudaStream_t stream) : stream_(stream), given_(true) {}        // NOLINT: implicit on purpose
+  StreamArg(cudaStream_t stream) : stream_(stream), given_(true) {}               // NOLINT: implicit on purpose
   StreamArg(const nccl::Stream& stream) : stream_(stream.get()), given_(true) {}  // NOLINT
   cudaStream_t resolve(cudaStream_t fallback) const { return given_ ? stream_ : fallback; }
   bool given() const { return given_; }

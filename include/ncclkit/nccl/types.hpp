@@ -42,16 +42,26 @@ namespace ncclkit::nccl {
 /// NCCL's name for `type`. Every DataType has one (bf16 since NCCL 2.10).
 constexpr ncclDataType_t to_nccl(DataType type) {
   switch (type) {
-    case DataType::kInt8: return ncclInt8;
-    case DataType::kUint8: return ncclUint8;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kUint32: return ncclUint32;
-    case DataType::kInt64: return ncclInt64;
-    case DataType::kUint64: return ncclUint64;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUint8:
+      return ncclUint8;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kUint32:
+      return ncclUint32;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kUint64:
+      return ncclUint64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
   }
   return ncclFloat32;  // unreachable for valid enumerators
 }
@@ -60,11 +70,16 @@ constexpr ncclDataType_t to_nccl(DataType type) {
 /// integer types divide with truncation).
 constexpr ncclRedOp_t to_nccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kProd: return ncclProd;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kProd:
+      return ncclProd;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kAvg:
+      return ncclAvg;
   }
   return ncclSum;  // unreachable for valid enumerators
 }

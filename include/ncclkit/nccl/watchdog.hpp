@@ -133,14 +133,14 @@ struct WorkRecord {
   std::uint64_t first_seq = 0;
   std::uint64_t last_seq = 0;
   const char* operation = "";  ///< the first collective's
-  int operations = 1;  ///< >1 for a group or a burst
-  std::size_t bytes = 0;  ///< the first collective's, or the first group's total
+  int operations = 1;          ///< >1 for a group or a burst
+  std::size_t bytes = 0;       ///< the first collective's, or the first group's total
   Clock::time_point issued{};  ///< the first collective's
   cudaEvent_t event = nullptr;
-  bool verified = false;  ///< synchronize() already asked the store about it
+  bool verified = false;          ///< synchronize() already asked the store about it
   cudaStream_t stream = nullptr;  ///< where `event` was recorded
-  bool burst = false;  ///< may grow: work issued back to back on one stream (Watchdog::track's `merge`)
-  bool merged = false;  ///< has grown: later work joined it (its members' stamps differ)
+  bool burst = false;             ///< may grow: work issued back to back on one stream (Watchdog::track's `merge`)
+  bool merged = false;            ///< has grown: later work joined it (its members' stamps differ)
 };
 
 /// The NCCL call the issuing thread is inside (see CommHandle::enter), as a record; none when
@@ -175,7 +175,7 @@ struct WatchdogState {
   std::chrono::nanoseconds stamp_slack{};
   std::chrono::milliseconds poll{};
   std::chrono::milliseconds peer_check{};  ///< how often the store link looks for a peer's failure
-  std::shared_ptr<Store> store;  ///< this communicator's scope; may be null
+  std::shared_ptr<Store> store;            ///< this communicator's scope; may be null
   CommHandle handle;
 
   // Issue side.
@@ -274,9 +274,9 @@ struct WatchdogState {
   static std::string peer_reason(const std::string& announcement, const std::string& consequence) {
     const auto space = announcement.find(' ');
     const std::string who = space == std::string::npos ? announcement : announcement.substr(0, space);
-    const std::string why = space == std::string::npos ? std::string("no reason given") : announcement.substr(space + 1);
-    return "rank " + who + " announced through the store that its communicator failed (" + why + "), so " +
-           consequence;
+    const std::string why =
+        space == std::string::npos ? std::string("no reason given") : announcement.substr(space + 1);
+    return "rank " + who + " announced through the store that its communicator failed (" + why + "), so " + consequence;
   }
 
   /// For the store link: a peer's announced failure, checked at most once per peer_check
@@ -374,9 +374,9 @@ class Watchdog {
     s.timeout = config.timeout;
     s.stamp_slack = ncclkit::detail::coarse_resolution();
     s.poll = std::clamp<std::chrono::milliseconds>(config.timeout / 20, std::chrono::milliseconds(1),
-                                                    std::chrono::milliseconds(50));
+                                                   std::chrono::milliseconds(50));
     s.peer_check = std::clamp<std::chrono::milliseconds>(config.timeout / 10, std::chrono::milliseconds(100),
-                                                          std::chrono::milliseconds(1000));
+                                                         std::chrono::milliseconds(1000));
     s.store = std::move(config.store);
     {
       // A few events up front, so that the first collectives do not pay for creating them.
@@ -471,12 +471,11 @@ class Watchdog {
   /// apart (a report names the first and how many came after it). It spares the pool and the
   /// queue a record per call, and keeps the events in use few, which makes small collectives
   /// cheaper per call (docs/performance.md, "Host cost per NCCL call").
-  void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations,
-             std::size_t bytes, cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt,
-             bool merge = false) {
+  void track(std::uint64_t first_seq, std::uint64_t last_seq, const char* operation, int operations, std::size_t bytes,
+             cudaStream_t stream, std::optional<detail::Clock::time_point> issued = std::nullopt, bool merge = false) {
     auto& s = *state_;
-    detail::WorkRecord record{first_seq, last_seq, operation, operations, bytes, issued ? *issued : ncclkit::detail::coarse_now(),
-                              nullptr};
+    detail::WorkRecord record{
+        first_seq, last_seq, operation, operations, bytes, issued ? *issued : ncclkit::detail::coarse_now(), nullptr};
     record.burst = merge;
     // The default-stream handles name a different stream per device and thread: they never
     // count as one stream.
@@ -512,8 +511,10 @@ class Watchdog {
       check_cuda(status, record_failure(operation, first_seq));
     }
     record.stream = stream;
-    if (s.in_flight.empty()) s.one_stream = !shared_handle;
-    else if (shared_handle || s.in_flight.back().stream != stream) s.one_stream = false;
+    if (s.in_flight.empty())
+      s.one_stream = !shared_handle;
+    else if (shared_handle || s.in_flight.back().stream != stream)
+      s.one_stream = false;
     s.in_flight.push_back(record);
   }
 
@@ -578,10 +579,10 @@ class Watchdog {
       s.control_cv.wait_for(lock, std::chrono::seconds(5), [&] { return s.report_ready; });
     }
     if (s.report_ready) throw CommError("ncclkit: " + s.report.describe());
-    throw CommError("ncclkit: " +
-                    ncclkit::detail::communicator_label("nccl", s.name, s.rank, s.world, "GPU " + std::to_string(s.device)) +
-                    " failed: " + s.requested_reason +
-                    " (the full report was not ready yet)");
+    throw CommError(
+        "ncclkit: " +
+        ncclkit::detail::communicator_label("nccl", s.name, s.rank, s.world, "GPU " + std::to_string(s.device)) +
+        " failed: " + s.requested_reason + " (the full report was not ready yet)");
   }
 
   /// The failure report, once the watchdog has written it.
@@ -596,7 +597,8 @@ class Watchdog {
   void request_failure(std::string reason) { request(*state_, std::move(reason), std::nullopt); }
   /// The same, naming the collective that was being issued (`seq`) when it went wrong.
   void request_failure(std::string reason, std::uint64_t seq, const char* operation, std::size_t bytes) {
-    request(*state_, std::move(reason), detail::WorkRecord{seq, seq, operation, 1, bytes, detail::Clock::now(), nullptr});
+    request(*state_, std::move(reason),
+            detail::WorkRecord{seq, seq, operation, 1, bytes, detail::Clock::now(), nullptr});
   }
 
   /// After a wait: when work that had been in flight for a peer check interval or longer has
@@ -634,8 +636,9 @@ class Watchdog {
     }
     if (!announced) return;
     request(s,
-            detail::WatchdogState::peer_reason(*announced, "work that completed here while it waited may have been "
-                                                           "released by that rank's abort and hold undefined data"),
+            detail::WatchdogState::peer_reason(*announced,
+                                               "work that completed here while it waited may have been "
+                                               "released by that rank's abort and hold undefined data"),
             suspect, /*from_peer=*/true);
     throw_failure();
   }
@@ -663,8 +666,7 @@ class Watchdog {
       const auto now = detail::Clock::now();
       if (now >= deadline) {
         throw TimeoutError(what + " timed out after " +
-                           FailureReport::format_seconds(std::chrono::duration<double>(now - start).count()) +
-                           " on " +
+                           FailureReport::format_seconds(std::chrono::duration<double>(now - start).count()) + " on " +
                            ncclkit::detail::communicator_label("nccl", state_->name, state_->rank, state_->world,
                                                                "GPU " + std::to_string(state_->device)) +
                            "; work on the stream did not finish (a kernel of your own that does not end?)");
@@ -689,8 +691,7 @@ class Watchdog {
     while (true) {
       {
         std::unique_lock lock(s.control_mutex);
-        s.control_cv.wait_for(lock, s.poll,
-                              [&] { return s.stop || (s.failure_requested && !handled && !deferred); });
+        s.control_cv.wait_for(lock, s.poll, [&] { return s.stop || (s.failure_requested && !handled && !deferred); });
         if (s.stop) break;
       }
       if (!handled) {
@@ -752,8 +753,9 @@ class Watchdog {
         const std::string consequence =
             oldest ? "this collective cannot complete; stopped waiting after " +
                          FailureReport::format_seconds(std::chrono::duration<double>(now - oldest->issued).count())
-                   : std::string("this communicator cannot be used any more (seen while nothing of this rank was in "
-                                 "flight)");
+                   : std::string(
+                         "this communicator cannot be used any more (seen while nothing of this rank was in "
+                         "flight)");
         request(s, detail::WatchdogState::peer_reason(*announced, consequence), oldest, /*from_peer=*/true);
         // Loop once more: the failure is requested, so it ends there.
       }
@@ -837,10 +839,12 @@ class Watchdog {
       }
       if (status == cudaErrorNotReady) {
         // A burst's stamp is its first member's: the later ones may be up to kBurstWindow younger.
-        const auto slack = s.stamp_slack + (front.merged ? std::chrono::nanoseconds(kBurstWindow) : std::chrono::nanoseconds(0));
+        const auto slack =
+            s.stamp_slack + (front.merged ? std::chrono::nanoseconds(kBurstWindow) : std::chrono::nanoseconds(0));
         if (now - front.issued > s.timeout + slack) {
-          request(s, "did not complete within the timeout of " +
-                         FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()),
+          request(s,
+                  "did not complete within the timeout of " +
+                      FailureReport::format_seconds(std::chrono::duration<double>(s.timeout).count()),
                   front);
         }
       } else {
@@ -937,10 +941,11 @@ class Watchdog {
       report.has_operation = true;
       report.operation = culprit->operation;
       if (culprit->operations > 1) {
-        report.operation += " (+" + std::to_string(culprit->operations - 1) +
-                            (culprit->merged ? " more issued right after it on the same stream, up to seq " +
-                                                  std::to_string(culprit->last_seq) + "; one of these did not complete)"
-                                            : " more in one group)");
+        report.operation +=
+            " (+" + std::to_string(culprit->operations - 1) +
+            (culprit->merged ? " more issued right after it on the same stream, up to seq " +
+                                   std::to_string(culprit->last_seq) + "; one of these did not complete)"
+                             : " more in one group)");
       }
       report.seq = culprit->first_seq;
       report.last_seq = culprit->last_seq;

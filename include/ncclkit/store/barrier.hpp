@@ -17,8 +17,8 @@ namespace ncclkit {
 /// the others by setting one key, so waiting ranks poll a single key.
 inline void barrier(Store& store, int rank, int world, std::string_view tag, Store::Duration timeout) {
   if (world <= 0 || rank < 0 || rank >= world) {
-    throw ConfigError("barrier '" + std::string(tag) + "': rank " + std::to_string(rank) +
-                      " is outside a world of " + std::to_string(world) + " ranks");
+    throw ConfigError("barrier '" + std::string(tag) + "': rank " + std::to_string(rank) + " is outside a world of " +
+                      std::to_string(world) + " ranks");
   }
   const std::string base = "barrier/" + std::string(tag);
   const std::int64_t arrival = store.add(base + "/arrived", 1);
@@ -40,8 +40,8 @@ inline void barrier(Store& store, int rank, int world, std::string_view tag, Sto
     if (missing_count > 32) missing += ", ... (" + std::to_string(missing_count) + " in all)";
     throw TimeoutError("barrier '" + std::string(tag) + "' (rank " + std::to_string(rank) + " of " +
                        std::to_string(world) + ", round " + std::to_string(generation) +
-                       ") timed out: rank(s) never arrived: " + (missing.empty() ? "none missing now (they arrived late)" : missing) +
-                       "; " + e.what());
+                       ") timed out: rank(s) never arrived: " +
+                       (missing.empty() ? "none missing now (they arrived late)" : missing) + "; " + e.what());
   }
 }
 

@@ -186,7 +186,7 @@ class FileStore final : public Store {
 
   std::string dir_;
   FileStoreOptions options_;
-  RunIdentity identity_;  ///< a run is joined only by processes with the same tag
+  RunIdentity identity_;              ///< a run is joined only by processes with the same tag
   detail::file_store::Fd lock_fd_;    ///< dir/lock
   detail::file_store::Fd run_fd_;     ///< dir/r-<id>
   detail::file_store::Fd member_fd_;  ///< dir/r-<id>/members, our byte locked while we live
@@ -203,10 +203,10 @@ class FileStore final : public Store {
 
 // ---- construction ---------------------------------------------------------------------------
 
-inline FileStore::FileStore(std::string dir, FileStoreOptions options)
-    : dir_(std::move(dir)), options_(options) {
+inline FileStore::FileStore(std::string dir, FileStoreOptions options) : dir_(std::move(dir)), options_(options) {
   namespace fs = detail::file_store;
-  if (dir_.empty()) throw ConfigError("FileStore: the rendezvous folder path is empty; pass a folder such as /tmp/job-42");
+  if (dir_.empty())
+    throw ConfigError("FileStore: the rendezvous folder path is empty; pass a folder such as /tmp/job-42");
   if (options_.world_size < 0) {
     throw ConfigError("FileStore " + describe() + ": world_size=" + std::to_string(options_.world_size) +
                       " must be >= 0 (0 = unknown)");
@@ -218,7 +218,7 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options)
   identity_ = run_identity_from_environment();
 
   if (int err = fs::make_folders(dir_); err != 0) {
-    if (struct stat info {}; err == ENOTDIR && ::stat(dir_.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
+    if (struct stat info{}; err == ENOTDIR && ::stat(dir_.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
       throw ConfigError("FileStore " + describe() + ": " + dir_ + " is a regular file, but a FileStore (and a " +
                         "file:// init URL) names a folder, in which it keeps one file per key (unlike PyTorch's " +
                         "FileStore, whose file:// names a file); give a folder path, e.g. file://" + dir_ + ".d");
@@ -228,8 +228,8 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options)
   }
   lock_fd_ = fs::Fd(fs::open_at(AT_FDCWD, (dir_ + "/lock").c_str(), O_RDWR | O_CREAT, 0600));
   if (!lock_fd_) {
-    throw StoreError("FileStore " + describe() + ": cannot open its lock file " + dir_ + "/lock: " +
-                     fs::describe_errno(errno));
+    throw StoreError("FileStore " + describe() + ": cannot open its lock file " + dir_ +
+                     "/lock: " + fs::describe_errno(errno));
   }
   if (auto warning = fs::mount_warning(dir_); !warning.empty()) log_warn("FileStore: " + warning);
   refresh_ = fs::always_refresh_folders().load() || !fs::is_local_file_system(lock_fd_.get());
@@ -256,13 +256,14 @@ inline void FileStore::refresh_run_folder() const {
 
 inline detail::file_store::ByteLock FileStore::lock_key(std::string_view key, const char* op) {
   namespace fs = detail::file_store;
-  const off_t offset = 1 + static_cast<off_t>(fs::hash64(key, key_lock_seed_) % static_cast<std::uint64_t>(fs::kKeyLockSpan));
+  const off_t offset =
+      1 + static_cast<off_t>(fs::hash64(key, key_lock_seed_) % static_cast<std::uint64_t>(fs::kKeyLockSpan));
   const auto start = Clock::now();
   const auto deadline = detail::deadline_after(default_timeout(), start);
   int err = fs::lock_byte_until(lock_fd_.get(), offset, deadline);
   if (err == ETIMEDOUT) {
-    throw TimeoutError(where() + ": " + op + " of key " + fs::quote_key(key) + " could not take the key's lock within " +
-                       format_seconds(Clock::now() - start) +
+    throw TimeoutError(where() + ": " + op + " of key " + fs::quote_key(key) +
+                       " could not take the key's lock within " + format_seconds(Clock::now() - start) +
                        "; a process holding it may be stopped, or the file server unreachable");
   }
   if (err != 0) fail(op, key, "cannot lock " + dir_ + "/lock", err);
@@ -277,7 +278,8 @@ inline std::optional<Bytes> FileStore::read_key(const std::string& name, std::st
     fail("read", key, "cannot open " + run_path_ + "/" + name, errno);
   }
   Bytes value;
-  if (int err = fs::read_all(fd.get(), value); err != 0) fail("read", key, "cannot read " + run_path_ + "/" + name, err);
+  if (int err = fs::read_all(fd.get(), value); err != 0)
+    fail("read", key, "cannot read " + run_path_ + "/" + name, err);
   if (name[0] == 'h') {  // long key: verify the key stored in front of the value
     const std::string header = fs::hashed_key_header(key);
     if (value.size() < header.size() + 1 || std::memcmp(value.data(), header.data(), header.size()) != 0 ||
@@ -293,8 +295,8 @@ inline std::string FileStore::write_temp(std::string_view key, const std::string
                                          std::span<const std::uint8_t> value) {
   namespace fs = detail::file_store;
   // Unique across hosts (the random token), forked processes (the pid) and threads (the counter).
-  const std::string temp = ".t-" + temp_token_ + "-" + std::to_string(::getpid()) + "-" +
-                           std::to_string(temp_counter_.fetch_add(1));
+  const std::string temp =
+      ".t-" + temp_token_ + "-" + std::to_string(::getpid()) + "-" + std::to_string(temp_counter_.fetch_add(1));
   fs::Fd fd(fs::open_at(run_fd_.get(), temp.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600));
   if (!fd) fail("write", key, "cannot create a temp file in " + run_path_, errno);
   int err = 0;
@@ -307,8 +309,9 @@ inline std::string FileStore::write_temp(std::string_view key, const std::string
   if (err == 0 && ::close(fd.release()) != 0 && errno != EINTR) err = errno;
   if (err != 0) {
     ::unlinkat(run_fd_.get(), temp.c_str(), 0);
-    fail("write", key, "cannot write " + std::to_string(value.size()) + " bytes to " + run_path_ + "/" + temp +
-                           (err == ENOSPC ? " (the file system is full)" : ""),
+    fail("write", key,
+         "cannot write " + std::to_string(value.size()) + " bytes to " + run_path_ + "/" + temp +
+             (err == ENOSPC ? " (the file system is full)" : ""),
          err);
   }
   return temp;
@@ -374,7 +377,7 @@ inline void FileStore::wait(std::span<const std::string> keys, Duration timeout)
   const bool all_present = detail::poll_until(deadline, fs::kKeyPoll, [&] {
     refresh_run_folder();
     bool front_present = true;
-    if (struct stat info {}; !missing.empty() && ::fstatat(run_fd_.get(), missing.front().c_str(), &info, 0) != 0) {
+    if (struct stat info{}; !missing.empty() && ::fstatat(run_fd_.get(), missing.front().c_str(), &info, 0) != 0) {
       if (errno != ENOENT) {
         throw StoreError(where() + ": wait cannot look up " + run_path_ + "/" + missing.front() + ": " +
                          fs::describe_errno(errno));
@@ -454,8 +457,8 @@ inline std::int64_t FileStore::add(std::string_view key, std::int64_t delta) {
   }
   value += delta;
   const std::string text = std::to_string(value);
-  const std::string temp =
-      write_temp(key, name, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  const std::string temp = write_temp(
+      key, name, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
   commit(temp, name, key, "add");
   return value;
 }
@@ -487,7 +490,8 @@ inline std::int64_t FileStore::num_keys() {
   refresh_run_folder();
   DIR* listing = ::opendir(run_path_.c_str());
   if (listing == nullptr) {
-    throw StoreError(where() + ": num_keys cannot list " + run_path_ + ": " + detail::file_store::describe_errno(errno));
+    throw StoreError(where() + ": num_keys cannot list " + run_path_ + ": " +
+                     detail::file_store::describe_errno(errno));
   }
   std::int64_t count = 0;
   while (dirent* entry = ::readdir(listing)) {

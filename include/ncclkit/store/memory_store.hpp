@@ -132,9 +132,10 @@ class MemoryStore final : public Store {
         const std::string text(found->second.begin(), found->second.end());
         auto parsed = detail::memory_store::parse_int64(text);
         if (!parsed) {
-          throw StoreError(where() + ": add to key " + detail::memory_store::quote(key) + ": its value " +
-                           detail::memory_store::quote(text) +
-                           " is not a decimal integer (it was set by set(), not add()); use another key for the counter");
+          throw StoreError(
+              where() + ": add to key " + detail::memory_store::quote(key) + ": its value " +
+              detail::memory_store::quote(text) +
+              " is not a decimal integer (it was set by set(), not add()); use another key for the counter");
         }
         value = *parsed;
       }

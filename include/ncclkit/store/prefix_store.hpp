@@ -14,8 +14,7 @@ namespace ncclkit {
 /// Forwards to `base` with keys prefixed by "prefix/". Holds a shared reference to `base`.
 class PrefixStore final : public Store {
  public:
-  PrefixStore(std::string prefix, std::shared_ptr<Store> base)
-      : prefix_(std::move(prefix)), base_(std::move(base)) {
+  PrefixStore(std::string prefix, std::shared_ptr<Store> base) : prefix_(std::move(prefix)), base_(std::move(base)) {
     if (!base_) throw ConfigError("PrefixStore: the underlying store is null");
     set_default_timeout(base_->default_timeout());
   }

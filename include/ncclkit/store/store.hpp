@@ -13,8 +13,8 @@
 ///
 /// Thread safety: a Store object may be used from several threads at once.
 
-#include <chrono>       // std::chrono
-#include <cstdint>      // std::int64_t, std::uint8_t
+#include <chrono>   // std::chrono
+#include <cstdint>  // std::int64_t, std::uint8_t
 #include <initializer_list>
 #include <span>         // std::span
 #include <string>       // std::string
@@ -80,8 +80,7 @@ class Store {
 
   // Convenience overloads.
   void set(std::string_view key, std::string_view value) {
-    set(key, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(value.data()),
-                                           value.size()));
+    set(key, std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(value.data()), value.size()));
   }
   void set(std::string_view key, const Bytes& value) { set(key, std::span<const std::uint8_t>(value)); }
   void set(std::string_view key, const char* value) { set(key, std::string_view(value)); }

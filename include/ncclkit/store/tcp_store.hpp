@@ -74,7 +74,8 @@ class TcpStore final : public Store {
       if (host_ == "::") host_ = "::1";
     }
     if (port_ <= 0 || port_ > 65535) {
-      throw ConfigError("TcpStore: port " + std::to_string(port_) + " is not a valid port to connect to (1..65535); "
+      throw ConfigError("TcpStore: port " + std::to_string(port_) +
+                        " is not a valid port to connect to (1..65535); "
                         "give the server's port (MASTER_PORT)");
     }
     address_ = "tcp://" + detail::format_host_port(host_, port_);
@@ -111,9 +112,8 @@ class TcpStore final : public Store {
     check_key(key, "set");
     std::lock_guard<std::mutex> lock(mutex_);
     check_value(key, value.size(), "set");
-    request("set of key " + detail::printable_key(key), [&](detail::tcp::FrameWriter& w) {
-      w.begin(detail::tcp::MessageType::kSet).key(key).bytes(value);
-    });
+    request("set of key " + detail::printable_key(key),
+            [&](detail::tcp::FrameWriter& w) { w.begin(detail::tcp::MessageType::kSet).key(key).bytes(value); });
     expect_reply(detail::tcp::MessageType::kOk, "set of key " + detail::printable_key(key), [](const auto&) {});
   }
 
@@ -122,11 +122,11 @@ class TcpStore final : public Store {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::vector<std::string> keys{std::string(key)};
     Bytes value;
-    blocking_request("get of key " + detail::printable_key(key), keys, timeout, [&](detail::tcp::FrameWriter& w) {
-      w.begin(detail::tcp::MessageType::kGet).u64(timeout_ms(timeout)).key(key);
-    }, detail::tcp::MessageType::kValue, [&](const detail::tcp::Frame& frame) {
-      value.assign(frame.value.begin(), frame.value.end());
-    });
+    blocking_request(
+        "get of key " + detail::printable_key(key), keys, timeout,
+        [&](detail::tcp::FrameWriter& w) { w.begin(detail::tcp::MessageType::kGet).u64(timeout_ms(timeout)).key(key); },
+        detail::tcp::MessageType::kValue,
+        [&](const detail::tcp::Frame& frame) { value.assign(frame.value.begin(), frame.value.end()); });
     return value;
   }
 
@@ -134,19 +134,22 @@ class TcpStore final : public Store {
     if (keys.empty()) return;
     for (const auto& key : keys) check_key(key, "wait");
     std::lock_guard<std::mutex> lock(mutex_);
-    blocking_request("wait for " + std::to_string(keys.size()) + " key(s)", keys, timeout, [&](detail::tcp::FrameWriter& w) {
-      w.begin(detail::tcp::MessageType::kWait).u64(timeout_ms(timeout)).keys(keys);
-    }, detail::tcp::MessageType::kOk, [](const detail::tcp::Frame&) {});
+    blocking_request(
+        "wait for " + std::to_string(keys.size()) + " key(s)", keys, timeout,
+        [&](detail::tcp::FrameWriter& w) {
+          w.begin(detail::tcp::MessageType::kWait).u64(timeout_ms(timeout)).keys(keys);
+        },
+        detail::tcp::MessageType::kOk, [](const detail::tcp::Frame&) {});
   }
 
   bool check(std::span<const std::string> keys) override {
     for (const auto& key : keys) check_key(key, "check");
     std::lock_guard<std::mutex> lock(mutex_);
-    request("check of " + std::to_string(keys.size()) + " key(s)", [&](detail::tcp::FrameWriter& w) {
-      w.begin(detail::tcp::MessageType::kCheck).keys(keys);
-    });
+    request("check of " + std::to_string(keys.size()) + " key(s)",
+            [&](detail::tcp::FrameWriter& w) { w.begin(detail::tcp::MessageType::kCheck).keys(keys); });
     bool all = false;
-    expect_reply(detail::tcp::MessageType::kInteger, "check", [&](const detail::tcp::Frame& f) { all = f.integer != 0; });
+    expect_reply(detail::tcp::MessageType::kInteger, "check",
+                 [&](const detail::tcp::Frame& f) { all = f.integer != 0; });
     return all;
   }
 
@@ -181,7 +184,8 @@ class TcpStore final : public Store {
     const std::string what = "delete_key of key " + detail::printable_key(key);
     request(what, [&](detail::tcp::FrameWriter& w) { w.begin(detail::tcp::MessageType::kDelete).key(key); });
     bool existed = false;
-    expect_reply(detail::tcp::MessageType::kInteger, what, [&](const detail::tcp::Frame& f) { existed = f.integer != 0; });
+    expect_reply(detail::tcp::MessageType::kInteger, what,
+                 [&](const detail::tcp::Frame& f) { existed = f.integer != 0; });
     return existed;
   }
 
@@ -189,7 +193,8 @@ class TcpStore final : public Store {
     std::lock_guard<std::mutex> lock(mutex_);
     request("num_keys", [&](detail::tcp::FrameWriter& w) { w.begin(detail::tcp::MessageType::kNumKeys); });
     std::int64_t count = 0;
-    expect_reply(detail::tcp::MessageType::kInteger, "num_keys", [&](const detail::tcp::Frame& f) { count = f.integer; });
+    expect_reply(detail::tcp::MessageType::kInteger, "num_keys",
+                 [&](const detail::tcp::Frame& f) { count = f.integer; });
     return count;
   }
 
@@ -198,9 +203,8 @@ class TcpStore final : public Store {
 
   /// A refused connect is retried after 5 ms, doubling up to 250 ms, with jitter so that the
   /// ranks of a large job do not knock on a server that starts late in lock step.
-  static constexpr detail::BackoffPolicy kConnectPoll{.first = std::chrono::milliseconds(5),
-                                                      .cap = std::chrono::milliseconds(250),
-                                                      .jitter = true};
+  static constexpr detail::BackoffPolicy kConnectPoll{
+      .first = std::chrono::milliseconds(5), .cap = std::chrono::milliseconds(250), .jitter = true};
 
   static std::uint64_t timeout_ms(Duration timeout) {
     return timeout.count() <= 0 ? 0 : static_cast<std::uint64_t>(timeout.count());
@@ -257,7 +261,8 @@ class TcpStore final : public Store {
     });
     if (!connected) {
       throw TimeoutError("TcpStore could not connect to " + detail::format_host_port(host_, port_) + " (" + address_ +
-                         ") within " + format_seconds(timeout) + " (waited " + format_seconds(Clock::now() - start) + ", " + std::to_string(attempts) + " attempts; last error: " + last_error +
+                         ") within " + format_seconds(timeout) + " (waited " + format_seconds(Clock::now() - start) +
+                         ", " + std::to_string(attempts) + " attempts; last error: " + last_error +
                          "). Is the store server (rank 0) running and reachable from this host? Check "
                          "MASTER_ADDR/MASTER_PORT or the init URL");
     }
@@ -286,8 +291,8 @@ class TcpStore final : public Store {
         const auto& frame = result.frame;
         if (frame.type == detail::tcp::MessageType::kError) {
           const std::string said(frame.value.begin(), frame.value.end());
-          throw StoreError("token rejected by " + address_ + ": set NCCLKIT_STORE_TOKEN to the job's token (server said: " +
-                           said + ")");
+          throw StoreError("token rejected by " + address_ +
+                           ": set NCCLKIT_STORE_TOKEN to the job's token (server said: " + said + ")");
         }
         if (frame.type != detail::tcp::MessageType::kHelloOk || frame.integer <= 0) {
           throw StoreError("TcpStore handshake with " + address_ + " failed: unexpected '" +
@@ -397,18 +402,21 @@ class TcpStore final : public Store {
   void expect_reply(detail::tcp::MessageType expected, const std::string& what, OnFrame&& on_frame) {
     const auto start = Clock::now();
     std::string server_error;
-    const auto status = read_reply(what, detail::deadline_after(default_timeout()), [&](const detail::tcp::Frame& frame) {
-      if (frame.type == expected) {
-        on_frame(frame);
-      } else if (frame.type == detail::tcp::MessageType::kError) {
-        server_error.assign(frame.value.begin(), frame.value.end());
-      } else {
-        server_error = "unexpected '" + detail::tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) + "' reply";
-      }
-    });
+    const auto status =
+        read_reply(what, detail::deadline_after(default_timeout()), [&](const detail::tcp::Frame& frame) {
+          if (frame.type == expected) {
+            on_frame(frame);
+          } else if (frame.type == detail::tcp::MessageType::kError) {
+            server_error.assign(frame.value.begin(), frame.value.end());
+          } else {
+            server_error =
+                "unexpected '" + detail::tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) + "' reply";
+          }
+        });
     if (status == ReplyStatus::kTimedOut) {
       throw TimeoutError("TcpStore " + what + " on " + address_ + ": no reply from the server within " +
-                         format_seconds(Clock::now() - start) + " (the store timeout); the server may be overloaded or hung");
+                         format_seconds(Clock::now() - start) +
+                         " (the store timeout); the server may be overloaded or hung");
     }
     if (!server_error.empty()) throw StoreError("TcpStore " + what + " on " + address_ + " failed: " + server_error);
   }
@@ -434,13 +442,15 @@ class TcpStore final : public Store {
       } else if (frame.type == detail::tcp::MessageType::kError) {
         server_error.assign(frame.value.begin(), frame.value.end());
       } else {
-        server_error = "unexpected '" + detail::tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) + "' reply";
+        server_error =
+            "unexpected '" + detail::tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) + "' reply";
       }
     });
     if (!server_error.empty()) throw StoreError("TcpStore " + what + " on " + address_ + " failed: " + server_error);
     if (status == ReplyStatus::kTimedOut || timed_out) {
       std::string text = "TcpStore " + what + " on " + address_ + " timed out after " +
-                         format_seconds(Clock::now() - start) + " (timeout " + format_seconds(timeout) + "); key(s) still missing: ";
+                         format_seconds(Clock::now() - start) + " (timeout " + format_seconds(timeout) +
+                         "); key(s) still missing: ";
       if (status == ReplyStatus::kTimedOut) {
         text += detail::printable_key_list(keys) + " (the server did not answer in time)";
       } else {

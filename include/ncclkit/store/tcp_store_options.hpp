@@ -45,7 +45,8 @@ inline std::string resolve_store_token(const std::optional<std::string>& token) 
   if (resolved.size() > detail::tcp::kMaxTokenBytes) {
     throw ConfigError("the TcpStore token (" + std::string(token ? "given in the options" : "NCCLKIT_STORE_TOKEN") +
                       ") is " + std::to_string(resolved.size()) + " bytes, more than the limit of " +
-                      std::to_string(detail::tcp::kMaxTokenBytes) + "; use a shorter secret (32 random hex digits are plenty)");
+                      std::to_string(detail::tcp::kMaxTokenBytes) +
+                      "; use a shorter secret (32 random hex digits are plenty)");
   }
   return resolved;
 }

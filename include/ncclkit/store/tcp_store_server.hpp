@@ -65,10 +65,10 @@ class TcpStoreServer {
   /// Lets the process that hosts the store outlive the other ranks' last requests.
   bool wait_for_clients_to_leave(std::chrono::milliseconds limit) const {
     // deadline_after saturates: a limit of milliseconds::max() must not wrap.
-    return detail::poll_until(detail::deadline_after(limit),
-                              detail::BackoffPolicy{.first = std::chrono::microseconds(200),
-                                                    .cap = std::chrono::milliseconds(20)},
-                              [&] { return loop_->open_connections() == 0; });
+    return detail::poll_until(
+        detail::deadline_after(limit),
+        detail::BackoffPolicy{.first = std::chrono::microseconds(200), .cap = std::chrono::milliseconds(20)},
+        [&] { return loop_->open_connections() == 0; });
   }
 
  private:

@@ -7,12 +7,12 @@
 #include <dirent.h>     // opendir, readdir
 #include <sys/types.h>  // pid_t
 
-#include <cstdio>         // std::fopen, std::fgets
-#include <cstring>        // std::strrchr
-#include <map>            // std::multimap
-#include <set>            // std::set
-#include <string>         // std::string
-#include <vector>         // std::vector
+#include <cstdio>   // std::fopen, std::fgets
+#include <cstring>  // std::strrchr
+#include <map>      // std::multimap
+#include <set>      // std::set
+#include <string>   // std::string
+#include <vector>   // std::vector
 
 #include "ncclkit/core/env.hpp"
 
@@ -75,7 +75,8 @@ inline std::set<pid_t> children_of(pid_t parent, bool include_zombies = false) {
   if (DIR* proc = ::opendir("/proc")) {
     while (const dirent* entry = ::readdir(proc)) {
       auto pid = parse_int(entry->d_name);
-      if (pid && *pid > 0 && parent_of(static_cast<pid_t>(*pid), include_zombies) == parent) result.insert(static_cast<pid_t>(*pid));
+      if (pid && *pid > 0 && parent_of(static_cast<pid_t>(*pid), include_zombies) == parent)
+        result.insert(static_cast<pid_t>(*pid));
     }
     ::closedir(proc);
   }

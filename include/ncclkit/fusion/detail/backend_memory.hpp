@@ -22,8 +22,8 @@ namespace ncclkit::fusion::detail {
 /// (the host side must stay valid until the stream reaches the copy). A backend of host memory
 /// needs neither: its `copy` takes host pointers.
 template <class B>
-concept HostTransferBackend = Backend<B> && requires(B& backend, void* to, const void* from, std::size_t bytes,
-                                                     typename B::Stream stream) {
+concept HostTransferBackend = Backend<B> &&
+    requires(B& backend, void* to, const void* from, std::size_t bytes, typename B::Stream stream) {
   backend.copy_from_host(to, from, bytes, stream);
   backend.copy_to_host(to, from, bytes, stream);
 };
@@ -101,8 +101,7 @@ class Allocation {
 /// (log2(bytes / zero_bytes) copies). Not `scale(view, 0)`: 0 × NaN is NaN, and a gradient never
 /// written may hold anything.
 template <Backend B>
-void zero_fill(B& backend, TensorView view, const std::byte* zeros, std::size_t zero_bytes,
-               typename B::Stream stream) {
+void zero_fill(B& backend, TensorView view, const std::byte* zeros, std::size_t zero_bytes, typename B::Stream stream) {
   const std::size_t bytes = view.bytes();
   if (bytes == 0) return;
   auto* data = static_cast<std::byte*>(view.data);

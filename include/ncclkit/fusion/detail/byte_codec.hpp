@@ -76,8 +76,8 @@ class ByteReader {
   void need(std::string_view field, std::size_t size) const {
     if (remaining() < size) {
       throw ConfigError(what_ + ": truncated: " + std::string(field) + " needs " + std::to_string(size) +
-                        " bytes at byte " + std::to_string(at_) + ", " + std::to_string(remaining()) +
-                        " left of " + std::to_string(bytes_.size()));
+                        " bytes at byte " + std::to_string(at_) + ", " + std::to_string(remaining()) + " left of " +
+                        std::to_string(bytes_.size()));
     }
   }
   std::uint64_t get(std::string_view field, std::size_t width) {

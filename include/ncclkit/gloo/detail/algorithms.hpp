@@ -48,10 +48,14 @@ static_assert(PeerMonitor::kSentinelSlotPrefix == 0x43, "slot prefixes must not 
 template <class Fn>
 decltype(auto) with_element_width(DataType type, Fn&& fn) {
   switch (size_of(type)) {
-    case 1: return fn(static_cast<std::uint8_t*>(nullptr));
-    case 2: return fn(static_cast<std::uint16_t*>(nullptr));
-    case 4: return fn(static_cast<std::uint32_t*>(nullptr));
-    default: return fn(static_cast<std::uint64_t*>(nullptr));
+    case 1:
+      return fn(static_cast<std::uint8_t*>(nullptr));
+    case 2:
+      return fn(static_cast<std::uint16_t*>(nullptr));
+    case 4:
+      return fn(static_cast<std::uint32_t*>(nullptr));
+    default:
+      return fn(static_cast<std::uint64_t*>(nullptr));
   }
 }
 
@@ -70,8 +74,9 @@ inline constexpr std::size_t kPairWindowBytes = std::size_t{64} << 20;
 /// least 1 MiB, all posted at once: Gloo's ring keeps 2 segments of at most 1 MiB in flight,
 /// each with its own send/receive handshake, and on loopback TCP those round trips, not the
 /// bytes, set its speed (measured 20-30% faster than the ring at 16-64 MiB: docs/perf-gloo.md).
-inline void all_reduce_pair(CommunicatorState& s, const std::byte* in, std::byte* out, std::size_t count, std::size_t element,
-                            ReduceFunction reduce, std::chrono::steady_clock::time_point deadline) {
+inline void all_reduce_pair(CommunicatorState& s, const std::byte* in, std::byte* out, std::size_t count,
+                            std::size_t element, ReduceFunction reduce,
+                            std::chrono::steady_clock::time_point deadline) {
   const int rank = s.rank;
   constexpr std::size_t kPieceBytes = std::size_t{1} << 20;
   constexpr std::size_t kMaxPieces = 8;
@@ -144,8 +149,8 @@ inline void all_reduce_pair(CommunicatorState& s, const std::byte* in, std::byte
   for (std::size_t i = 0; i < my_pieces; ++i) check(out_buffer->waitSend(remaining(deadline)));
 }
 
-inline void all_reduce_now(CommunicatorState& s, const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                           std::chrono::steady_clock::time_point deadline) {
+inline void all_reduce_now(CommunicatorState& s, const void* in, void* out, std::size_t count, DataType type,
+                           ReduceOp op, std::chrono::steady_clock::time_point deadline) {
   const int size = s.size;
   const ReduceFunction reduce = reduce_function(type, op, s.isa);
   const bool pre_scale = op == ReduceOp::kAvg && is_floating(type);
@@ -157,8 +162,8 @@ inline void all_reduce_now(CommunicatorState& s, const void* in, void* out, std:
   }
   const std::size_t element = size_of(type);
   // Two ranks: ncclkit's exchange (below), in windows that bound its scratch.
-  const std::size_t step = size == 2 ? std::min(s.options.chunk_elements, 2 * (kPairWindowBytes / element))
-                                     : s.options.chunk_elements;
+  const std::size_t step =
+      size == 2 ? std::min(s.options.chunk_elements, 2 * (kPairWindowBytes / element)) : s.options.chunk_elements;
   for (std::size_t offset = 0; offset < count; offset += step) {
     const std::size_t n = std::min(step, count - offset);
     if (size == 2) {
@@ -195,8 +200,8 @@ inline void broadcast_now(CommunicatorState& s, const void* in, void* out, std::
   }
 }
 
-inline void reduce_now(CommunicatorState& s, const void* in, void* out, std::size_t count, DataType type, ReduceOp op, int root,
-                       std::chrono::steady_clock::time_point deadline) {
+inline void reduce_now(CommunicatorState& s, const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
+                       int root, std::chrono::steady_clock::time_point deadline) {
   const int rank = s.rank;
   const int size = s.size;
   const ReduceFunction reduce = reduce_function(type, op, s.isa);
@@ -225,7 +230,8 @@ inline void reduce_now(CommunicatorState& s, const void* in, void* out, std::siz
 
 /// Gathers rank r's `counts[r]` elements into `out` (rank order). `in` null: in place (this
 /// rank's part is already in `out`).
-inline void all_gather_uneven_now(CommunicatorState& s, const void* in, void* out, const std::vector<std::size_t>& counts, DataType type,
+inline void all_gather_uneven_now(CommunicatorState& s, const void* in, void* out,
+                                  const std::vector<std::size_t>& counts, DataType type,
                                   std::chrono::steady_clock::time_point deadline) {
   const int rank = s.rank;
   const std::size_t element = size_of(type);
@@ -294,8 +300,8 @@ inline void all_gather_uneven_now(CommunicatorState& s, const void* in, void* ou
 /// receives rank r-1's partial of chunk (r-k-2) mod n, adds its own input and passes it on
 /// in the next step; after n-1 steps the partial it holds is chunk r, complete. Columns of
 /// at most `segment` elements go round one after another, so scratch stays small.
-inline void reduce_scatter_now(CommunicatorState& s, const void* in, void* out, std::size_t count, DataType type, ReduceOp op,
-                               std::chrono::steady_clock::time_point deadline) {
+inline void reduce_scatter_now(CommunicatorState& s, const void* in, void* out, std::size_t count, DataType type,
+                               ReduceOp op, std::chrono::steady_clock::time_point deadline) {
   const int rank = s.rank;
   const int size = s.size;
   const std::size_t element = size_of(type);

@@ -10,9 +10,9 @@
 /// (all run the check first), it costs one small-message round trip, and a rank that never
 /// arrives makes it time out like any collective.
 
-#include <gloo/allgather.h>  // gloo::allgather
+#include <gloo/allgather.h>     // gloo::allgather
 #include <gloo/common/error.h>  // gloo::Exception
-#include <gloo/context.h>    // gloo::Context
+#include <gloo/context.h>       // gloo::Context
 
 #include <chrono>     // std::chrono::milliseconds
 #include <cstdint>    // std::uint8_t, std::uint64_t
@@ -49,14 +49,17 @@ inline void check_arguments(const std::shared_ptr<::gloo::Context>& context, Col
     ::gloo::allgather(opts);
   } catch (const ::gloo::Exception& e) {
     throw std::runtime_error(std::string("comparing its arguments with the other ranks' (NCCLKIT_CHECK_COLLECTIVES), "
-                                         "before anything ran: Gloo: ") + e.what());
+                                         "before anything ran: Gloo: ") +
+                             e.what());
   }
   std::vector<CollectiveFingerprint> all;
   all.reserve(size);
   for (std::size_t r = 0; r < size; ++r) {
-    const auto decoded = ncclkit::detail::decode(std::span<const std::uint8_t>(scratch).subspan(r * encoded.size(), encoded.size()));
+    const auto decoded =
+        ncclkit::detail::decode(std::span<const std::uint8_t>(scratch).subspan(r * encoded.size(), encoded.size()));
     if (!decoded) {
-      throw std::runtime_error("rank " + std::to_string(r) + " sent no valid argument fingerprint "
+      throw std::runtime_error("rank " + std::to_string(r) +
+                               " sent no valid argument fingerprint "
                                "(NCCLKIT_CHECK_COLLECTIVES); the ranks' streams of collectives are out of step");
     }
     all.push_back(*decoded);
@@ -84,9 +87,11 @@ inline void agree_on_argument_check(const std::shared_ptr<::gloo::Context>& cont
   std::vector<int> on, off;
   for (std::size_t r = 0; r < all.size(); ++r) (all[r] ? on : off).push_back(static_cast<int>(r));
   if (!on.empty() && !off.empty()) {
-    throw ConfigError(who + ": the collective argument check (NCCLKIT_CHECK_COLLECTIVES, "
-                      "Options::check_collectives) is on for " + ncclkit::detail::rank_or_ranks(on) +
-                      " but off for " + ncclkit::detail::rank_or_ranks(off) + "; set it alike on every rank");
+    throw ConfigError(who +
+                      ": the collective argument check (NCCLKIT_CHECK_COLLECTIVES, "
+                      "Options::check_collectives) is on for " +
+                      ncclkit::detail::rank_or_ranks(on) + " but off for " + ncclkit::detail::rank_or_ranks(off) +
+                      "; set it alike on every rank");
   }
 }
 

@@ -4,9 +4,9 @@
 /// context lock, the argument check, the deadline, failures mapped to CommError). Internal to
 /// gloo/communicator.hpp; the collective bodies are in detail/algorithms.hpp.
 
-#include <gloo/common/error.h>              // gloo::Exception
-#include <gloo/rendezvous/context.h>        // gloo::rendezvous::Context
-#include <gloo/transport/device.h>          // gloo::transport::Device
+#include <gloo/common/error.h>        // gloo::Exception
+#include <gloo/rendezvous/context.h>  // gloo::rendezvous::Context
+#include <gloo/transport/device.h>    // gloo::transport::Device
 
 #include <algorithm>  // std::max
 #include <atomic>     // std::atomic
@@ -42,7 +42,7 @@ struct OpInfo {
   std::size_t count = 0;
   DataType dtype = DataType::kFloat32;
   std::size_t bytes = 0;
-  std::string detail;  ///< "sum", "root 3", ...
+  std::string detail;                 ///< "sum", "root 3", ...
   CollectiveFingerprint fingerprint;  ///< what Options::check_collectives compares
   /// The call's number among the collectives every rank takes part in (those the argument
   /// check compares); 0 for send and recv, which only two ranks call and which are not compared.
@@ -85,7 +85,7 @@ struct CommunicatorState {
   std::mutex context_mutex;  ///< one collective at a time on the Gloo context
   std::atomic<bool> failed{false};
   std::mutex failure_mutex;
-  std::string failure;  ///< the first failure's message (guarded by failure_mutex)
+  std::string failure;                      ///< the first failure's message (guarded by failure_mutex)
   std::atomic<std::uint64_t> issued{0};     ///< collectives issued (the last one's number)
   std::atomic<std::uint64_t> completed{0};  ///< collectives whose run has ended
   std::atomic<std::uint64_t> checked{0};    ///< collectives the argument check numbers
@@ -133,8 +133,9 @@ struct CommunicatorState {
 
   [[noreturn]] void fail(const OpInfo& op, std::chrono::steady_clock::duration waited, const std::string& cause) {
     const std::string why = failure_cause(cause);
-    std::string message = who() + ": " + describe(op) + " failed after " + ncclkit::format_seconds(waited) + " (timeout " +
-                          ncclkit::format_seconds(options.timeout) + "): " + why + ". The communicator is unusable now. ";
+    std::string message = who() + ": " + describe(op) + " failed after " + ncclkit::format_seconds(waited) +
+                          " (timeout " + ncclkit::format_seconds(options.timeout) + "): " + why +
+                          ". The communicator is unusable now. ";
     message += why != cause && !is_timeout(cause)
                    ? "The rank named probably exited or crashed (a rank whose own collective failed closes its "
                      "connections too): look at its log."
@@ -181,7 +182,6 @@ struct CommunicatorState {
       fail(op, std::chrono::steady_clock::now() - start, e.what());
     }
   }
-
 };
 
 }  // namespace ncclkit::gloo::detail

@@ -70,11 +70,12 @@ inline std::string missing_ranks(ncclkit::Store& scoped, int rank, int size) {
   }
   std::string text;
   if (!absent.empty()) {
-    text += "; waiting for " + ncclkit::detail::rank_or_ranks(absent) + " (of " + std::to_string(size) + "), which never reached it";
+    text += "; waiting for " + ncclkit::detail::rank_or_ranks(absent) + " (of " + std::to_string(size) +
+            "), which never reached it";
   }
   if (!silent.empty()) {
-    text += "; " + ncclkit::detail::rank_or_ranks(silent) + " arrived but never published " + (silent.size() == 1 ? "its" : "their") +
-            " connection addresses";
+    text += "; " + ncclkit::detail::rank_or_ranks(silent) + " arrived but never published " +
+            (silent.size() == 1 ? "its" : "their") + " connection addresses";
   }
   return text;
 }
@@ -109,8 +110,9 @@ inline void connect(CommunicatorState& s, const std::shared_ptr<ncclkit::Store>&
     s.device = ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     throw ConfigError(s.who() + ": cannot use " +
-                      (interface.empty() ? "host name '" + (hostname.empty() ? std::string("<this machine's>") : hostname) + "'"
-                                         : "network interface '" + interface + "'") +
+                      (interface.empty()
+                           ? "host name '" + (hostname.empty() ? std::string("<this machine's>") : hostname) + "'"
+                           : "network interface '" + interface + "'") +
                       " for Gloo's TCP transport: " + e.what() +
                       ". Pick an interface that exists and reaches the other ranks (`ip addr`), with "
                       "Options::interface or NCCLKIT_GLOO_SOCKET_IFNAME.");
@@ -129,8 +131,8 @@ inline void connect(CommunicatorState& s, const std::shared_ptr<ncclkit::Store>&
     throw;
   } catch (const std::exception& e) {
     throw CommError(s.who() + ": connecting to the other ranks failed after " +
-                    ncclkit::format_seconds(std::chrono::steady_clock::now() - start) + " (device " +
-                    s.device->str() + "): " + e.what());
+                    ncclkit::format_seconds(std::chrono::steady_clock::now() - start) + " (device " + s.device->str() +
+                    "): " + e.what());
   }
   try {
     s.monitor = std::make_unique<PeerMonitor>(*context, s.who());
@@ -141,8 +143,8 @@ inline void connect(CommunicatorState& s, const std::shared_ptr<ncclkit::Store>&
                     ncclkit::format_seconds(std::chrono::steady_clock::now() - start) + ": " +
                     s.failure_cause(e.what()));
   }
-  log_info(s.who() + ": connected through " + s.store_description + " ('" + prefix + "/') on " +
-           s.device->str() + " in " + ncclkit::format_seconds(std::chrono::steady_clock::now() - start) +
+  log_info(s.who() + ": connected through " + s.store_description + " ('" + prefix + "/') on " + s.device->str() +
+           " in " + ncclkit::format_seconds(std::chrono::steady_clock::now() - start) +
            "; reductions: " + std::string(name_of(s.isa)));
 }
 
@@ -178,8 +180,7 @@ inline void close(CommunicatorState& s) noexcept {
         std::lock_guard<std::mutex> lock(s.context_mutex);
         barrier_now(s, std::chrono::steady_clock::now() + s.options.timeout);
       } catch (const std::exception& e) {
-        log_warn(s.who() + ": the barrier before closing connections failed (" + e.what() +
-                 "); closing them anyway");
+        log_warn(s.who() + ": the barrier before closing connections failed (" + e.what() + "); closing them anyway");
       }
     }
     s.monitor.reset();  // its sentinels are buffers of the context

@@ -35,7 +35,8 @@ inline void check_peer(const CommunicatorState& s, const char* op, int peer) {
 /// One view: host memory, and a pointer wherever the count is not zero.
 inline void check_view(const CommunicatorState& s, const char* op, const TensorView& view) {
   if (view.where != MemoryKind::kHost) {
-    throw ConfigError(s.who() + ": " + op + " needs host memory (TensorView::where == kHost); the Gloo "
+    throw ConfigError(s.who() + ": " + op +
+                      " needs host memory (TensorView::where == kHost); the Gloo "
                       "backend cannot read device memory: copy to the host or use the NCCL backend");
   }
   if (view.count > 0 && view.data == nullptr) {
@@ -46,7 +47,8 @@ inline void check_view(const CommunicatorState& s, const char* op, const TensorV
 /// Two views: each as check_view, and the same element type.
 inline void check_views(const CommunicatorState& s, const char* op, const TensorView& in, const TensorView& out) {
   if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
-    throw ConfigError(s.who() + ": " + op + " needs host memory (TensorView::where == kHost); the Gloo "
+    throw ConfigError(s.who() + ": " + op +
+                      " needs host memory (TensorView::where == kHost); the Gloo "
                       "backend cannot read device memory: copy to the host or use the NCCL backend");
   }
   if (in.dtype != out.dtype) {
@@ -59,7 +61,8 @@ inline void check_views(const CommunicatorState& s, const char* op, const Tensor
 }
 
 [[noreturn]] inline void overlap_error(const CommunicatorState& s, const char* op) {
-  throw ConfigError(s.who() + ": " + op + " input and output overlap without being in place; pass the same "
+  throw ConfigError(s.who() + ": " + op +
+                    " input and output overlap without being in place; pass the same "
                     "buffer for in-place use or non-overlapping buffers");
 }
 

@@ -88,9 +88,7 @@ class CheckedCall {
     throw ConfigError("ncclkit " + std::string(operation_) + " on " + core_.who() + ": " + what);
   }
   /// The misuse of a call that waits on the host, on a stream that is capturing.
-  [[noreturn]] void refuse_capture() const {
-    misuse(kCaptureRefusal);
-  }
+  [[noreturn]] void refuse_capture() const { misuse(kCaptureRefusal); }
 
   void op(ReduceOp op) const {
     if (!nccl::is_valid(op)) misuse("invalid ReduceOp value " + std::to_string(static_cast<int>(op)));
@@ -124,8 +122,9 @@ class CheckedCall {
   void buffer(const char* which, const TensorView& buffer) const {
     if (!nccl::is_valid(buffer.dtype)) misuse(std::string(which) + " has an invalid DataType value");
     if (buffer.where != MemoryKind::kDevice) {
-      misuse(std::string(which) + " buffer is marked as host memory (TensorView::where); the NCCL backend moves "
-                                  "device memory");
+      misuse(std::string(which) +
+             " buffer is marked as host memory (TensorView::where); the NCCL backend moves "
+             "device memory");
     }
     if (buffer.count == 0) return;
     if (buffer.data == nullptr) {
@@ -133,7 +132,7 @@ class CheckedCall {
     }
     if (!core_.options.check_pointers || stream_.capturing) return;
     if (core_.checked_pointers.contains(buffer.data)) return;  // checked before (checked_pointers.hpp)
-    RelaxedCaptureMode relaxed;  // legal while another stream captures a graph
+    RelaxedCaptureMode relaxed;                                // legal while another stream captures a graph
     cudaPointerAttributes attributes{};
     const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data);
     if (status != cudaSuccess) {
@@ -155,8 +154,7 @@ class CheckedCall {
     }
     if (attributes.device != core_.device) {
       misuse(std::string(which) + " at " + address(buffer.data) + " is memory of GPU " +
-             std::to_string(attributes.device) + ", but this communicator runs on GPU " +
-             std::to_string(core_.device));
+             std::to_string(attributes.device) + ", but this communicator runs on GPU " + std::to_string(core_.device));
     }
     core_.checked_pointers.insert(buffer.data);
   }
@@ -181,9 +179,9 @@ class CheckedCall {
   /// mismatch is not raised here: the caller raises its ConfigError. Nothing to do for calls
   /// that are not compared (send, recv, synchronize, copy, ...).
   void reject_in_check(const std::string& reason) const {
-    static constexpr std::string_view kChecked[] = {"all_reduce", "broadcast",      "reduce",     "all_gather",
-                                                    "all_gather_uneven", "reduce_scatter", "all_to_all",
-                                                    "gather",     "scatter",        "barrier"};
+    static constexpr std::string_view kChecked[] = {"all_reduce",        "broadcast",      "reduce",     "all_gather",
+                                                    "all_gather_uneven", "reduce_scatter", "all_to_all", "gather",
+                                                    "scatter",           "barrier"};
     auto& c = core_;
     if (!c.options.check_collectives || c.size == 1 || !c.scope || c.watchdog.failed()) return;
     if (std::find(std::begin(kChecked), std::end(kChecked), std::string_view(operation_)) == std::end(kChecked)) {

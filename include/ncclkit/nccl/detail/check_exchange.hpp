@@ -59,8 +59,8 @@ inline void exchange_fingerprints(Store& scope, int rank, int size, std::uint64_
                                   const std::string& who) {
   const auto encoded = ncclkit::detail::encode(mine);
   const std::string verdict_key = check_key(number, "verdict");
-  const std::string what = "the argument check (NCCLKIT_CHECK_COLLECTIVES) of " + std::string(mine.name()) + " #" +
-                           std::to_string(number);
+  const std::string what =
+      "the argument check (NCCLKIT_CHECK_COLLECTIVES) of " + std::string(mine.name()) + " #" + std::to_string(number);
   if (rank != 0) {
     scope.set(check_key(number, std::to_string(rank)), std::span<const std::uint8_t>(encoded));
     if (number > 1) (void)scope.delete_key(check_key(number - 1, std::to_string(rank)));
@@ -92,14 +92,16 @@ inline void exchange_fingerprints(Store& scope, int rank, int size, std::uint64_
     const std::string key = check_key(number, std::to_string(r));
     Bytes bytes;
     try {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       bytes = scope.get(key, std::max(left, std::chrono::milliseconds(1)));
     } catch (const TimeoutError&) {
       std::vector<int> missing;
       for (int q = r; q < size; ++q)
         if (!scope.check({check_key(number, std::to_string(q))})) missing.push_back(q);
       const std::string text = what + ": " + ncclkit::detail::rank_or_ranks(missing) + " did not reach it within " +
-                               ncclkit::format_seconds(timeout) + " (rank 0 waited; a rank that skipped this "
+                               ncclkit::format_seconds(timeout) +
+                               " (rank 0 waited; a rank that skipped this "
                                "collective, stalled or died). The communicator is unusable now";
       try {
         scope.set(verdict_key, "timeout\n" + text);
@@ -110,7 +112,8 @@ inline void exchange_fingerprints(Store& scope, int rank, int size, std::uint64_
     }
     const auto decoded = ncclkit::detail::decode(bytes);
     if (!decoded) {
-      throw StoreError(who + ": " + what + ": key '" + key + "' holds no fingerprint (another program using the store?)");
+      throw StoreError(who + ": " + what + ": key '" + key +
+                       "' holds no fingerprint (another program using the store?)");
     }
     all[static_cast<std::size_t>(r)] = *decoded;
   }

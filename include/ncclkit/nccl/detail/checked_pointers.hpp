@@ -129,9 +129,9 @@ class CheckedPointers {
   }
 
   const std::atomic<std::uint64_t>* source_;
-  const void* order_[kSlots] = {};   ///< the held addresses, in the order they came
-  const void* table_[kTable] = {};   ///< the same addresses, for lookup
-  std::size_t next_ = 0;             ///< the entry of order_ the next insert takes (the oldest, once full)
+  const void* order_[kSlots] = {};  ///< the held addresses, in the order they came
+  const void* table_[kTable] = {};  ///< the same addresses, for lookup
+  std::size_t next_ = 0;            ///< the entry of order_ the next insert takes (the oldest, once full)
   std::uint64_t generation_;
 };
 

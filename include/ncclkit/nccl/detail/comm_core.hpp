@@ -7,15 +7,15 @@
 #include <nccl.h>              // ncclComm_t, ncclCommGetAsyncError
 
 #include <algorithm>  // std::min, std::any_of, std::all_of
-#include <chrono>   // std::chrono
-#include <cstddef>  // std::size_t, std::ptrdiff_t
-#include <cstdint>  // std::uint64_t
-#include <memory>   // std::shared_ptr
-#include <mutex>    // std::unique_lock
-#include <optional>  // std::nullopt
-#include <string>   // std::string
-#include <thread>   // std::this_thread::sleep_for
-#include <vector>   // std::vector
+#include <chrono>     // std::chrono
+#include <cstddef>    // std::size_t, std::ptrdiff_t
+#include <cstdint>    // std::uint64_t
+#include <memory>     // std::shared_ptr
+#include <mutex>      // std::unique_lock
+#include <optional>   // std::nullopt
+#include <string>     // std::string
+#include <thread>     // std::this_thread::sleep_for
+#include <vector>     // std::vector
 
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
@@ -54,8 +54,8 @@ struct CommCore {
   /// handle's lock by the issue path, cleared by GroupGuard::end): the group's end must hold
   /// this handle, and the watchdog must not abort it before then.
   bool joined = false;
-  Event sync_event;  ///< recorded by synchronize()
-  void* scratch = nullptr;  ///< 8 bytes of device memory for barrier()
+  Event sync_event;                  ///< recorded by synchronize()
+  void* scratch = nullptr;           ///< 8 bytes of device memory for barrier()
   CheckedPointers checked_pointers;  ///< buffers already found to be device memory of this GPU
   CheckedPointers checked_streams{destroyed_stream_generation()};  ///< streams found to be of this GPU
 
@@ -79,8 +79,8 @@ struct CommCore {
       ~Clear() { ops.clear(); }
     } clear{pending};
     const cudaStream_t first_stream = pending.front().stream;
-    const bool one_stream = std::all_of(pending.begin(), pending.end(),
-                                        [&](const PendingOp& op) { return op.stream == first_stream; });
+    const bool one_stream =
+        std::all_of(pending.begin(), pending.end(), [&](const PendingOp& op) { return op.stream == first_stream; });
     for (std::size_t i = 0; i < pending.size(); ++i) {
       const cudaStream_t stream = pending[i].stream;
       const auto same_stream = [&](const PendingOp& op) { return op.stream == stream; };
@@ -114,8 +114,7 @@ inline ncclResult_t wait_while_in_progress(CommCore& core, Clock::time_point dea
     {
       std::unique_lock lock(core.handle().mutex);
       if (core.handle().aborted) return ncclRemoteError;  // the watchdog took it down meanwhile
-      const ncclResult_t status =
-          ncclCommGetAsyncError(control ? core.handle().control : core.handle().comm, &state);
+      const ncclResult_t status = ncclCommGetAsyncError(control ? core.handle().control : core.handle().comm, &state);
       if (status != ncclSuccess) return status;
     }
     if (state != ncclInProgress) return state;

@@ -56,8 +56,7 @@ struct ReadyHandles {
 
 /// A fresh core with options resolved: device chosen, timeout filled in. `who` opens the
 /// messages of the options it refuses (default: the communicator's name and rank).
-inline std::unique_ptr<CommCore> make_core(Options options, int rank, int size, int local_rank,
-                                                   std::string who = {}) {
+inline std::unique_ptr<CommCore> make_core(Options options, int rank, int size, int local_rank, std::string who = {}) {
   if (who.empty()) who = "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")";
   auto core = std::make_unique<CommCore>();
   if (options.timeout.count() <= 0) options.timeout = default_comm_timeout();
@@ -71,8 +70,9 @@ inline std::unique_ptr<CommCore> make_core(Options options, int rank, int size, 
   check_nccl_knobs(options, who);
   const int visible = visible_device_count();
   if (visible == 0) {
-    throw ConfigError(who + ": no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
-                            "use the Gloo backend on machines without GPUs");
+    throw ConfigError(who +
+                      ": no GPU is visible to this process (check CUDA_VISIBLE_DEVICES and the driver); "
+                      "use the Gloo backend on machines without GPUs");
   }
   if (options.device < 0) options.device = local_rank % visible;
   if (options.device >= visible) {
@@ -90,7 +90,8 @@ inline std::unique_ptr<CommCore> make_core(Options options, int rank, int size, 
 /// gives ("Failed to initialize any NET plugin"): the name NCCL was asked for, if any.
 inline std::string network_hint(const Options& options) {
   if (auto forced = env_string("NCCL_NET")) {
-    return "; NCCL_NET='" + *forced + "' chooses the network (over Options::net_name): is it one NCCL has here "
+    return "; NCCL_NET='" + *forced +
+           "' chooses the network (over Options::net_name): is it one NCCL has here "
            "(built in: IB, Socket; others come from net plugins)?";
   }
   if (options.net_name.empty()) return {};
@@ -130,8 +131,8 @@ inline ncclConfig_t make_config(const Options& options, bool blocking) {
 
 /// Polls a communicator being created until NCCL is done with it; aborts it and throws on
 /// an error or at `deadline` (naming, when the store knows, the ranks that never joined).
-inline void wait_for_init(ncclComm_t comm, Clock::time_point deadline, const CommCore& core,
-                          const std::string& what, bool abort_on_failure = true, bool picks_network = false) {
+inline void wait_for_init(ncclComm_t comm, Clock::time_point deadline, const CommCore& core, const std::string& what,
+                          bool abort_on_failure = true, bool picks_network = false) {
   auto pause = std::chrono::microseconds(10);
   while (true) {
     ncclResult_t state = ncclSuccess;
@@ -169,8 +170,8 @@ inline void wait_for_init(ncclComm_t comm, Clock::time_point deadline, const Com
 /// Waits until NCCL has written the new handle of a split into `slot` (its helper thread does
 /// so when the split of a non-blocking parent completes), the parent reports an error
 /// (NcclError) or `deadline` passes (TimeoutError). Aborts nothing.
-inline ncclComm_t await_child(ncclComm_t& slot, ncclComm_t parent, Clock::time_point deadline,
-                              const CommCore& core, const std::string& what) {
+inline ncclComm_t await_child(ncclComm_t& slot, ncclComm_t parent, Clock::time_point deadline, const CommCore& core,
+                              const std::string& what) {
   auto pause = std::chrono::microseconds(10);
   while (true) {
     if (ncclComm_t child = std::atomic_ref<ncclComm_t>(slot).load(std::memory_order_acquire)) return child;
@@ -192,8 +193,7 @@ inline ncclComm_t await_child(ncclComm_t& slot, ncclComm_t parent, Clock::time_p
 /// Splits the (non-blocking, ready) control communicator into the blocking one collectives
 /// run on, every rank keeping its rank. The split is polled through its non-blocking
 /// parent, so it is bounded by `deadline`; on failure both are aborted and it throws.
-inline ncclComm_t split_working(ncclComm_t control, int rank, Clock::time_point deadline,
-                                const CommCore& core) {
+inline ncclComm_t split_working(ncclComm_t control, int rank, Clock::time_point deadline, const CommCore& core) {
   ncclConfig_t config = make_config(core.options, /*blocking=*/true);
   ncclComm_t comm = nullptr;
   ncclResult_t status = ncclSuccess;
@@ -227,8 +227,8 @@ inline std::unique_ptr<CommCore> adopt_handles(ReadyHandles ready) {
     core->sync_event = Event(core->device);
     NCCLKIT_CUDA_CHECK(cudaMalloc(&core->scratch, 8));
     NCCLKIT_CUDA_CHECK(cudaMemset(core->scratch, 0, 8));
-    core->watchdog = Watchdog(Watchdog::Config{core->options.name, core->rank, core->size, core->device,
-                                               core->options.timeout, core->scope});
+    core->watchdog = Watchdog(
+        Watchdog::Config{core->options.name, core->rank, core->size, core->device, core->options.timeout, core->scope});
   } catch (...) {
     (void)ncclCommAbort(comm);
     (void)ncclCommAbort(control);
@@ -240,7 +240,6 @@ inline std::unique_ptr<CommCore> adopt_handles(ReadyHandles ready) {
   core->watchdog.start();
   return std::move(core);
 }
-
 
 /// Creates this rank's NCCL communicators of the job `world` describes (Communicator's
 /// constructor): scope in the store, version exchange and unique id (rendezvous.hpp), the
@@ -259,7 +258,8 @@ inline ReadyHandles init_communicator(std::shared_ptr<Store> store, const WorldI
   core->scope = std::make_shared<PrefixStore>(base + "/" + std::to_string(index), store);
 
   // The argument check works only if every rank makes it: the setting is compared here too.
-  const std::string compared = version_text() + (core->options.check_collectives ? ", collective argument check on" : "");
+  const std::string compared =
+      version_text() + (core->options.check_collectives ? ", collective argument check on" : "");
   Bytes id_bytes = init_rendezvous(
       *core->scope, core->rank, core->size, compared, core->options.timeout,
       [] {
@@ -289,7 +289,7 @@ inline ReadyHandles init_communicator(std::shared_ptr<Store> store, const WorldI
     }
   }
   wait_for_init(control, deadline, *core, "init (ncclCommInitRankConfig)", /*abort_on_failure=*/true,
-                        /*picks_network=*/true);
+                /*picks_network=*/true);
   ncclComm_t comm = split_working(control, core->rank, deadline, *core);
   return ReadyHandles{std::move(core), control, comm};
 }

@@ -45,8 +45,8 @@ struct CallStream {
 
 /// Fails the communicator over the collective being issued (`seq`; 0: it takes the next
 /// number, so that the report names it) and throws the CommError.
-[[noreturn]] inline void fail_issue(CommCore& core, const char* operation, std::size_t bytes,
-                                    const std::string& reason, std::uint64_t seq = 0) {
+[[noreturn]] inline void fail_issue(CommCore& core, const char* operation, std::size_t bytes, const std::string& reason,
+                                    std::uint64_t seq = 0) {
   core.watchdog.request_failure(reason, seq != 0 ? seq : core.watchdog.next_seq(), operation, bytes);
   core.watchdog.throw_failure(group_state().depth == 0);
 }

@@ -45,8 +45,9 @@ inline void shutdown_all(std::vector<CommCore*> cores) noexcept {
       std::unique_lock lock(handle.mutex, std::defer_lock);
       const bool locked = lock.try_lock_for(std::chrono::seconds(2));
       if (locked && !handle.aborted) handle.aborted = true;
-      log_error(core->who() + " destroyed while its watchdog thread was still busy after 10 s (a store that does "
-                              "not answer?); its NCCL communicators are leaked rather than freed under that thread");
+      log_error(core->who() +
+                " destroyed while its watchdog thread was still busy after 10 s (a store that does "
+                "not answer?); its NCCL communicators are leaked rather than freed under that thread");
       continue;
     }
     if (handle.open_groups.load() > 0) {
@@ -71,8 +72,9 @@ inline void shutdown_all(std::vector<CommCore*> cores) noexcept {
     if (!drained.completed) {
       log_warn(core->who() + ": collectives still in flight at destruction after the timeout; aborting");
     } else if (drained.waited_long) {
-      log_warn(core->who() + ": collectives in flight at destruction completed only after a long wait (possibly "
-                             "released by a peer's abort); aborting rather than waiting for the peers");
+      log_warn(core->who() +
+               ": collectives in flight at destruction completed only after a long wait (possibly "
+               "released by a peer's abort); aborting rather than waiting for the peers");
     }
     const bool clean = drained.completed && !drained.waited_long;
     ncclResult_t status = ncclSuccess;
@@ -94,7 +96,8 @@ inline void shutdown_all(std::vector<CommCore*> cores) noexcept {
     } else {
       status = ncclCommAbort(handle.comm);
     }
-    if (status != ncclSuccess) log_warn(core->who() + ": destroying the NCCL communicator returned " + describe_nccl_error(status));
+    if (status != ncclSuccess)
+      log_warn(core->who() + ": destroying the NCCL communicator returned " + describe_nccl_error(status));
     handle.comm = nullptr;
   }
   std::vector<bool> finalizing(closing.size(), false);

@@ -96,8 +96,8 @@ inline std::optional<ReadyHandles> split_communicator(CommCore& parent, int colo
   child->rank = child_rank;
   child->size = child_size;
   if (parent.scope) {
-    child->scope = std::make_shared<PrefixStore>(
-        "split/" + std::to_string(index) + "/color/" + std::to_string(color), parent.scope);
+    child->scope = std::make_shared<PrefixStore>("split/" + std::to_string(index) + "/color/" + std::to_string(color),
+                                                 parent.scope);
   }
   ncclComm_t comm = split_working(control, child_rank, deadline, *child);
   return ReadyHandles{std::move(child), control, comm};

@@ -4,11 +4,11 @@
 /// whether a file system is local. Every function returns an errno value, never throws: the
 /// store turns errors into messages that say which file and what to do.
 
-#include <fcntl.h>    // openat, O_* flags
-#include <sys/stat.h>  // mkdir, fstat, stat
-#include <sys/types.h> // off_t, mode_t
-#include <sys/vfs.h>   // fstatfs (is the folder on a local file system?)
-#include <unistd.h>    // close, read, write
+#include <fcntl.h>      // openat, O_* flags
+#include <sys/stat.h>   // mkdir, fstat, stat
+#include <sys/types.h>  // off_t, mode_t
+#include <sys/vfs.h>    // fstatfs (is the folder on a local file system?)
+#include <unistd.h>     // close, read, write
 
 #include <algorithm>  // std::max
 #include <atomic>     // std::atomic

@@ -23,9 +23,8 @@ namespace ncclkit::detail::file_store {
 /// so that many waiters do not retry in lock step. The cap (5 ms) bounds the CPU that waiters
 /// burn: with W waiters the lock is retried W/cap times a second, so a release is noticed
 /// quickly anyway.
-inline constexpr BackoffPolicy kLockPoll{.first = std::chrono::microseconds(20),
-                                         .cap = std::chrono::microseconds(5000),
-                                         .jitter = true};
+inline constexpr BackoffPolicy kLockPoll{
+    .first = std::chrono::microseconds(20), .cap = std::chrono::microseconds(5000), .jitter = true};
 
 /// Key locks use bytes [1, 1 + kKeyLockSpan) of dir/lock (NLM of NFSv3 handles 63-bit
 /// offsets, but staying below 2^31 keeps 32-bit lock managers happy too).

@@ -37,7 +37,8 @@ namespace ncclkit {
 
 // ---- joining a run ----------------------------------------------------------------------------
 
-inline detail::file_store::ByteLock FileStore::lock_folder(short type, Clock::time_point deadline, const char* purpose) {
+inline detail::file_store::ByteLock FileStore::lock_folder(short type, Clock::time_point deadline,
+                                                           const char* purpose) {
   namespace fs = detail::file_store;
   const auto start = Clock::now();
   int err = fs::lock_byte_until(lock_fd_.get(), 0, deadline, type);
@@ -47,9 +48,10 @@ inline detail::file_store::ByteLock FileStore::lock_folder(short type, Clock::ti
                        "; a process holding it may be stopped, or the file server unreachable");
   }
   if (err != 0) {
-    throw StoreError("FileStore " + describe() + ": cannot lock " + dir_ + "/lock to " + purpose + ": " +
-                     fs::describe_errno(err) +
-                     (err == ENOLCK || err == EOPNOTSUPP ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)" : ""));
+    throw StoreError(
+        "FileStore " + describe() + ": cannot lock " + dir_ + "/lock to " + purpose + ": " + fs::describe_errno(err) +
+        (err == ENOLCK || err == EOPNOTSUPP ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)"
+                                            : ""));
   }
   return fs::ByteLock(lock_fd_.get(), 0);
 }
@@ -65,7 +67,8 @@ inline std::vector<std::string> FileStore::list_runs(std::string_view prefix) co
   }
   while (dirent* entry = ::readdir(listing)) {
     const std::string_view name = entry->d_name;
-    if (name.substr(0, prefix.size()) == prefix && fs::is_run_folder_name("r-" + std::string(name.substr(prefix.size()))))
+    if (name.substr(0, prefix.size()) == prefix &&
+        fs::is_run_folder_name("r-" + std::string(name.substr(prefix.size()))))
       ids.emplace_back(name.substr(prefix.size()));
   }
   ::closedir(listing);
@@ -95,10 +98,11 @@ inline void FileStore::join() {
   mismatch.clear();
   if (join_existing_run(mismatch)) return;
   if (!mismatch.empty()) {
-    throw ConfigError("FileStore " + describe() + ": the folder's " + mismatch + ", but this process was given world_size " +
-                      std::to_string(options_.world_size) +
+    throw ConfigError("FileStore " + describe() + ": the folder's " + mismatch +
+                      ", but this process was given world_size " + std::to_string(options_.world_size) +
                       "; all processes of a job must pass the same world size, and two jobs must not share a folder "
-                      "at once (" + our_identity() + "; use another folder, or give each job its own NCCLKIT_RUN_ID)");
+                      "at once (" +
+                      our_identity() + "; use another folder, or give each job its own NCCLKIT_RUN_ID)");
   }
   start_run();
 }
@@ -120,9 +124,9 @@ inline bool FileStore::join_existing_run(std::string& mismatch) {
     if (!members || !run_fd) continue;  // removed meanwhile
     const int alive = fs::any_lock_held(members.get());
     if (alive < 0) {
-      throw StoreError("FileStore " + describe() + ": cannot test the locks of " + path + "/members: " +
-                       fs::describe_errno(-alive) +
-                       (-alive == ENOLCK ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)" : ""));
+      throw StoreError(
+          "FileStore " + describe() + ": cannot test the locks of " + path + "/members: " + fs::describe_errno(-alive) +
+          (-alive == ENOLCK ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)" : ""));
     }
     if (alive == 0) continue;  // dead: never joined
     if (options_.world_size > 0 && record->world_size > 0 && options_.world_size != record->world_size) {
@@ -167,7 +171,8 @@ inline int FileStore::claim_slot(int run_fd, int members_fd, int world_size, con
     const int err = fs::try_lock_byte(members_fd, i);
     if (err == EAGAIN || err == EACCES) return false;  // another process is claiming it right now
     if (err != 0) {
-      throw StoreError("FileStore " + describe() + ": cannot lock " + run_path + "/members: " + fs::describe_errno(err));
+      throw StoreError("FileStore " + describe() + ": cannot lock " + run_path +
+                       "/members: " + fs::describe_errno(err));
     }
     // Look again now that we hold the byte: its previous holder may have claimed it and left.
     refresh(run_path);
@@ -220,7 +225,8 @@ inline void FileStore::start_run() {
   record.creator = std::string(host) + " pid " + std::to_string(::getpid());
   const std::string run_path = dir_ + "/r-" + record.id;
   if (::mkdir(run_path.c_str(), 0700) != 0) {
-    throw StoreError("FileStore " + describe() + ": cannot create the run folder " + run_path + ": " + fs::describe_errno(errno));
+    throw StoreError("FileStore " + describe() + ": cannot create the run folder " + run_path + ": " +
+                     fs::describe_errno(errno));
   }
   // The members lock comes first: from then on the folder counts as alive. Nobody else looks
   // at it before we release the folder lock; if we die first, it is dead and gets removed.
@@ -245,15 +251,18 @@ inline void FileStore::start_run() {
     run_fd_.reset();
     std::error_code ignored;
     std::filesystem::remove_all(run_path, ignored);
-    throw StoreError("FileStore " + describe() + ": cannot set up the run folder " + run_path + ": " + fs::describe_errno(err) +
-                     (err == ENOLCK || err == EOPNOTSUPP ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)" : ""));
+    throw StoreError(
+        "FileStore " + describe() + ": cannot set up the run folder " + run_path + ": " + fs::describe_errno(err) +
+        (err == ENOLCK || err == EOPNOTSUPP ? " (this file system offers no fcntl locks; on NFS run lockd or use NFSv4)"
+                                            : ""));
   }
   run_id_ = record.id;
   run_path_ = run_path;
   member_ = 0;
   run_world_size_ = record.world_size;
   key_lock_seed_ = fs::hash64(run_id_, 0);
-  log_info(where() + ": started a new run" + (identity_.tag.empty() ? "" : " (job identity from " + identity_.source + ")"));
+  log_info(where() + ": started a new run" +
+           (identity_.tag.empty() ? "" : " (job identity from " + identity_.source + ")"));
 }
 
 /// Removes the folders of runs none of whose members is alive: killed runs, runs whose members

@@ -79,9 +79,7 @@ inline std::string key_file_name(std::string_view key) {
   return "h-" + hex64(hash64(key, 0x6e63636c6b697431ULL)) + hex64(hash64(key, 0x66696c6573746f72ULL));
 }
 
-inline bool is_key_file_name(const char* name) {
-  return (name[0] == 'k' || name[0] == 'h') && name[1] == '-';
-}
+inline bool is_key_file_name(const char* name) { return (name[0] == 'k' || name[0] == 'h') && name[1] == '-'; }
 
 /// Long keys' files start with "ncclkit-key <length>\n<key>" so that a read can verify it.
 inline std::string hashed_key_header(std::string_view key) {

@@ -3,13 +3,13 @@
 /// and a warning for mount options under which its guarantees do not hold across hosts (NFS
 /// without network locks or without close-to-open, Lustre with local locks).
 
-#include <filesystem>   // std::filesystem::canonical
-#include <fstream>      // std::ifstream (/proc/self/mountinfo)
-#include <optional>     // std::optional
-#include <sstream>      // std::istringstream (mountinfo lines)
-#include <string>       // std::string
-#include <string_view>  // std::string_view
-#include <system_error> // std::error_code
+#include <filesystem>    // std::filesystem::canonical
+#include <fstream>       // std::ifstream (/proc/self/mountinfo)
+#include <optional>      // std::optional
+#include <sstream>       // std::istringstream (mountinfo lines)
+#include <string>        // std::string
+#include <string_view>   // std::string_view
+#include <system_error>  // std::error_code
 
 namespace ncclkit::detail::file_store {
 
@@ -75,7 +75,8 @@ inline std::string mount_warning(const std::string& path) {
   if (mount->fs_type.rfind("nfs", 0) == 0) {
     if (has_option(mount->options, "nolock") || has_option(mount->options, "local_lock=posix") ||
         has_option(mount->options, "local_lock=all")) {
-      return where + " with local locks (nolock or local_lock=posix/all): add, compare_set and run "
+      return where +
+             " with local locks (nolock or local_lock=posix/all): add, compare_set and run "
              "membership are only atomic among processes of this host; remount without them "
              "(NFSv4, or NFSv3 with lockd) for several hosts";
     }

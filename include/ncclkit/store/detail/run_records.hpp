@@ -8,7 +8,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
-#include "ncclkit/core/env.hpp"               // parse_int
+#include "ncclkit/core/env.hpp"                // parse_int
 #include "ncclkit/store/detail/key_files.hpp"  // escape_key
 
 namespace ncclkit::detail::file_store {

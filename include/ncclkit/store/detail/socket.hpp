@@ -13,18 +13,18 @@
 #include <sys/socket.h>   // socket, bind, listen, connect, send, recv
 #include <unistd.h>       // close
 
-#include <algorithm>    // std::max, std::min
-#include <cerrno>       // errno
-#include <chrono>       // std::chrono::steady_clock
-#include <climits>      // INT_MAX
-#include <cstddef>      // std::size_t
-#include <cstdint>      // std::uint8_t
-#include <cstring>      // std::strerror, std::memcpy, std::memmove
-#include <memory>       // std::unique_ptr
-#include <span>         // std::span
-#include <string>       // std::string
-#include <utility>      // std::exchange
-#include <vector>       // std::vector
+#include <algorithm>  // std::max, std::min
+#include <cerrno>     // errno
+#include <chrono>     // std::chrono::steady_clock
+#include <climits>    // INT_MAX
+#include <cstddef>    // std::size_t
+#include <cstdint>    // std::uint8_t
+#include <cstring>    // std::strerror, std::memcpy, std::memmove
+#include <memory>     // std::unique_ptr
+#include <span>       // std::span
+#include <string>     // std::string
+#include <utility>    // std::exchange
+#include <vector>     // std::vector
 
 #include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/error.hpp"
@@ -239,16 +239,18 @@ inline Socket listen_tcp(const std::string& host, int port, int backlog = 4096) 
     if (::bind(socket.get(), reinterpret_cast<const sockaddr*>(&address.storage), address.length) != 0) {
       const int err = errno;
       if (err == EADDRINUSE) {
-        throw ConfigError("TcpStore cannot listen on " + format_host_port(address.numeric_host(), port) +
-                          ": port " + std::to_string(port) +
+        throw ConfigError("TcpStore cannot listen on " + format_host_port(address.numeric_host(), port) + ": port " +
+                          std::to_string(port) +
                           " is already in use; pick another port (MASTER_PORT) or 0 for a free one, or stop "
                           "the process holding it");
       }
-      failures += (failures.empty() ? "" : "; ") + format_host_port(address.numeric_host(), port) + ": bind: " + errno_text(err);
+      failures += (failures.empty() ? "" : "; ") + format_host_port(address.numeric_host(), port) +
+                  ": bind: " + errno_text(err);
       continue;
     }
     if (::listen(socket.get(), backlog) != 0) {
-      failures += (failures.empty() ? "" : "; ") + format_host_port(address.numeric_host(), port) + ": listen: " + errno_text(errno);
+      failures += (failures.empty() ? "" : "; ") + format_host_port(address.numeric_host(), port) +
+                  ": listen: " + errno_text(errno);
       continue;
     }
     return socket;

@@ -85,21 +85,36 @@ enum class MessageType : std::uint8_t {
 /// A readable name for logs and errors ("set", "wait", ...; "type 200" for unknown ones).
 inline std::string message_type_name(std::uint8_t type) {
   switch (static_cast<MessageType>(type)) {
-    case MessageType::kHello: return "hello";
-    case MessageType::kSet: return "set";
-    case MessageType::kGet: return "get";
-    case MessageType::kWait: return "wait";
-    case MessageType::kCheck: return "check";
-    case MessageType::kAdd: return "add";
-    case MessageType::kCompareSet: return "compare_set";
-    case MessageType::kDelete: return "delete_key";
-    case MessageType::kNumKeys: return "num_keys";
-    case MessageType::kHelloOk: return "hello-ok";
-    case MessageType::kOk: return "ok";
-    case MessageType::kValue: return "value";
-    case MessageType::kInteger: return "integer";
-    case MessageType::kTimeout: return "timeout";
-    case MessageType::kError: return "error";
+    case MessageType::kHello:
+      return "hello";
+    case MessageType::kSet:
+      return "set";
+    case MessageType::kGet:
+      return "get";
+    case MessageType::kWait:
+      return "wait";
+    case MessageType::kCheck:
+      return "check";
+    case MessageType::kAdd:
+      return "add";
+    case MessageType::kCompareSet:
+      return "compare_set";
+    case MessageType::kDelete:
+      return "delete_key";
+    case MessageType::kNumKeys:
+      return "num_keys";
+    case MessageType::kHelloOk:
+      return "hello-ok";
+    case MessageType::kOk:
+      return "ok";
+    case MessageType::kValue:
+      return "value";
+    case MessageType::kInteger:
+      return "integer";
+    case MessageType::kTimeout:
+      return "timeout";
+    case MessageType::kError:
+      return "error";
   }
   return "type " + std::to_string(type);
 }
@@ -125,11 +140,11 @@ struct ParseLimits {
 /// as long as those bytes are.
 struct Frame {
   MessageType type = MessageType::kOk;
-  std::uint64_t timeout_ms = 0;                 ///< kGet, kWait
-  std::int64_t integer = 0;                     ///< kAdd (delta), kInteger, kHelloOk (max value)
-  std::vector<std::string_view> keys;           ///< kSet..kDelete (one), kWait/kCheck/kTimeout (many)
-  std::span<const std::uint8_t> value;          ///< kHello token, kSet, kValue, kError, kCompareSet expected
-  std::span<const std::uint8_t> second_value;   ///< kCompareSet desired
+  std::uint64_t timeout_ms = 0;                ///< kGet, kWait
+  std::int64_t integer = 0;                    ///< kAdd (delta), kInteger, kHelloOk (max value)
+  std::vector<std::string_view> keys;          ///< kSet..kDelete (one), kWait/kCheck/kTimeout (many)
+  std::span<const std::uint8_t> value;         ///< kHello token, kSet, kValue, kError, kCompareSet expected
+  std::span<const std::uint8_t> second_value;  ///< kCompareSet desired
 };
 
 enum class ParseStatus { kNeedMore, kParsed, kError };
@@ -186,7 +201,8 @@ class PayloadReader {
     std::uint32_t length = 0;
     if (!u32(length, "key length")) return false;
     if (length > kMaxKeyBytes) {
-      return fail("key length " + std::to_string(length) + " exceeds the limit of " + std::to_string(kMaxKeyBytes) + " bytes");
+      return fail("key length " + std::to_string(length) + " exceeds the limit of " + std::to_string(kMaxKeyBytes) +
+                  " bytes");
     }
     if (!need(length, "key")) return false;
     out = std::string_view(reinterpret_cast<const char*>(payload_.data() + offset_), length);
@@ -230,8 +246,8 @@ class PayloadReader {
  private:
   bool need(std::uint64_t bytes, const char* what) {
     if (bytes > left()) {
-      return fail(std::string(what) + " needs " + std::to_string(bytes) + " bytes but only " +
-                  std::to_string(left()) + " remain in the payload");
+      return fail(std::string(what) + " needs " + std::to_string(bytes) + " bytes but only " + std::to_string(left()) +
+                  " remain in the payload");
     }
     return true;
   }
@@ -297,7 +313,8 @@ inline ParseResult parse_frame(std::span<const std::uint8_t> bytes, const ParseL
                    " bytes needs");
     }
     return error("frame declares a payload of " + std::to_string(payload_bytes) + " bytes, more than the limit of " +
-                 std::to_string(max_payload) + " bytes (max_value_bytes=" + std::to_string(limits.max_value_bytes) + ")");
+                 std::to_string(max_payload) + " bytes (max_value_bytes=" + std::to_string(limits.max_value_bytes) +
+                 ")");
   }
   const std::size_t total = kHeaderBytes + static_cast<std::size_t>(payload_bytes);
   if (bytes.size() < total) {

@@ -6,12 +6,12 @@
 /// deadline passes, and closes connections that stall in a handshake or mid-frame. See
 /// store/tcp_store.hpp for the guarantees this gives.
 
-#include <sys/epoll.h>    // epoll_create1, epoll_ctl, epoll_wait
-#include <sys/eventfd.h>  // eventfd
-#include <sys/resource.h> // getrlimit (the descriptor limit, for the message when it is reached)
-#include <sys/socket.h>   // accept4, send, recv
-#include <fcntl.h>        // open (the spare descriptor)
-#include <unistd.h>       // close, read, write
+#include <sys/epoll.h>     // epoll_create1, epoll_ctl, epoll_wait
+#include <sys/eventfd.h>   // eventfd
+#include <sys/resource.h>  // getrlimit (the descriptor limit, for the message when it is reached)
+#include <sys/socket.h>    // accept4, send, recv
+#include <fcntl.h>         // open (the spare descriptor)
+#include <unistd.h>        // close, read, write
 
 #include <algorithm>      // std::remove, std::min, std::max
 #include <atomic>         // std::atomic
@@ -217,8 +217,8 @@ class TcpStoreServerLoop {
     for (int attempt = 0; attempt < kAcceptBatch; ++attempt) {
       sockaddr_storage address{};
       socklen_t length = sizeof address;
-      const int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &length,
-                               SOCK_NONBLOCK | SOCK_CLOEXEC);
+      const int fd =
+          ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&address), &length, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         const int error = errno;
         if (error == EAGAIN || error == EWOULDBLOCK) return;
@@ -250,7 +250,8 @@ class TcpStoreServerLoop {
         continue;
       }
       set_idle_deadline(connection, deadline_after(handshake_timeout_));
-      if (log_enabled(LogLevel::kDebug)) log_debug("TcpStore server on " + address_ + ": connection from " + connection.peer);
+      if (log_enabled(LogLevel::kDebug))
+        log_debug("TcpStore server on " + address_ + ": connection from " + connection.peer);
     }
   }
 
@@ -292,7 +293,8 @@ class TcpStoreServerLoop {
     }
     log_warn("TcpStore server on " + address_ + ": out of file descriptors: " + limit + ", with " +
              std::to_string(connections_.size()) + " client connection(s) open. Refusing new connections until some " +
-             "close (" + std::to_string(refused_connections_) + " refused since the last such message); the open ones are still served. " +
+             "close (" + std::to_string(refused_connections_) +
+             " refused since the last such message); the open ones are still served. " +
              "Raise the limit (ulimit -n) if the job needs more connections; connections that do not complete " +
              "their handshake are closed after " + format_seconds(handshake_timeout_) +
              " (NCCLKIT_STORE_HANDSHAKE_TIMEOUT)" + note);
@@ -355,7 +357,8 @@ class TcpStoreServerLoop {
       close_connection(connection,
                        (connection.authenticated ? "it sent part of a frame, then nothing more for "
                                                  : "it did not complete the hello handshake within ") +
-                           format_seconds(handshake_timeout_) + " (the handshake timeout, NCCLKIT_STORE_HANDSHAKE_TIMEOUT)",
+                           format_seconds(handshake_timeout_) +
+                           " (the handshake timeout, NCCLKIT_STORE_HANDSHAKE_TIMEOUT)",
                        true);
     }
   }
@@ -363,7 +366,8 @@ class TcpStoreServerLoop {
   void close_connection(Connection& connection, const std::string& reason, bool warn) {
     if (connection.dead) return;
     if (warn) {
-      warn_about_peer("TcpStore server on " + address_ + ": closing the connection from " + connection.peer + ": " + reason);
+      warn_about_peer("TcpStore server on " + address_ + ": closing the connection from " + connection.peer + ": " +
+                      reason);
     } else if (log_enabled(LogLevel::kDebug)) {
       log_debug("TcpStore server on " + address_ + ": connection from " + connection.peer + " ended: " + reason);
     }
@@ -464,10 +468,11 @@ class TcpStoreServerLoop {
     const std::size_t queued = connection.out.size() - connection.out_sent;
     const std::size_t frame = tcp::kHeaderBytes + payload_bytes;
     if (queued == 0 || (queued <= kMaxQueuedReplyBytes && frame <= kMaxQueuedReplyBytes - queued)) return true;
-    close_connection(connection, "it does not read its replies: " + std::to_string(queued) +
-                                     " bytes of them wait unsent and the next needs " + std::to_string(frame) +
-                                     " more (at most " + std::to_string(kMaxQueuedReplyBytes) +
-                                     " may wait behind a new one; a TcpStore client reads each reply before its next request)",
+    close_connection(connection,
+                     "it does not read its replies: " + std::to_string(queued) +
+                         " bytes of them wait unsent and the next needs " + std::to_string(frame) + " more (at most " +
+                         std::to_string(kMaxQueuedReplyBytes) +
+                         " may wait behind a new one; a TcpStore client reads each reply before its next request)",
                      true);
     return false;
   }
@@ -492,7 +497,8 @@ class TcpStoreServerLoop {
     send_reply(connection, tcp::MessageType::kValue, 8 + value.size(), [&](tcp::FrameWriter& w) { w.bytes(value); });
   }
   void reply_error(Connection& connection, std::string_view message) {
-    send_reply(connection, tcp::MessageType::kError, 8 + message.size(), [&](tcp::FrameWriter& w) { w.bytes(message); });
+    send_reply(connection, tcp::MessageType::kError, 8 + message.size(),
+               [&](tcp::FrameWriter& w) { w.bytes(message); });
   }
 
   // ---- requests ---------------------------------------------------------------------------
@@ -501,13 +507,17 @@ class TcpStoreServerLoop {
     using tcp::MessageType;
     if (!connection.authenticated) {
       if (frame.type != MessageType::kHello) {
-        return close_connection(connection, "its first frame was '" + tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) +
-                                                "', not the hello handshake", true);
+        return close_connection(connection,
+                                "its first frame was '" +
+                                    tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) +
+                                    "', not the hello handshake",
+                                true);
       }
       if (!token_.empty() && !same_secret(frame.value, token_)) {
-        warn_about_peer("TcpStore server on " + address_ + ": rejected a client from " + connection.peer +
-                        (frame.value.empty() ? ": it presented no token" : ": it presented a wrong token") +
-                        " (NCCLKIT_STORE_TOKEN differs between this job's processes, or a stray process tried to connect)");
+        warn_about_peer(
+            "TcpStore server on " + address_ + ": rejected a client from " + connection.peer +
+            (frame.value.empty() ? ": it presented no token" : ": it presented a wrong token") +
+            " (NCCLKIT_STORE_TOKEN differs between this job's processes, or a stray process tried to connect)");
         connection.closing = true;
         reply_error(connection, "token rejected");
         return;
@@ -553,8 +563,8 @@ class TcpStoreServerLoop {
           const std::string_view text(reinterpret_cast<const char*>(found->second.data()), found->second.size());
           auto parsed = parse_int(text);
           if (!parsed) {
-            return reply_error(connection, "add on key " + printable_key(key) + ": its value " +
-                                               printable_key(text) + " is not a decimal integer");
+            return reply_error(connection, "add on key " + printable_key(key) + ": its value " + printable_key(text) +
+                                               " is not a decimal integer");
           }
           value = *parsed;
         }
@@ -597,8 +607,10 @@ class TcpStoreServerLoop {
       case MessageType::kHello:
         return close_connection(connection, "it sent a second hello", true);
       default:
-        return close_connection(connection, "it sent a '" + tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) +
-                                                "' frame, which only a server sends", true);
+        return close_connection(connection,
+                                "it sent a '" + tcp::message_type_name(static_cast<std::uint8_t>(frame.type)) +
+                                    "' frame, which only a server sends",
+                                true);
     }
   }
 
@@ -739,10 +751,10 @@ class TcpStoreServerLoop {
 
   bool listener_paused_ = false;  // taken out of epoll after accept failed for lack of resources
   SteadyClock::time_point listener_resume_at_{};
-  std::uint64_t refused_connections_ = 0;  // refused for lack of descriptors since the last log line
-  RateLimiter peer_log_{10, std::chrono::seconds(10)};      // warnings about what peers did
-  RateLimiter descriptor_log_{1, std::chrono::seconds(10)}; // out of file descriptors
-  RateLimiter resource_log_{1, std::chrono::seconds(10)};   // other accept failures
+  std::uint64_t refused_connections_ = 0;                    // refused for lack of descriptors since the last log line
+  RateLimiter peer_log_{10, std::chrono::seconds(10)};       // warnings about what peers did
+  RateLimiter descriptor_log_{1, std::chrono::seconds(10)};  // out of file descriptors
+  RateLimiter resource_log_{1, std::chrono::seconds(10)};    // other accept failures
 
   std::thread thread_;  // last: starts after everything above exists
 };
