@@ -23,8 +23,10 @@ struct ModelTensor {
 
 /// The tensors of bench/data/<model>.shapes.txt, in registration order.
 inline std::vector<ModelTensor> read_model_shapes(const std::string& model) {
-  const auto path =
-      std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "bench" / "data" / (model + ".shapes.txt");
+  // The source tree this was compiled from, else the working folder (binaries carried to a GPU
+  // machine run in a copy of the repository root).
+  auto path = std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "bench" / "data" / (model + ".shapes.txt");
+  if (!std::filesystem::exists(path)) path = std::filesystem::path("bench") / "data" / (model + ".shapes.txt");
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path.string());
   std::vector<ModelTensor> tensors;

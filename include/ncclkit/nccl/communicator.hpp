@@ -492,13 +492,17 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   }
   /// Copies `bytes` between non-overlapping device buffers on `stream`.
   void copy(void* destination, const void* source, std::size_t bytes, StreamArg stream = {}) {
-    if (bytes == 0) return;
-    if (destination == nullptr || source == nullptr) {
-      throw ConfigError("ncclkit copy on " + core().who() + ": null pointer with " + std::to_string(bytes) + " bytes");
-    }
-    DeviceGuard guard(core().device);  // the stream is this GPU's, which may not be current
-    NCCLKIT_CUDA_CHECK(
-        cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream.resolve(core().default_stream)));
+    copy_between(destination, source, bytes, cudaMemcpyDeviceToDevice, "copy", stream);
+  }
+  /// Copies `bytes` from host memory to this GPU's memory on `stream`. Pageable host memory is
+  /// read before the call returns; pinned memory must stay valid until the stream reaches the copy.
+  void copy_from_host(void* destination, const void* host_source, std::size_t bytes, StreamArg stream = {}) {
+    copy_between(destination, host_source, bytes, cudaMemcpyHostToDevice, "copy_from_host", stream);
+  }
+  /// Copies `bytes` from this GPU's memory to host memory on `stream`; the host memory holds
+  /// the data once the stream has reached the copy (synchronize(stream), or an event).
+  void copy_to_host(void* host_destination, const void* source, std::size_t bytes, StreamArg stream = {}) {
+    copy_between(host_destination, source, bytes, cudaMemcpyDeviceToHost, "copy_to_host", stream);
   }
   /// out[i] *= factor, computed in out's type (floats in float, doubles in double, integers
   /// rounded to nearest and saturated).
@@ -548,6 +552,17 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
  private:
   friend class LocalGroup;
+
+  void copy_between(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind, const char* what,
+                    StreamArg stream) {
+    if (bytes == 0) return;
+    if (destination == nullptr || source == nullptr) {
+      throw ConfigError(std::string("ncclkit ") + what + " on " + core().who() + ": null pointer with " +
+                        std::to_string(bytes) + " bytes");
+    }
+    DeviceGuard guard(core().device);  // the stream is this GPU's, which may not be current
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, kind, stream.resolve(core().default_stream)));
+  }
 
   Communicator() = default;
 
