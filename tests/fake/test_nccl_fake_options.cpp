@@ -214,11 +214,11 @@ TEST_CASE("an init that fails as an unknown network does names the network asked
 
 namespace {
 
-struct FreeDevice {
+struct FreeStreamTestFloats {
   void operator()(float* data) const { (void)cudaFree(data); }
 };
-using DeviceFloats = std::unique_ptr<float, FreeDevice>;
-constexpr std::size_t kCount = 256;
+using StreamTestFloats = std::unique_ptr<float, FreeStreamTestFloats>;
+constexpr std::size_t kStreamTestCount = 256;
 
 }  // namespace
 
@@ -229,12 +229,12 @@ TEST_CASE("a collective without a stream runs on stream 0 of the communicator's 
     Options on_1 = ncclkit_test::fake_options("default-stream");
     on_1.device = 1;  // not the current device (0): the legacy stream must be found on GPU 1
     Communicator comm(job.store, job.world, on_1);
-    DeviceFloats buffer(static_cast<float*>(comm.allocate(kCount * sizeof(float))));
+    StreamTestFloats buffer(static_cast<float*>(comm.allocate(kStreamTestCount * sizeof(float))));
     CHECK(comm.default_stream() == cudaStreamLegacy);
     CHECK(comm.comm_stream() != cudaStreamLegacy);
 
     const long events_before = fake::events_created();
-    comm.all_reduce(buffer.get(), buffer.get(), kCount, ncclkit::ReduceOp::kAvg);  // no stream named anywhere
+    comm.all_reduce(buffer.get(), buffer.get(), kStreamTestCount, ncclkit::ReduceOp::kAvg);  // no stream named anywhere
     fake::CallSeen seen = fake::last_call(comm.native());
     // NCCL's null stream is the legacy default stream, where kernel<<<grid, block>>>(...) ran:
     // the collective is ordered after it, and work launched there next is ordered after the
@@ -242,7 +242,7 @@ TEST_CASE("a collective without a stream runs on stream 0 of the communicator's 
     CHECK(seen.stream == nullptr);
     CHECK(seen.device == 1);
     CHECK(fake::current_device() == 0);  // left as it was
-    comm.broadcast(buffer.get(), kCount, 0);
+    comm.broadcast(buffer.get(), kStreamTestCount, 0);
     seen = fake::last_call(comm.native());
     CHECK(seen.stream == nullptr);
     CHECK(seen.device == 1);
@@ -250,7 +250,7 @@ TEST_CASE("a collective without a stream runs on stream 0 of the communicator's 
     CHECK(fake::events_created() == events_before);  // no event or wait of its own
 
     // A given stream reaches NCCL as it is, with no device switch.
-    comm.all_reduce(buffer.get(), buffer.get(), kCount, ncclkit::ReduceOp::kSum, comm.comm_stream());
+    comm.all_reduce(buffer.get(), buffer.get(), kStreamTestCount, ncclkit::ReduceOp::kSum, comm.comm_stream());
     seen = fake::last_call(comm.native());
     CHECK(seen.stream == comm.comm_stream());
     CHECK(seen.device == 0);
@@ -267,9 +267,9 @@ TEST_CASE("Options::stream is where a collective without a stream runs") {
     Options options = ncclkit_test::fake_options("user-stream");
     options.stream = compute;
     Communicator comm(job.store, job.world, options);
-    DeviceFloats buffer(static_cast<float*>(comm.allocate(kCount * sizeof(float))));
+    StreamTestFloats buffer(static_cast<float*>(comm.allocate(kStreamTestCount * sizeof(float))));
     CHECK(comm.default_stream() == compute.get());
-    comm.all_reduce(buffer.get(), buffer.get(), kCount);
+    comm.all_reduce(buffer.get(), buffer.get(), kStreamTestCount);
     CHECK(fake::last_call(comm.native()).stream == compute.get());
     comm.synchronize();
   }

@@ -18,6 +18,7 @@
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "support/gloo_testing.hpp"
+#include "support/text.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace std::chrono_literals;
@@ -29,14 +30,13 @@ using ncclkit::WorldInfo;
 using ncclkit::gloo::Communicator;
 using ncclkit::testing::Checker;
 using ncclkit::testing::run_gloo;
+using ncclkit_test::contains;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 /// all_to_all, gather, scatter, send and recv with `per_rank` elements per rank and slice, on
 /// `stream`, checked against values every rank can compute.
-void exercise(Communicator& comm, Checker& check, std::size_t per_rank, Communicator::Stream stream) {
+void exercise_exchange(Communicator& comm, Checker& check, std::size_t per_rank, Communicator::Stream stream) {
   const int n = comm.size();
   const int rank = comm.rank();
   const auto k = per_rank;
@@ -134,11 +134,11 @@ void exercise(Communicator& comm, Checker& check, std::size_t per_rank, Communic
       "completed " + std::to_string(comm.completed_sequence()) + " of " + std::to_string(comm.issued_sequence()));
 }
 
-void exercise_all(Communicator& comm, const WorldInfo&, Checker& check) {
+void exercise_exchanges(Communicator& comm, const WorldInfo&, Checker& check) {
   for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{40000}}) {
-    exercise(comm, check, k, comm.default_stream());
+    exercise_exchange(comm, check, k, comm.default_stream());
   }
-  exercise(comm, check, 7, comm.comm_stream());
+  exercise_exchange(comm, check, 7, comm.comm_stream());
 }
 
 }  // namespace
@@ -146,7 +146,7 @@ void exercise_all(Communicator& comm, const WorldInfo&, Checker& check) {
 TEST_CASE("all_to_all, gather, scatter, send and recv give the right values with two and three ranks") {
   for (int n : {2, 3}) {
     CAPTURE(n);
-    auto result = run_gloo(n, exercise_all, {.timeout = 20s});
+    auto result = run_gloo(n, exercise_exchanges, {.timeout = 20s});
     CHECK_MESSAGE(result.ok(), result.describe());
   }
 }
@@ -155,7 +155,7 @@ TEST_CASE(
     "with the argument check on they give the same values, and send/recv between two ranks keep the others in step") {
   auto result = run_gloo(3,
                          [](Communicator& comm, const WorldInfo& world, Checker& check) {
-                           exercise(comm, check, 3, comm.default_stream());
+                           exercise_exchange(comm, check, 3, comm.default_stream());
                            // Only ranks 0 and 1 exchange; rank 2's next checked collective must still pair up.
                            std::int32_t value = world.rank == 0 ? 42 : 0;
                            if (world.rank == 0) comm.send(&value, 1, 1);
