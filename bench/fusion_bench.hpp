@@ -50,6 +50,7 @@ struct Options {
   std::string csv;                        ///< --csv
   double timeout_seconds = 0;             ///< --timeout (0: the backend's default)
   bool check = true;                      ///< --no-check skips the correctness check
+  bool check_pointers = true;             ///< --no-check-pointers (NCCL: no cudaPointerGetAttributes per call)
 };
 
 inline void usage(const char* tool) {
@@ -64,6 +65,7 @@ inline void usage(const char* tool) {
       "      --csv FILE        also write the table as CSV (rank 0)\n"
       "      --timeout SECONDS collective timeout (default: the backend's)\n"
       "      --no-check        skip the correctness check before timing\n"
+      "      --no-check-pointers  NCCL only: skip ncclkit's cudaPointerGetAttributes check on every call\n"
       "Shapes come from bench/data/<model>.shapes.txt (next to the source tree, else under the working folder).\n",
       tool);
 }
@@ -128,6 +130,8 @@ inline bool parse(int argc, char** argv, const char* tool, Options& options) {
       options.timeout_seconds = parse_double(flag, value());
     } else if (flag == "--no-check") {
       options.check = false;
+    } else if (flag == "--no-check-pointers") {
+      options.check_pointers = false;
     } else {
       throw ConfigError("unknown flag '" + flag + "' (see --help)");
     }
@@ -241,6 +245,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   const auto add_bucketed = [&](const std::string& name, BucketOptions caps) {
     syncs.push_back(std::make_unique<GradientSync<B>>(buffer, BucketPlan::compute(layout, caps)));
     GradientSync<B>* sync = syncs.back().get();
+    if (rank == 0) std::printf("# %s, %s: %s\n", model.c_str(), name.c_str(), sync->plan().describe().c_str());
     rows.push_back({name + " (" + std::to_string(sync->plan().size()) + " buckets)", [&, sync] {
                       for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
                         sync->mark_ready(Slot{i}, compute);

@@ -52,6 +52,7 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
     auto store = ncclkit::make_store(world.init_url, world);
     ncclkit::nccl::Options comm_options;
     comm_options.name = "fusion_bench";
+    comm_options.check_pointers = options.check_pointers;
     if (options.timeout_seconds > 0) {
       comm_options.timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_seconds * 1000));
     }
@@ -60,8 +61,10 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
       cudaDeviceProp prop{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device()));
       const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
-      std::printf("# fusion_nccl: %d ranks (one process per GPU), %s, %s, NCCL_NVLS_ENABLE=%s, float32, kAvg\n",
-                  comm.size(), prop.name, ncclkit::nccl::version_text().c_str(), nvls ? nvls : "(unset)");
+      std::printf("# fusion_nccl: %d ranks (one process per GPU), %s, %s, NCCL_NVLS_ENABLE=%s, pointer checks %s, "
+                  "float32, kAvg\n",
+                  comm.size(), prop.name, ncclkit::nccl::version_text().c_str(), nvls ? nvls : "(unset)",
+                  options.check_pointers ? "on" : "off");
       std::fflush(stdout);
     }
     return fb::run_all<Communicator, CudaStepClock>(comm, options);
