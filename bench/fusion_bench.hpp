@@ -1,0 +1,389 @@
+#pragma once
+// The gradient-synchronisation benchmark of fusion_nccl (GPUs) and fusion_gloo (CPUs), generic
+// over a backend: the real gradient sets of bench/data/<model>.shapes.txt (float32) reduced
+// (kAvg) per step in several ways, each step timed from a mark on the compute stream after the
+// gradients are written to a mark after everything is joined back to it.
+//
+// Rows (per model):
+//   per-tensor    one all_reduce per tensor, in place, reverse registration order, comm stream
+//   bucketed      FusedBuffer + GradientSync: every tensor marked ready in reverse order (as
+//                 backward would), then finish; default caps, plus one row per --bucket-mb
+//   flat          one all_reduce over the whole fused buffer (the bytes bucketed reduces)
+// Not built yet in the library, so not timed (the footer says so): loose tensors packed per
+// bucket (no batched pack kernel) and fp16/bf16 compression.
+//
+// Method: every row is first checked (each rank's N(0, 1e-3) gradients reduced once, the result
+// compared with the float64 average of every rank's gradients: norm-relative error <= 1e-6);
+// then -R rounds, each running every row in turn (the order rotating per round): -w warm-up
+// steps, then -n timed steps issued back to back, one start and one stop mark per step. The
+// table gives, per row, the median and the minimum over all rounds' steps of rank 0, and the
+// ratio of the medians to the flat row's.
+
+#include <algorithm>   // std::sort, std::min_element
+#include <chrono>      // std::chrono
+#include <cmath>       // std::sqrt
+#include <cstdint>     // std::uint32_t, std::uint64_t
+#include <cstdio>      // std::printf, std::FILE
+#include <cstdlib>     // std::strtol, std::strtod
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ifstream
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <random>      // std::mt19937_64, std::normal_distribution
+#include <sstream>     // std::istringstream
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/fusion/gradient_sync.hpp"
+
+namespace ncclkit::bench::fusion_bench {
+
+struct Options {
+  int processes = 2;                      ///< -p
+  int steps = 20;                         ///< -n
+  int warmup = 5;                         ///< -w
+  int rounds = 3;                         ///< -R
+  std::vector<std::string> models = {"resnet50", "gpt2_small"};  ///< --model
+  std::vector<double> bucket_mb;          ///< --bucket-mb (extra bucketed rows)
+  std::string csv;                        ///< --csv
+  double timeout_seconds = 0;             ///< --timeout (0: the backend's default)
+  bool check = true;                      ///< --no-check skips the correctness check
+  bool check_pointers = true;             ///< --no-check-pointers (NCCL: no cudaPointerGetAttributes per call)
+};
+
+inline void usage(const char* tool) {
+  std::printf(
+      "usage: %s [flags]\n"
+      "  -p, --nprocs N        processes (ranks) to fork, one per GPU for NCCL (default 2)\n"
+      "  -n, --steps N         timed steps per row and round (default 20)\n"
+      "  -w, --warmup N        warm-up steps per row and round (default 5)\n"
+      "  -R, --rounds N        interleaved rounds (default 3)\n"
+      "      --model LIST      resnet50, gpt2_small or all, comma separated (default all)\n"
+      "      --bucket-mb LIST  extra bucketed rows with these bucket caps in MiB (first bucket too), comma separated\n"
+      "      --csv FILE        also write the table as CSV (rank 0)\n"
+      "      --timeout SECONDS collective timeout (default: the backend's)\n"
+      "      --no-check        skip the correctness check before timing\n"
+      "      --no-check-pointers  NCCL only: skip ncclkit's cudaPointerGetAttributes check on every call\n"
+      "Shapes come from bench/data/<model>.shapes.txt (next to the source tree, else under the working folder).\n",
+      tool);
+}
+
+inline std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+inline long parse_int(const std::string& flag, const std::string& text, long low, long high) {
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || value < low || value > high) {
+    throw ConfigError(flag + " needs a whole number from " + std::to_string(low) + " to " + std::to_string(high) +
+                      ", not '" + text + "'");
+  }
+  return value;
+}
+
+inline double parse_double(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(value > 0)) {
+    throw ConfigError(flag + " needs a positive number, not '" + text + "'");
+  }
+  return value;
+}
+
+/// Parses argv; returns false when the tool should stop (after --help).
+inline bool parse(int argc, char** argv, const char* tool, Options& options) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw ConfigError(flag + " needs a value (see --help)");
+      return argv[++i];
+    };
+    if (flag == "-h" || flag == "--help") {
+      usage(tool);
+      return false;
+    } else if (flag == "-p" || flag == "--nprocs") {
+      options.processes = static_cast<int>(parse_int(flag, value(), 1, 1024));
+    } else if (flag == "-n" || flag == "--steps") {
+      options.steps = static_cast<int>(parse_int(flag, value(), 1, 1000000));
+    } else if (flag == "-w" || flag == "--warmup") {
+      options.warmup = static_cast<int>(parse_int(flag, value(), 0, 1000000));
+    } else if (flag == "-R" || flag == "--rounds") {
+      options.rounds = static_cast<int>(parse_int(flag, value(), 1, 10000));
+    } else if (flag == "--model") {
+      const std::string text = value();
+      options.models = text == "all" ? std::vector<std::string>{"resnet50", "gpt2_small"} : split(text);
+      if (options.models.empty()) throw ConfigError("--model needs resnet50, gpt2_small or all");
+    } else if (flag == "--bucket-mb") {
+      options.bucket_mb.clear();
+      for (const std::string& item : split(value())) options.bucket_mb.push_back(parse_double(flag, item));
+    } else if (flag == "--csv") {
+      options.csv = value();
+    } else if (flag == "--timeout") {
+      options.timeout_seconds = parse_double(flag, value());
+    } else if (flag == "--no-check") {
+      options.check = false;
+    } else if (flag == "--no-check-pointers") {
+      options.check_pointers = false;
+    } else {
+      throw ConfigError("unknown flag '" + flag + "' (see --help)");
+    }
+  }
+  return true;
+}
+
+/// bench/data/<model>.shapes.txt: the source tree this was compiled from, else the working
+/// folder (binaries carried to a GPU machine run in a copy of the repository root).
+inline std::filesystem::path shapes_path(const std::string& model) {
+  auto path = std::filesystem::path(__FILE__).parent_path() / "data" / (model + ".shapes.txt");
+  if (!std::filesystem::exists(path)) path = std::filesystem::path("bench") / "data" / (model + ".shapes.txt");
+  if (!std::filesystem::exists(path)) {
+    throw ConfigError("no shapes file for model '" + model + "': looked for bench/data/" + model +
+                      ".shapes.txt next to the source tree and under the working folder; run from the repository "
+                      "root, or pick --model resnet50 or gpt2_small");
+  }
+  return path;
+}
+
+/// A finalized float32 layout of the model's tensors, in registration order.
+inline fusion::FusedLayout model_layout(const std::string& model) {
+  const auto path = shapes_path(model);
+  std::ifstream in(path);
+  if (!in) throw ConfigError("cannot read " + path.string());
+  fusion::FusedLayout layout;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string name, shape;
+    if (!(fields >> name >> shape)) throw ConfigError("bad line in " + path.string() + ": " + line);
+    std::vector<std::int64_t> extents;
+    std::istringstream parts(shape);
+    for (std::string extent; std::getline(parts, extent, 'x');) {
+      extents.push_back(parse_int("extent of " + name, extent, 0, 1L << 40));
+    }
+    layout.add(name, extents, DataType::kFloat32);
+  }
+  layout.finalize();
+  return layout;
+}
+
+/// Rank r's gradients of the whole float buffer, N(0, 1e-3), laid out as the layout says
+/// (padding left at zero), so that every rank can compute every other's.
+inline std::vector<float> gradients(const fusion::FusedLayout& layout, int rank) {
+  std::vector<float> host(layout.total_bytes(DataType::kFloat32) / sizeof(float), 0.0f);
+  std::mt19937_64 random(0x51ed27ULL * static_cast<std::uint64_t>(rank + 1));
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (std::uint32_t i = 0; i < layout.size(); ++i) {
+    const fusion::Slot slot{i};
+    float* values = host.data() + layout.offset_elements(slot);
+    for (std::size_t j = 0; j < layout.count(slot); ++j) values[j] = normal(random);
+  }
+  return host;
+}
+
+struct Row {
+  std::string name;
+  /// Issues one step on the backend: starts after the work issued so far on the compute
+  /// stream, ends with the compute stream waiting for all of it.
+  std::function<void()> step;
+  std::vector<double> ms;  // rank 0's step times, every round
+  double error = -1;       // norm-relative error of the check (-1: not checked)
+};
+
+struct Result {
+  std::string model;
+  std::size_t tensors = 0;
+  double mib = 0;
+  std::string row;
+  double median_ms = 0, min_ms = 0, ratio = 0, error = -1;
+  int samples = 0;
+};
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+/// Step clock of a backend: `Clock clock(backend, steps)`, `clock.start(i, stream)`,
+/// `clock.stop(i, stream)`, and after `backend.synchronize(stream)`, `clock.ms(i)`.
+template <Backend B, class Clock>
+std::vector<Result> run_model(B& backend, const std::string& model, const Options& options) {
+  using namespace ncclkit::fusion;
+  const int rank = backend.rank();
+  const int ranks = backend.size();
+  FusedBuffer<B> buffer(backend, model_layout(model));
+  const FusedLayout& layout = buffer.layout();
+  const std::size_t bytes = layout.total_bytes(DataType::kFloat32);
+  const auto compute = backend.default_stream();
+  const auto comm = backend.comm_stream();
+  auto ready = backend.create_event();
+  auto done = backend.create_event();
+
+  // Rows. Construction of a GradientSync is collective: every rank builds them in this order.
+  std::vector<std::unique_ptr<GradientSync<B>>> syncs;
+  std::vector<Row> rows;
+  rows.push_back({"per-tensor", [&] {
+                    backend.record(ready, compute);
+                    backend.wait(ready, comm);
+                    for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
+                      const TensorView view = buffer.view(Slot{i});
+                      if (view.count > 0) backend.all_reduce(view, view, ReduceOp::kAvg, comm);
+                    }
+                    backend.record(done, comm);
+                    backend.wait(done, compute);
+                  }});
+  const auto add_bucketed = [&](const std::string& name, BucketOptions caps) {
+    syncs.push_back(std::make_unique<GradientSync<B>>(buffer, BucketPlan::compute(layout, caps)));
+    GradientSync<B>* sync = syncs.back().get();
+    if (rank == 0) std::printf("# %s, %s: %s\n", model.c_str(), name.c_str(), sync->plan().describe().c_str());
+    rows.push_back({name + " (" + std::to_string(sync->plan().size()) + " buckets)", [&, sync] {
+                      for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
+                        sync->mark_ready(Slot{i}, compute);
+                      }
+                      sync->finish(compute);
+                    }});
+  };
+  add_bucketed("bucketed", BucketOptions{});
+  for (double mb : options.bucket_mb) {
+    BucketOptions caps;
+    caps.bucket_bytes = static_cast<std::size_t>(mb * 1024 * 1024);
+    caps.first_bucket_bytes = caps.bucket_bytes;
+    char name[64];
+    std::snprintf(name, sizeof name, "bucketed %g MiB", mb);
+    add_bucketed(name, caps);
+  }
+  rows.push_back({"flat", [&] {
+                    const TensorView all = buffer.all(DataType::kFloat32);
+                    backend.record(ready, compute);
+                    backend.wait(ready, comm);
+                    backend.all_reduce(all, all, ReduceOp::kAvg, comm);
+                    backend.record(done, comm);
+                    backend.wait(done, compute);
+                  }});
+
+  // Correctness first: every row reduces these gradients once and must give the average.
+  if (options.check) {
+    const std::vector<float> mine = gradients(layout, rank);
+    std::vector<double> reference(mine.size(), 0.0);
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<float> theirs = r == rank ? mine : gradients(layout, r);
+      for (std::size_t j = 0; j < reference.size(); ++j) reference[j] += static_cast<double>(theirs[j]) / ranks;
+    }
+    std::vector<float> out(mine.size());
+    for (Row& row : rows) {
+      backend.copy_from_host(buffer.data(DataType::kFloat32), mine.data(), bytes, compute);
+      row.step();
+      backend.copy_to_host(out.data(), buffer.data(DataType::kFloat32), bytes, compute);
+      backend.synchronize(compute);
+      double error = 0, norm = 0;
+      for (std::size_t j = 0; j < reference.size(); ++j) {
+        const double d = out[j] - reference[j];
+        error += d * d;
+        norm += reference[j] * reference[j];
+      }
+      row.error = std::sqrt(error / norm);
+      if (!(row.error <= 1e-6)) {
+        throw std::runtime_error(model + ", " + row.name + ": rank " + std::to_string(rank) +
+                                 " got a result off the float64 average by " + std::to_string(row.error) +
+                                 " (norm-relative; the bound is 1e-6): not timing a wrong result");
+      }
+    }
+  }
+
+  // Timing: interleaved rounds, the row order rotating so that no row always follows another.
+  Clock clock(backend, options.steps);
+  for (int round = 0; round < options.rounds; ++round) {
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      Row& row = rows[(k + static_cast<std::size_t>(round)) % rows.size()];
+      backend.barrier(comm);
+      backend.synchronize(comm);
+      for (int w = 0; w < options.warmup; ++w) row.step();
+      for (int s = 0; s < options.steps; ++s) {
+        clock.start(static_cast<std::size_t>(s), compute);
+        row.step();
+        clock.stop(static_cast<std::size_t>(s), compute);
+      }
+      backend.synchronize(compute);
+      for (int s = 0; s < options.steps; ++s) row.ms.push_back(clock.ms(static_cast<std::size_t>(s)));
+    }
+  }
+  backend.synchronize(comm);
+
+  std::vector<Result> results;
+  double flat = 0;
+  for (const Row& row : rows) {
+    if (row.name == "flat") flat = median(row.ms);
+  }
+  for (const Row& row : rows) {
+    Result r;
+    r.model = model;
+    r.tensors = layout.size();
+    r.mib = static_cast<double>(bytes) / (1024.0 * 1024.0);
+    r.row = row.name;
+    r.median_ms = median(row.ms);
+    r.min_ms = row.ms.empty() ? 0 : *std::min_element(row.ms.begin(), row.ms.end());
+    r.ratio = flat > 0 ? r.median_ms / flat : 0;
+    r.error = row.error;
+    r.samples = static_cast<int>(row.ms.size());
+    results.push_back(r);
+  }
+  return results;
+}
+
+inline void print_table(const std::vector<Result>& results, const Options& options) {
+  std::printf("%-11s %7s %8s  %-28s %10s %9s %10s %10s\n", "model", "tensors", "MiB", "row", "median_ms", "vs_flat",
+              "min_ms", "check_err");
+  for (const Result& r : results) {
+    char err[32];
+    if (r.error < 0) {
+      std::snprintf(err, sizeof err, "%s", "-");
+    } else {
+      std::snprintf(err, sizeof err, "%.1e", r.error);
+    }
+    std::printf("%-11s %7zu %8.1f  %-28s %10.3f %8.3fx %10.3f %10s\n", r.model.c_str(), r.tensors, r.mib,
+                r.row.c_str(), r.median_ms, r.ratio, r.min_ms, err);
+  }
+  std::printf(
+      "# median and min over %d rounds x %d steps (after %d warm-up steps per round) of rank 0; vs_flat = median / "
+      "flat's median\n"
+      "# check_err: norm-relative error against the float64 average on N(0,1e-3) gradients (bound 1e-6)\n"
+      "# target (issue 19): bucketed <= 1.02x flat\n"
+      "# not measured: loose tensors packed per bucket (no batched pack kernel in the library yet);\n"
+      "#               fp16/bf16 compressed all-reduce (not built in the library yet)\n",
+      options.rounds, options.steps, options.warmup);
+  std::fflush(stdout);
+  if (!options.csv.empty()) {
+    std::FILE* f = std::fopen(options.csv.c_str(), "w");
+    if (f == nullptr) throw ConfigError("--csv: cannot write " + options.csv);
+    std::fprintf(f, "model,tensors,mib,row,median_ms,ratio_to_flat,min_ms,samples,check_error\n");
+    for (const Result& r : results) {
+      std::fprintf(f, "%s,%zu,%.3f,%s,%.4f,%.4f,%.4f,%d,%.3e\n", r.model.c_str(), r.tensors, r.mib, r.row.c_str(),
+                   r.median_ms, r.ratio, r.min_ms, r.samples, r.error);
+    }
+    std::fclose(f);
+  }
+}
+
+/// Runs every model on `backend`; rank 0 prints. Returns the exit status.
+template <Backend B, class Clock>
+int run_all(B& backend, const Options& options) {
+  std::vector<Result> all;
+  for (const std::string& model : options.models) {
+    auto results = run_model<B, Clock>(backend, model, options);
+    all.insert(all.end(), results.begin(), results.end());
+  }
+  if (backend.rank() == 0) print_table(all, options);
+  return 0;
+}
+
+}  // namespace ncclkit::bench::fusion_bench
