@@ -23,7 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
 TESTS=(tests_gpu tests_gpu_grouped)
-BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks)
+BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks fusion_nccl)
 
 build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
@@ -45,7 +45,7 @@ build() {
   # The phases below run one test file each, by the name of its CTest test: a script that runs
   # the GPU test executable on that file's test cases (the communicator's with the kernels').
   local name files
-  for name in check communicator collectives large watchdog; do
+  for name in check communicator collectives large watchdog fusion; do
     files="*/test_nccl_$name.cpp"
     [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
     printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
@@ -151,6 +151,12 @@ run_all() {
     -f 8 -n 400 -w 20 -R 5 -O all_reduce -d float --csv "$data/perf_p${n}_check_on.csv"
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 200 "$bin/gpu_test_nccl_communicator"
+  # Fusion: GradientSync over NCCL, then the fusion benchmark beside PyTorch's (docs/performance.md).
+  CUDA_VISIBLE_DEVICES=$all phase fusion-test 120 "$bin/gpu_test_nccl_fusion"
+  CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 180 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
+    --csv "$data/fusion_nccl_p$n.csv"
+  CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" --nprocs "$n" \
+    -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p$n.csv"
   # The matrix runs twice per world (a process per GPU, then one process driving all GPUs
   # through a LocalGroup, whose host-side checks run one member after another): about 31 s
   # for the process mode alone at worlds 1, 2, 4; about 100 s expected for both.
