@@ -57,6 +57,8 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
       comm_options.timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_seconds * 1000));
     }
     Communicator comm(store, world, comm_options);
+    // This process works on the communicator's GPU: its default stream and kernels go there.
+    NCCLKIT_CUDA_CHECK(cudaSetDevice(comm.device()));
     if (world.rank == 0) {
       cudaDeviceProp prop{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device()));

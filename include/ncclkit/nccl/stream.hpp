@@ -128,8 +128,17 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 
-  /// Marks the work issued so far on `stream` (which must belong to the event's device).
-  void record(cudaStream_t stream) { NCCLKIT_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+  /// Marks the work issued so far on `stream` (which must belong to the event's device). A
+  /// default-stream handle (null, cudaStreamLegacy, cudaStreamPerThread) means the event's GPU's
+  /// default stream, whatever device is current.
+  void record(cudaStream_t stream) {
+    if (is_default_stream_handle(stream)) {
+      DeviceGuard guard(device_);
+      NCCLKIT_CUDA_CHECK(cudaEventRecord(event_, stream));
+      return;
+    }
+    NCCLKIT_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
   /// Whether the marked work has finished; throws CudaError when it failed.
   bool ready() const {
     cudaError_t status = cudaEventQuery(event_);
