@@ -41,16 +41,16 @@
 namespace ncclkit::bench::fusion_bench {
 
 struct Options {
-  int processes = 2;                      ///< -p
-  int steps = 20;                         ///< -n
-  int warmup = 5;                         ///< -w
-  int rounds = 3;                         ///< -R
+  int processes = 2;                                             ///< -p
+  int steps = 20;                                                ///< -n
+  int warmup = 5;                                                ///< -w
+  int rounds = 3;                                                ///< -R
   std::vector<std::string> models = {"resnet50", "gpt2_small"};  ///< --model
-  std::vector<double> bucket_mb;          ///< --bucket-mb (extra bucketed rows)
-  std::string csv;                        ///< --csv
-  double timeout_seconds = 0;             ///< --timeout (0: the backend's default)
-  bool check = true;                      ///< --no-check skips the correctness check
-  bool check_pointers = true;             ///< --no-check-pointers (NCCL: no cudaPointerGetAttributes per call)
+  std::vector<double> bucket_mb;                                 ///< --bucket-mb (extra bucketed rows)
+  std::string csv;                                               ///< --csv
+  double timeout_seconds = 0;                                    ///< --timeout (0: the backend's default)
+  bool check = true;                                             ///< --no-check skips the correctness check
+  bool check_pointers = true;  ///< --no-check-pointers (NCCL: no cudaPointerGetAttributes per call)
 };
 
 inline void usage(const char* tool) {
@@ -350,8 +350,8 @@ inline void print_table(const std::vector<Result>& results, const Options& optio
     } else {
       std::snprintf(err, sizeof err, "%.1e", r.error);
     }
-    std::printf("%-11s %7zu %8.1f  %-28s %10.3f %8.3fx %10.3f %10s\n", r.model.c_str(), r.tensors, r.mib,
-                r.row.c_str(), r.median_ms, r.ratio, r.min_ms, err);
+    std::printf("%-11s %7zu %8.1f  %-28s %10.3f %8.3fx %10.3f %10s\n", r.model.c_str(), r.tensors, r.mib, r.row.c_str(),
+                r.median_ms, r.ratio, r.min_ms, err);
   }
   std::printf(
       "# median and min over %d rounds x %d steps (after %d warm-up steps per round) of rank 0; vs_flat = median / "

@@ -70,9 +70,9 @@ int main(int argc, char** argv) {
     for (const std::string& model : options.models) (void)fb::shapes_path(model);  // fail before forking
     const ncclkit::WorldInfo detected = ncclkit::detect_world();
     if (detected.world_size > 1) return run_rank(detected, options);
-    auto result = ncclkit::spawn(
-        options.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, options); },
-        {.timeout = std::chrono::hours(24)});
+    auto result =
+        ncclkit::spawn(options.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, options); },
+                       {.timeout = std::chrono::hours(24)});
     if (!result.ok()) {
       std::fprintf(stderr, "fusion_gloo: %s\n", result.describe().c_str());
       return 1;

@@ -63,10 +63,11 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
       cudaDeviceProp prop{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device()));
       const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
-      std::printf("# fusion_nccl: %d ranks (one process per GPU), %s, %s, NCCL_NVLS_ENABLE=%s, pointer checks %s, "
-                  "float32, kAvg\n",
-                  comm.size(), prop.name, ncclkit::nccl::version_text().c_str(), nvls ? nvls : "(unset)",
-                  options.check_pointers ? "on" : "off");
+      std::printf(
+          "# fusion_nccl: %d ranks (one process per GPU), %s, %s, NCCL_NVLS_ENABLE=%s, pointer checks %s, "
+          "float32, kAvg\n",
+          comm.size(), prop.name, ncclkit::nccl::version_text().c_str(), nvls ? nvls : "(unset)",
+          options.check_pointers ? "on" : "off");
       std::fflush(stdout);
     }
     return fb::run_all<Communicator, CudaStepClock>(comm, options);
@@ -86,9 +87,9 @@ int main(int argc, char** argv) {
     setenv("NCCL_NVLS_ENABLE", "0", 0);  // as the other GPU benchmarks run; an explicit value wins
     const ncclkit::WorldInfo detected = ncclkit::detect_world();
     if (detected.world_size > 1) return run_rank(detected, options);
-    auto result = ncclkit::spawn(
-        options.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, options); },
-        {.timeout = std::chrono::hours(24)});
+    auto result =
+        ncclkit::spawn(options.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, options); },
+                       {.timeout = std::chrono::hours(24)});
     if (!result.ok()) {
       std::fprintf(stderr, "fusion_nccl: %s\n", result.describe().c_str());
       return 1;

@@ -484,8 +484,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   }
   /// The same as copy: this backend's memory is host memory. (The NCCL backend's copy between
   /// the host and its GPU; generic code calls these to move bytes to and from the host.)
-  void copy_from_host(void* to, const void* from, std::size_t bytes, Stream stream = {}) { copy(to, from, bytes, stream); }
-  void copy_to_host(void* to, const void* from, std::size_t bytes, Stream stream = {}) { copy(to, from, bytes, stream); }
+  void copy_from_host(void* to, const void* from, std::size_t bytes, Stream stream = {}) {
+    copy(to, from, bytes, stream);
+  }
+  void copy_to_host(void* to, const void* from, std::size_t bytes, Stream stream = {}) {
+    copy(to, from, bytes, stream);
+  }
 
   /// out[i] *= factor, in out's element type (see ncclkit::gloo::scale), on `stream`.
   void scale(TensorView out, double factor, Stream stream = {}) {

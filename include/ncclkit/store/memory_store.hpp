@@ -31,31 +31,15 @@
 #include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/time_format.hpp"
+#include "ncclkit/store/detail/printable_key.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit {
 
 namespace detail::memory_store {
 
-/// A key or value as it appears in messages: quoted, bytes outside printable ASCII as \xNN,
-/// long ones cut.
-inline std::string quote(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "'";
-  std::size_t shown = 0;
-  for (char raw : text) {
-    if (shown++ == 120) return out + "...' (" + std::to_string(text.size()) + " bytes)";
-    const auto c = static_cast<unsigned char>(raw);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out + "'";
-}
+/// A key or value as it appears in messages (one format for every store).
+inline std::string quote(std::string_view text) { return ncclkit::detail::printable_key(text); }
 
 /// The int64 written in decimal in `text`, without anything else; nothing when it is not one.
 inline std::optional<std::int64_t> parse_int64(std::string_view text) {

@@ -8,6 +8,7 @@
 #include <string_view>  // std::string_view
 
 #include "ncclkit/store/detail/hash_ids.hpp"  // hash64, hex64
+#include "ncclkit/store/detail/printable_key.hpp"
 
 namespace ncclkit::detail::file_store {
 
@@ -15,27 +16,8 @@ namespace ncclkit::detail::file_store {
 /// file systems allow 255 bytes, and temp names add a suffix.
 inline constexpr std::size_t kMaxPlainName = 200;
 
-/// A key as it appears in messages: quoted, bytes outside printable ASCII as \xNN, long keys cut.
-inline std::string quote_key(std::string_view key) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "'";
-  std::size_t shown = 0;
-  for (char raw : key) {
-    const auto c = static_cast<unsigned char>(raw);
-    if (shown++ == 120) {
-      out += "...' (" + std::to_string(key.size()) + " bytes)";
-      return out;
-    }
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out += "\\x";
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out + "'";
-}
+/// A key as it appears in messages (one format for every store: detail/printable_key.hpp).
+inline std::string quote_key(std::string_view key) { return ncclkit::detail::printable_key(key); }
 
 /// Escapes a key into file-name characters: [a-z0-9._-] stay, every other byte becomes %xx.
 /// Upper-case letters are escaped too, so that keys stay distinct on case-insensitive file

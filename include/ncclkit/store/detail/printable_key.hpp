@@ -1,5 +1,5 @@
 #pragma once
-/// Keys as TcpStore messages show them: quoted, bytes outside printable ASCII as \xNN, long
+/// Keys as every store's messages show them: quoted, bytes outside printable ASCII as \xNN, long
 /// keys and long lists of keys cut short (keys are bytes and may be long).
 
 #include <algorithm>    // std::min
