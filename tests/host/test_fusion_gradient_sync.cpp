@@ -429,6 +429,19 @@ TEST_CASE("ranks with different plans get a ConfigError on every rank, not a han
   }
 }
 
+TEST_CASE("ranks with different ops get a ConfigError on every rank naming the options, not different results") {
+  LoopbackWorld world(2, std::chrono::seconds(5));
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, small_layout());
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.op = rank == 0 ? ReduceOp::kAvg : ReduceOp::kSum});
+  });
+  for (const auto& e : errors) {
+    CHECK(message_of(e).find("rank 1 uses other GradientSyncOptions than rank 0 (op sum, missing kError against op "
+                             "avg, missing kError)") != std::string::npos);
+  }
+}
+
 TEST_CASE("a plan made for another layout, or a reduction other than sum and average, is a ConfigError") {
   LoopbackWorld world(1);
   LoopbackBackend backend(world, 0);

@@ -20,6 +20,7 @@
 #include <cstddef>      // std::size_t, std::byte
 #include <cstdint>      // std::uint64_t
 #include <cstdio>       // std::snprintf
+#include <exception>    // std::exception
 #include <optional>     // std::optional
 #include <span>         // std::span
 #include <string>       // std::string, std::to_string
@@ -29,6 +30,7 @@
 
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/detail/backend_memory.hpp"
@@ -48,9 +50,9 @@ struct GradientSyncOptions {
   MissingTensors missing = MissingTensors::kError;
   /// Where buckets are reduced; the backend's `comm_stream()` when empty.
   std::optional<typename B::Stream> comm_stream = std::nullopt;
-  /// Compare the plan's fingerprint across ranks at construction (one all_gather of 8 bytes a
-  /// rank) and throw ConfigError on every rank when they differ. Turn off only where every
-  /// rank parsed rank 0's `serialize()`d plan already.
+  /// Compare the plan's fingerprint, `op` and `missing` across ranks at construction (one
+  /// all_gather of 16 bytes a rank) and throw ConfigError on every rank when they differ. Turn
+  /// off only where every rank parsed rank 0's `serialize()`d plan already; the same on every rank.
   bool check_plan = true;
 };
 
@@ -88,7 +90,7 @@ class GradientSync {
   using Options = GradientSyncOptions<B>;
 
   /// Makes the events and, with `check_plan` and more than one rank, compares the plan's
-  /// fingerprint across ranks: a collective every rank must enter (it synchronises the comm
+  /// fingerprint (and op and missing) across ranks: a collective every rank must enter (it synchronises the comm
   /// stream once; construction is not on the hot path). ConfigError when `plan` was not made
   /// for `buffer.layout()`, for an op other than kSum and kAvg, and, on every rank, when ranks
   /// hold different plans (the message lists each rank's fingerprint).
@@ -123,9 +125,21 @@ class GradientSync {
   GradientSync& operator=(GradientSync&&) noexcept = default;
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
-  /// Waits for nothing: call `finish` (and let the stream reach it) before destroying the
-  /// buffer a bucket may still be reducing.
-  ~GradientSync() = default;
+  /// After a finished step, waits for nothing: let the stream reach `finish` before freeing the
+  /// buffer. A step left unfinished (an exception between `mark_ready` and `finish`) still has
+  /// buckets queued that write into the buffer: the destructor waits for them on the comm
+  /// stream, bounded by the backend's timeout, so that the buffer can be freed after it.
+  ~GradientSync() {
+    // A moved-from sync has no plan left (its vectors moved out) and owns no step.
+    if (backend_ == nullptr || tracker_.plan().buckets().empty() || tracker_.launched() == 0 || tracker_.finished()) {
+      return;
+    }
+    try {
+      backend_->synchronize(comm_);
+    } catch (const std::exception& e) {
+      log_warn(std::string("GradientSync: the buckets of an unfinished step failed: ") + e.what());
+    }
+  }
 
   /// Records that `slot`'s gradient has been written by work issued on `stream` (the compute
   /// stream), and launches the buckets that may go now. Never blocks the host. ConfigError,
@@ -223,16 +237,28 @@ class GradientSync {
   /// All-gathers every rank's plan fingerprint and throws, on every rank alike, when they differ.
   void agree_on_plan() {
     const int ranks = backend_->size();
-    const std::uint64_t mine = tracker_.plan().fingerprint();
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks));
+    // Each rank's plan fingerprint and its settings that change what a bucket computes (the
+    // reduction, and whether never-marked tensors are reduced as zeros), gathered in one call.
+    const std::uint64_t mine[2] = {tracker_.plan().fingerprint(), settings_code()};
+    std::vector<std::uint64_t> gathered(2 * static_cast<std::size_t>(ranks));
     {
       detail::Allocation<B> in(*backend_, sizeof mine);
-      detail::Allocation<B> out(*backend_, sizeof mine * all.size());
-      detail::copy_from_host(*backend_, in.data(), &mine, sizeof mine, comm_);
-      backend_->all_gather(TensorView{in.data(), 1, DataType::kUint64, B::memory_kind},
-                           TensorView{out.data(), all.size(), DataType::kUint64, B::memory_kind}, comm_);
-      detail::copy_to_host(*backend_, all.data(), out.data(), sizeof mine * all.size(), comm_);
+      detail::Allocation<B> out(*backend_, sizeof(std::uint64_t) * gathered.size());
+      detail::copy_from_host(*backend_, in.data(), mine, sizeof mine, comm_);
+      backend_->all_gather(TensorView{in.data(), 2, DataType::kUint64, B::memory_kind},
+                           TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, comm_);
+      detail::copy_to_host(*backend_, gathered.data(), out.data(), sizeof(std::uint64_t) * gathered.size(), comm_);
       backend_->synchronize(comm_);
+    }
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks));
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      all[r] = gathered[2 * r];
+      if (gathered[2 * r + 1] != gathered[1]) {
+        throw ConfigError("ncclkit: GradientSync on rank " + std::to_string(backend_->rank()) + ": rank " +
+                          std::to_string(r) + " uses other GradientSyncOptions than rank 0 (" +
+                          describe_settings(gathered[2 * r + 1]) + " against " + describe_settings(gathered[1]) +
+                          "); every rank must give the same op and missing");
+      }
     }
     bool agree = true;
     for (std::uint64_t f : all) agree = agree && f == all[0];
@@ -258,6 +284,19 @@ class GradientSync {
                       "; ranks not listed match rank 0). This rank's plan: " + tracker_.plan().describe() +
                       ". Every rank must register the same tensors (names, shapes, element types) in the same "
                       "order and use the same LayoutOptions and BucketOptions, or parse rank 0's serialize()d plan");
+  }
+
+  std::uint64_t settings_code() const {
+    return static_cast<std::uint64_t>(options_.op) << 8 | static_cast<std::uint64_t>(options_.missing);
+  }
+  static std::string describe_settings(std::uint64_t code) {
+    const auto op = static_cast<ReduceOp>(code >> 8);
+    const bool zeros = static_cast<MissingTensors>(code & 0xff) == MissingTensors::kReduceAsZeros;
+    return std::string("op ") +
+           (op == ReduceOp::kSum   ? "sum"
+            : op == ReduceOp::kAvg ? "avg"
+                                   : "other") +
+           ", missing " + (zeros ? "kReduceAsZeros" : "kError");
   }
 
   FusedBuffer<B>* buffer_;

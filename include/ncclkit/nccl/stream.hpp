@@ -128,11 +128,12 @@ class Event {
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
 
-  /// Marks the work issued so far on `stream` (which must belong to the event's device). A
-  /// default-stream handle (null, cudaStreamLegacy, cudaStreamPerThread) means the event's GPU's
-  /// default stream, whatever device is current.
+  /// Marks the work issued so far on `stream` (which must belong to the event's device).
+  /// cudaStreamLegacy, what Communicator::default_stream() returns, means the legacy stream of
+  /// the event's GPU, whatever device is current; null and cudaStreamPerThread keep CUDA's
+  /// meaning (the current device's), so a mismatch stays an error rather than a silent race.
   void record(cudaStream_t stream) {
-    if (is_default_stream_handle(stream)) {
+    if (stream == cudaStreamLegacy) {
       DeviceGuard guard(device_);
       NCCLKIT_CUDA_CHECK(cudaEventRecord(event_, stream));
       return;
