@@ -25,6 +25,7 @@
 #include <cstdint>     // std::uint32_t, std::uint64_t
 #include <cstdio>      // std::printf, std::FILE
 #include <cstdlib>     // std::strtol, std::strtod
+#include <exception>   // std::exception
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream
 #include <functional>  // std::function
@@ -34,6 +35,8 @@
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "ncclkit/bootstrap/environment.hpp"
+#include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
@@ -384,6 +387,29 @@ int run_all(B& backend, const Options& options) {
   }
   if (backend.rank() == 0) print_table(all, options);
   return 0;
+}
+
+/// The program around `run_rank(world, options)`: parses the flags, checks the shapes files
+/// before forking, then runs as one rank under a launcher or forks `-p` ranks itself.
+template <class RunRank>
+int main_of(int argc, char** argv, const char* tool, RunRank run_rank) {
+  try {
+    Options options;
+    if (!parse(argc, argv, tool, options)) return 0;
+    for (const std::string& model : options.models) (void)shapes_path(model);  // fail before forking
+    const WorldInfo detected = detect_world();
+    if (detected.world_size > 1) return run_rank(detected, options);
+    auto result = spawn(options.processes, [&](const WorldInfo& world) { return run_rank(world, options); },
+                        {.timeout = std::chrono::hours(24)});
+    if (!result.ok()) {
+      std::fprintf(stderr, "%s: %s\n", tool, result.describe().c_str());
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", tool, e.what());
+    return 1;
+  }
 }
 
 }  // namespace ncclkit::bench::fusion_bench

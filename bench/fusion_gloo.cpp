@@ -15,9 +15,7 @@
 
 #include "fusion_bench.hpp"
 
-#include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
-#include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/gloo/communicator.hpp"
 
 namespace {
@@ -63,23 +61,4 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    fb::Options options;
-    if (!fb::parse(argc, argv, "fusion_gloo", options)) return 0;
-    for (const std::string& model : options.models) (void)fb::shapes_path(model);  // fail before forking
-    const ncclkit::WorldInfo detected = ncclkit::detect_world();
-    if (detected.world_size > 1) return run_rank(detected, options);
-    auto result =
-        ncclkit::spawn(options.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, options); },
-                       {.timeout = std::chrono::hours(24)});
-    if (!result.ok()) {
-      std::fprintf(stderr, "fusion_gloo: %s\n", result.describe().c_str());
-      return 1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusion_gloo: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return fb::main_of(argc, argv, "fusion_gloo", run_rank); }

@@ -20,9 +20,7 @@
 
 #include "fusion_bench.hpp"
 
-#include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
-#include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 
 namespace {
@@ -80,23 +78,6 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    fb::Options options;
-    if (!fb::parse(argc, argv, "fusion_nccl", options)) return 0;
-    for (const std::string& model : options.models) (void)fb::shapes_path(model);  // fail before forking
-    setenv("NCCL_NVLS_ENABLE", "0", 0);  // as the other GPU benchmarks run; an explicit value wins
-    const ncclkit::WorldInfo detected = ncclkit::detect_world();
-    if (detected.world_size > 1) return run_rank(detected, options);
-    auto result =
-        ncclkit::spawn(options.processes, [&](const ncclkit::WorldInfo& world) { return run_rank(world, options); },
-                       {.timeout = std::chrono::hours(24)});
-    if (!result.ok()) {
-      std::fprintf(stderr, "fusion_nccl: %s\n", result.describe().c_str());
-      return 1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusion_nccl: %s\n", e.what());
-    return 1;
-  }
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // as the other GPU benchmarks run; an explicit value wins
+  return fb::main_of(argc, argv, "fusion_nccl", run_rank);
 }

@@ -123,15 +123,20 @@ class LoopbackWorld {
     const auto in = [&](int r) { return static_cast<const T*>(calls[r].in.data); };
     const auto out = [&](int r) { return static_cast<T*>(calls[r].out.data); };
     const Call& first = calls[0];
+    // Every rank's `in`, reduced element by element in the accumulator type.
+    const auto reduced = [&] {
+      std::vector<T> result(first.in.count);
+      for (std::size_t i = 0; i < first.in.count; ++i) {
+        A value = static_cast<A>(in(0)[i]);
+        for (int r = 1; r < size_; ++r) value = combine<A>(value, static_cast<A>(in(r)[i]), first.op);
+        if (first.op == ReduceOp::kAvg) value = static_cast<A>(value / static_cast<A>(size_));
+        result[i] = static_cast<T>(value);
+      }
+      return result;
+    };
     switch (first.kind) {
       case Kind::kAllReduce: {
-        std::vector<T> result(first.in.count);
-        for (std::size_t i = 0; i < first.in.count; ++i) {
-          A value = static_cast<A>(in(0)[i]);
-          for (int r = 1; r < size_; ++r) value = combine<A>(value, static_cast<A>(in(r)[i]), first.op);
-          if (first.op == ReduceOp::kAvg) value = static_cast<A>(value / static_cast<A>(size_));
-          result[i] = static_cast<T>(value);
-        }
+        const std::vector<T> result = reduced();
         for (int r = 0; r < size_; ++r) {
           if (first.in.count > 0) std::memcpy(out(r), result.data(), first.in.count * sizeof(T));
         }
@@ -154,13 +159,7 @@ class LoopbackWorld {
       }
       case Kind::kReduceScatter: {
         const std::size_t part = first.out.count;
-        std::vector<T> result(first.in.count);
-        for (std::size_t i = 0; i < first.in.count; ++i) {
-          A value = static_cast<A>(in(0)[i]);
-          for (int r = 1; r < size_; ++r) value = combine<A>(value, static_cast<A>(in(r)[i]), first.op);
-          if (first.op == ReduceOp::kAvg) value = static_cast<A>(value / static_cast<A>(size_));
-          result[i] = static_cast<T>(value);
-        }
+        const std::vector<T> result = reduced();
         for (int r = 0; r < size_; ++r) {
           if (part > 0) std::memcpy(out(r), result.data() + r * part, part * sizeof(T));
         }

@@ -170,13 +170,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// (no new CUDA event).
   void record(Event& event, StreamArg stream = {}) {
     throw_if_failed();
-    const cudaStream_t s = stream.resolve(core().default_stream);
-    if (s == cudaStreamLegacy) {
-      DeviceGuard guard(core().device);
-      event.record(s);
-    } else {
-      event.record(s);
-    }
+    event.record(stream.resolve(core().default_stream));  // Event::record finds its GPU's legacy stream
   }
   /// A new event marking the work issued so far on `stream` (one-off use; loops re-record one
   /// event from create_event() instead).
@@ -189,12 +183,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   void wait(const Event& event, StreamArg stream = {}) {
     throw_if_failed();
     const cudaStream_t s = stream.resolve(core().default_stream);
-    if (s == cudaStreamLegacy) {
-      DeviceGuard guard(core().device);
-      NCCLKIT_CUDA_CHECK(cudaStreamWaitEvent(s, event.get(), 0));
-    } else {
-      NCCLKIT_CUDA_CHECK(cudaStreamWaitEvent(s, event.get(), 0));
-    }
+    std::optional<DeviceGuard> on_device;  // the legacy stream is the current device's: make it this GPU
+    if (s == cudaStreamLegacy) on_device.emplace(core().device);
+    NCCLKIT_CUDA_CHECK(cudaStreamWaitEvent(s, event.get(), 0));
   }
   /// Blocks until `stream` is idle. Throws CommError when the communicator failed (also when
   /// the failure is what released the stream), TimeoutError after the timeout + 5 s.
