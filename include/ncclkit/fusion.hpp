@@ -6,6 +6,7 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include "ncclkit/compression/codec.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/fused_buffer.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"

@@ -28,6 +28,7 @@
 #include <memory>              // std::shared_ptr
 #include <mutex>               // std::mutex
 #include <new>                 // std::align_val_t
+#include <span>                // std::span
 #include <string>              // std::string
 #include <thread>              // std::thread
 #include <type_traits>         // std::conditional_t
@@ -35,6 +36,7 @@
 #include <vector>              // std::vector
 
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -406,12 +408,38 @@ class LoopbackBackend {
     });
   }
 
+  using CopyBatch = std::vector<CopyItem>;
+  void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite, Stream stream) {
+    if (const std::string problem = ncclkit::detail::cast_problem(in, out); !problem.empty()) {
+      throw ConfigError("LoopbackBackend::cast: " + problem);
+    }
+    ++casts_;
+    run_on(stream, [in, out, factor, nonfinite] {
+      const std::uint64_t bad = ncclkit::detail::cast_on_host(in, out, factor);
+      if (nonfinite != nullptr && bad != 0) std::atomic_ref<std::uint64_t>(*nonfinite).fetch_add(bad);
+    });
+  }
+  CopyBatch prepare_copies(std::span<const CopyItem> items) {
+    if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
+      throw ConfigError("LoopbackBackend::prepare_copies: " + problem);
+    }
+    return CopyBatch(items.begin(), items.end());
+  }
+  void copy_batch(const CopyBatch& batch, Stream stream) {
+    ++copy_batches_;
+    const CopyBatch* items = &batch;
+    run_on(stream, [items] { ncclkit::detail::copy_batch_on_host(*items); });
+  }
+
   // ---- what tests look at ---------------------------------------------------------------------
 
   /// Events made so far (create_event and one-off record(stream)).
   std::size_t events_created() const { return events_created_.load(); }
   /// Collectives issued so far (counted when the call is made, before it runs).
   std::size_t collectives_issued() const { return issued_.load(); }
+  /// cast and copy_batch calls so far.
+  std::size_t casts() const { return casts_.load(); }
+  std::size_t copy_batches() const { return copy_batches_.load(); }
   /// Allocations not yet freed.
   long live_allocations() const { return allocations_.load(); }
 
@@ -446,10 +474,13 @@ class LoopbackBackend {
   std::atomic<std::size_t> events_created_{0};
   std::atomic<std::size_t> issued_{0};
   std::atomic<long> allocations_{0};
+  std::atomic<std::size_t> casts_{0};
+  std::atomic<std::size_t> copy_batches_{0};
   detail::LoopbackQueue queue_;  // last: its worker stops before the counters go
 };
 
 static_assert(Backend<LoopbackBackend>);
+static_assert(CodecBackend<LoopbackBackend>);
 
 /// Runs `body(rank)` for ranks 0..n-1 on n threads and returns what each threw (null where it
 /// returned): tests check every rank's outcome, not only the first failure.

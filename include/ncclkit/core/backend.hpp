@@ -32,6 +32,8 @@
 
 #include <concepts>  // std::same_as, std::convertible_to
 #include <cstddef>   // std::size_t
+#include <cstdint>   // std::uint64_t
+#include <span>      // std::span
 
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -71,5 +73,34 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   backend.copy(pointer, const_pointer, bytes, stream);  // non-overlapping, same memory kind
   backend.scale(out, factor, stream);                   // out[i] *= factor, in out's type
 };
+
+/// One copy of a batch: `bytes` from `from` to `to`, both in the backend's memory, not overlapping.
+struct CopyItem {
+  void* to = nullptr;
+  const void* from = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// What gradient compression and loose-tensor packing need of a backend on top of `Backend`
+/// (both backends model it, and so does the loop-back fake of the tests):
+///   - `cast(in, out, factor, nonfinite, stream)`: out[i] = in[i] * factor, converted to out's
+///     element type, in one pass (floating types only: float16, bfloat16, float32, float64;
+///     computed in float, in double where either side is float64; rounding to nearest).
+///     `in.count == out.count`; `in` and `out` are one buffer or do not overlap. Where
+///     `nonfinite` is not null it points to a `std::uint64_t` in the backend's memory, and the
+///     number of outputs that are not finite (Inf, NaN) is added to it.
+///   - `prepare_copies(items)`: a batch of copies, made once (on GPUs its table moves to device
+///     memory once), then run as often as wanted by `copy_batch(batch, stream)`: one kernel
+///     on GPUs, not one copy per item. The batch must not outlive the backend.
+template <class B>
+concept CodecBackend =
+    Backend<B> && requires(B& backend, TensorView in, TensorView out, double factor, std::uint64_t* nonfinite,
+                           std::span<const CopyItem> items, const typename B::CopyBatch& batch,
+                           typename B::Stream stream) {
+      typename B::CopyBatch;
+      backend.cast(in, out, factor, nonfinite, stream);
+      { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
+      backend.copy_batch(batch, stream);
+    };
 
 }  // namespace ncclkit

@@ -11,15 +11,23 @@
 /// compute stream wait for the last bucket, by an event; the optimizer step that follows on
 /// that stream sees reduced gradients.
 ///
-/// Events are made once, at construction (one per bucket and one for the end of a step), and
-/// re-recorded every step.
+/// Events are made once, at construction (one per bucket and one for the end of a step, and
+/// per compressed chunk), and re-recorded every step.
+///
+/// Compression (GradientSyncOptions::codec): a float32 bucket is encoded to 16 bits on the
+/// compute stream when it launches, summed in 16 bits on the comm stream, and decoded back
+/// into the float32 gradients on the stream given to `finish`, chunk by chunk, each after an
+/// event: encoding bucket k+1 overlaps reducing bucket k, and decoding bucket k overlaps
+/// reducing bucket k+1. A high-priority comm stream (nccl::Options::stream_priority) keeps
+/// NCCL's kernels ahead of the casts.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include <algorithm>    // std::find
+#include <array>        // std::array
 #include <chrono>       // std::chrono::steady_clock
 #include <cstddef>      // std::size_t, std::byte
 #include <cstdint>      // std::uint64_t
-#include <cstdio>       // std::snprintf
 #include <exception>    // std::exception
 #include <optional>     // std::optional
 #include <span>         // std::span
@@ -32,8 +40,11 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/compression/codec.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/fusion/detail/pieces.hpp"
+#include "ncclkit/fusion/detail/plan_agreement.hpp"
 #include "ncclkit/fusion/fused_buffer.hpp"
 #include "ncclkit/fusion/layout.hpp"
 #include "ncclkit/fusion/ready_tracker.hpp"
@@ -41,7 +52,7 @@
 namespace ncclkit::fusion {
 
 /// Options of a `GradientSync<B>`; designated initialisers:
-/// `GradientSync sync(buffer, plan, {.op = ReduceOp::kSum})`.
+/// `GradientSync sync(buffer, plan, {.op = ReduceOp::kSum, .codec = compression::Codec::kFloat16})`.
 template <Backend B>
 struct GradientSyncOptions {
   /// kAvg (default: gradients of the mean loss over the global batch, as DDP gives) or kSum.
@@ -50,10 +61,29 @@ struct GradientSyncOptions {
   MissingTensors missing = MissingTensors::kError;
   /// Where buckets are reduced; the backend's `comm_stream()` when empty.
   std::optional<typename B::Stream> comm_stream = std::nullopt;
-  /// Compare the plan's fingerprint, `op` and `missing` across ranks at construction (one
-  /// all_gather of 16 bytes a rank) and throw ConfigError on every rank when they differ. Turn
+  /// Compare the plan's fingerprint and these options across ranks at construction (one
+  /// all_gather of 32 bytes a rank) and throw ConfigError on every rank when they differ. Turn
   /// off only where every rank parsed rank 0's `serialize()`d plan already; the same on every rank.
   bool check_plan = true;
+
+  /// How float32 buckets travel (compression/codec.hpp): kNone (default) reduces them as they
+  /// are; kFloat16 and kBFloat16 encode each bucket into 16 bits on the compute stream (scale
+  /// and cast in one pass), sum the 16-bit data, and decode it back into the float32
+  /// gradients in `finish` (one pass, counting non-finite results). Buckets of other element
+  /// types are reduced as they are. Needs a CodecBackend.
+  compression::Codec codec = compression::Codec::kNone;
+  /// What encode multiplies float32 gradients by; decode divides it out. Default 1/world:
+  /// the 16-bit sum of `world` gradients is then no larger than one gradient, so fp16
+  /// overflows only where a single gradient would.
+  std::optional<double> prescale = std::nullopt;
+  /// Compressed buckets are encoded, reduced and decoded in chunks of at most this many
+  /// float32 bytes, so encoding one chunk overlaps reducing the one before; 0 (default): one
+  /// chunk per bucket (buckets already pipeline against each other).
+  std::size_t chunk_bytes = 0;
+  /// With a codec: reduce again in float32 every chunk whose 16-bit result has a non-finite
+  /// value (the float32 gradients are still intact then), so an fp16 overflow costs time,
+  /// never a step. It makes `finish` wait on the host for the compressed chunks once a step.
+  bool rerun_nonfinite = false;
 };
 
 /// What the last finished step did.
@@ -66,6 +96,10 @@ struct GradientSyncStats {
   std::size_t zeroed = 0;
   /// Steps finished so far.
   std::size_t steps = 0;
+  /// Chunks reduced in 16 bits each step (0 without a codec).
+  std::size_t compressed_chunks = 0;
+  /// With rerun_nonfinite: the chunks the last step reduced again in float32.
+  std::size_t rerun_chunks = 0;
 };
 
 /// Host times of one bucket in a step (steady_clock), for seeing the overlap: when its last
@@ -76,12 +110,31 @@ struct BucketTiming {
   std::chrono::steady_clock::time_point launched;
 };
 
+namespace detail {
+/// A backend's CopyBatch, or an empty stand-in for a backend that has none.
+template <class B>
+struct CopyBatchOf {
+  struct type {};
+};
+template <CodecBackend B>
+struct CopyBatchOf<B> {
+  using type = typename B::CopyBatch;
+};
+}  // namespace detail
+
 /// Synchronises the gradients of `buffer` along `plan`, one step at a time:
 /// `mark_ready(slot)` for every tensor as backward writes it, then `finish()`.
 ///
-/// The buffer and its backend must outlive this object. Not thread-safe: hooks that fire on
-/// several threads serialise their calls. Every rank must construct it with the same plan (it
-/// checks) and mark all tensors (or use kReduceAsZeros) every step.
+/// Loose tensors: given a pointer per slot (`loose`; null for a tensor that lives in the
+/// buffer), the buffer is a staging area: a bucket's loose gradients are packed into it by
+/// one batched copy on the compute stream when the bucket launches, and unpacked by one
+/// batched copy in `finish` (a CodecBackend's copy_batch: one kernel on GPUs).
+///
+/// The buffer's memory and the backend must outlive this object (moving the FusedBuffer is
+/// fine: its allocations stay where they are). Not thread-safe: hooks that fire on several
+/// threads serialise their calls. Every rank must construct it with the same plan and options
+/// (it checks) and mark all tensors (or use kReduceAsZeros) every step. All of a step's
+/// `mark_ready` calls name one compute stream, or streams the caller has ordered.
 template <Backend B>
 class GradientSync {
  public:
@@ -89,36 +142,66 @@ class GradientSync {
   using Event = typename B::Event;
   using Options = GradientSyncOptions<B>;
 
-  /// Makes the events and, with `check_plan` and more than one rank, compares the plan's
-  /// fingerprint (and op and missing) across ranks: a collective every rank must enter (it synchronises the comm
-  /// stream once; construction is not on the hot path). ConfigError when `plan` was not made
-  /// for `buffer.layout()`, for an op other than kSum and kAvg, and, on every rank, when ranks
-  /// hold different plans (the message lists each rank's fingerprint).
+  /// Makes the events, zeroes the buffer's alignment padding (so that it never holds a NaN
+  /// that a codec would count) and, with `check_plan` and more than one rank, compares the
+  /// plan's fingerprint and options across ranks: a collective every rank must enter (it
+  /// synchronises the comm stream once; construction is not on the hot path). ConfigError
+  /// when `plan` was not made for `buffer.layout()`, for an op other than kSum and kAvg, for a
+  /// codec or loose tensors on a backend that is not a CodecBackend, and, on every rank, when
+  /// ranks hold different plans or options (the message lists each rank's fingerprint).
   GradientSync(FusedBuffer<B>& buffer, BucketPlan plan, Options options = {})
-      : buffer_(&buffer),
-        backend_(&buffer.backend()),
-        tracker_(checked(buffer, std::move(plan), options), ReadyTrackerOptions{options.missing}),
+      : GradientSync(buffer, std::move(plan), {}, options) {}
+  /// With loose tensors: `loose[slot]` is the user's tensor for that slot (its element type and
+  /// count, in the backend's memory), or null where the tensor lives in the buffer; empty
+  /// means none.
+  GradientSync(FusedBuffer<B>& buffer, BucketPlan plan, std::span<void* const> loose, Options options = {})
+      : backend_(&buffer.backend()),
+        layout_(buffer.layout()),
+        tracker_(checked(buffer, std::move(plan), loose, options), ReadyTrackerOptions{options.missing}),
         options_(options),
         comm_(options.comm_stream.value_or(backend_->comm_stream())),
         done_event_(backend_->create_event()) {
-    const std::size_t buckets = tracker_.plan().size();
-    ready_events_.reserve(buckets);
-    for (std::size_t b = 0; b < buckets; ++b) ready_events_.push_back(backend_->create_event());
+    for (DataType type : layout_.element_types()) base_[static_cast<std::size_t>(type)] = static_cast<std::byte*>(buffer.data(type));
+    const BucketPlan& p = tracker_.plan();
+    const std::size_t buckets = p.size();
     stats_.buckets = buckets;
+    ready_events_.reserve(buckets);
     for (std::size_t b = 0; b < buckets; ++b) {
-      initial_pending_.push_back(static_cast<std::uint32_t>(tracker_.plan()[b].slots.size()));
+      ready_events_.push_back(backend_->create_event());
+      initial_pending_.push_back(static_cast<std::uint32_t>(p[b].slots.size()));
     }
     pending_ = initial_pending_;
     timings_.resize(buckets);
     last_timings_.resize(buckets);
-    if (options_.missing == MissingTensors::kReduceAsZeros) {
-      static const std::byte kZeros[kZeroBytes] = {};
-      zeros_ = detail::Allocation<B>(*backend_, kZeroBytes);
-      detail::copy_from_host(*backend_, zeros_.data(), kZeros, kZeroBytes, comm_);
-      // The seed must be zero before a compute stream copies from it.
-      backend_->synchronize(comm_);
+
+    const bool compress = options_.codec != compression::Codec::kNone;
+    pieces_ = detail::cut_pieces(p, compress, compression::wire_type(options_.codec), options_.chunk_bytes);
+    stats_.compressed_chunks = pieces_.encoded;
+    if (compress) factors_ = compression::factors(backend_->size(), options_.op == ReduceOp::kAvg, options_.prescale);
+
+    // Seed of zeros, for kReduceAsZeros, the padding and the non-finite counters.
+    static const std::byte kZeros[kZeroBytes] = {};
+    zeros_ = detail::Allocation<B>(*backend_, kZeroBytes);
+    detail::copy_from_host(*backend_, zeros_.data(), kZeros, kZeroBytes, comm_);
+    zero_padding();
+
+    if constexpr (CodecBackend<B>) {
+      if (!loose.empty()) prepare_loose(loose);
+      if (compress) {
+        wire_ = detail::Allocation<B>(*backend_, pieces_.wire_bytes);
+        counters_ = detail::Allocation<B>(*backend_, pieces_.pieces.size() * sizeof(std::uint64_t));
+        for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) encoded_events_.push_back(backend_->create_event());
+      }
+      if (compress || !unpack_.empty()) {
+        for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) reduced_events_.push_back(backend_->create_event());
+      }
     }
-    if (options_.check_plan && backend_->size() > 1) agree_on_plan();
+    // The zeros must be in place before any other stream copies from them.
+    backend_->synchronize(comm_);
+    if (options_.check_plan && backend_->size() > 1) {
+      detail::agree_on_plan(*backend_, comm_, p.fingerprint(), settings(),
+                            "ncclkit: GradientSync on rank " + std::to_string(backend_->rank()), p.describe());
+    }
   }
 
   GradientSync(GradientSync&&) noexcept = default;
@@ -153,15 +236,16 @@ class GradientSync {
   }
   void mark_ready(Slot slot) { mark_ready(slot, backend_->default_stream()); }
   /// By name; ConfigError naming it when no tensor has that name.
-  void mark_ready(std::string_view name, Stream stream) { mark_ready(buffer_->layout().slot(name), stream); }
+  void mark_ready(std::string_view name, Stream stream) { mark_ready(layout_.slot(name), stream); }
   void mark_ready(std::string_view name) { mark_ready(name, backend_->default_stream()); }
 
   /// Ends the step: launches the buckets not launched yet, then makes `stream` wait for every
-  /// bucket (one event, recorded on the comm stream after the last), and starts the next step.
-  /// Never blocks the host; work issued on `stream` afterwards sees the reduced gradients.
-  /// Tensors never marked: with kError (default) a ConfigError naming every one, launching
-  /// nothing more (mark them and call `finish` again); with kReduceAsZeros they are filled
-  /// with zeros on `stream` first, then reduced with the rest.
+  /// bucket (by events) and decodes compressed chunks and unpacks loose tensors on it, and
+  /// starts the next step. Never blocks the host (except with rerun_nonfinite); work issued
+  /// on `stream` afterwards sees the reduced gradients. Tensors never marked: with kError
+  /// (default) a ConfigError naming every one, launching nothing more (mark them and call
+  /// `finish` again); with kReduceAsZeros they are filled with zeros on `stream` first, then
+  /// reduced with the rest.
   void finish(Stream stream) {
     const std::size_t launched_before = tracker_.launched();
     FinishResult result = tracker_.finish();
@@ -170,13 +254,18 @@ class GradientSync {
       if (pending_[b] != 0) timings_[b].ready = now;
     }
     for (Slot slot : result.zeroed) {
-      detail::zero_fill(*backend_, buffer_->view(slot), zeros_.data(), zeros_.bytes(), stream);
+      detail::zero_fill(*backend_, loose_view(slot), zeros_.data(), zeros_.bytes(), stream);
     }
     launch(result.launch, stream);
+    stats_.rerun_chunks = 0;
+    if constexpr (CodecBackend<B>) {
+      if (!reduced_events_.empty()) complete_on(stream);
+    }
     if (!tracker_.plan().buckets().empty()) {
       backend_->record(done_event_, comm_);
       backend_->wait(done_event_, stream);
     }
+    finish_stream_ = stream;
     stats_.launched_before_finish = launched_before;
     stats_.zeroed = result.zeroed.size();
     ++stats_.steps;
@@ -185,6 +274,19 @@ class GradientSync {
     tracker_.reset();
   }
   void finish() { finish(backend_->default_stream()); }
+
+  /// Non-finite values (Inf, NaN) in the last finished step's 16-bit results, summed over its
+  /// compressed chunks: the same on every rank (they all hold the same reduced data), so all
+  /// ranks can act on it (skip the step, lower a loss scale) with no more communication. 0
+  /// without a codec. Synchronises the stream last given to `finish` to read the device's
+  /// counters (not with rerun_nonfinite, whose `finish` read them already).
+  std::uint64_t nonfinite() {
+    if (pieces_.encoded == 0 || stats_.steps == 0) return 0;
+    if (!options_.rerun_nonfinite) read_counters(finish_stream_);
+    std::uint64_t total = 0;
+    for (std::uint64_t n : host_counts_) total += n;
+    return total;
+  }
 
   /// The plan, in launch order.
   const BucketPlan& plan() const { return tracker_.plan(); }
@@ -199,13 +301,33 @@ class GradientSync {
 
  private:
   using Clock = std::chrono::steady_clock;
+  using CopyBatch = typename detail::CopyBatchOf<B>::type;
   static constexpr std::size_t kZeroBytes = 4096;
 
-  /// `plan`, once it is known to fit `buffer`'s layout and the op is one gradients use.
-  static BucketPlan checked(const FusedBuffer<B>& buffer, BucketPlan plan, const Options& options) {
+  /// `plan`, once it is known to fit `buffer`'s layout and the options and backend can run it.
+  static BucketPlan checked(const FusedBuffer<B>& buffer, BucketPlan plan, std::span<void* const> loose,
+                            const Options& options) {
     if (options.op != ReduceOp::kSum && options.op != ReduceOp::kAvg) {
       throw ConfigError("ncclkit: GradientSync: op " + std::string(name_of(options.op)) +
                         " is not a gradient reduction; use ReduceOp::kAvg or ReduceOp::kSum");
+    }
+    if (options.codec != compression::Codec::kNone && options.codec != compression::Codec::kFloat16 &&
+        options.codec != compression::Codec::kBFloat16) {
+      throw ConfigError("ncclkit: GradientSync: invalid codec value " +
+                        std::to_string(static_cast<int>(options.codec)));
+    }
+    if (!CodecBackend<B> && (options.codec != compression::Codec::kNone || !loose.empty())) {
+      throw ConfigError(
+          "ncclkit: GradientSync: a codec and loose tensors need a backend with cast, prepare_copies and "
+          "copy_batch (the CodecBackend concept); this backend has none");
+    }
+    if (options.rerun_nonfinite && options.codec == compression::Codec::kNone) {
+      throw ConfigError("ncclkit: GradientSync: rerun_nonfinite needs a codec (fp16 or bf16)");
+    }
+    if (!loose.empty() && loose.size() != buffer.layout().size()) {
+      throw ConfigError("ncclkit: GradientSync: " + std::to_string(loose.size()) + " loose pointers for " +
+                        std::to_string(buffer.layout().size()) +
+                        " tensors; give one per slot (null for a tensor that lives in the buffer)");
     }
     try {
       (void)BucketPlan::parse(plan.serialize(), buffer.layout());
@@ -217,101 +339,203 @@ class GradientSync {
     return plan;
   }
 
+  TensorView range_view(DataType type, std::size_t begin_bytes, std::size_t count) const {
+    return TensorView{base_[static_cast<std::size_t>(type)] + begin_bytes, count, type, B::memory_kind};
+  }
+  TensorView piece_view(const detail::Piece& piece) const {
+    return range_view(tracker_.plan()[piece.bucket].dtype, piece.begin_bytes, piece.count);
+  }
+  TensorView wire_view(const detail::Piece& piece) const {
+    return TensorView{wire_.data() + piece.wire_begin_bytes, piece.count, compression::wire_type(options_.codec),
+                      B::memory_kind};
+  }
+  TensorView counters_view() const {
+    return TensorView{counters_.data(), pieces_.pieces.size(), DataType::kUint64, B::memory_kind};
+  }
+  std::uint64_t* counter(std::size_t piece) const {
+    return reinterpret_cast<std::uint64_t*>(counters_.data()) + piece;
+  }
+  /// Where `slot`'s gradient is written by the caller: its loose tensor, or its view.
+  TensorView loose_view(Slot slot) const {
+    const DataType type = layout_.dtype(slot);
+    const std::size_t count = layout_.count(slot);
+    if (count == 0) return TensorView{nullptr, 0, type, B::memory_kind};
+    if (slot.index < loose_.size() && loose_[slot.index] != nullptr) {
+      return TensorView{loose_[slot.index], count, type, B::memory_kind};
+    }
+    return range_view(type, layout_.offset_bytes(slot), count);
+  }
+
+  /// Zeroes the bytes of every allocation that no tensor covers.
+  void zero_padding() {
+    for (DataType type : layout_.element_types()) {
+      std::size_t end = 0;
+      const auto gap = [&](std::size_t from, std::size_t to) {
+        if (to > from) {
+          const TensorView bytes{base_[static_cast<std::size_t>(type)] + from, to - from, DataType::kUint8,
+                                 B::memory_kind};
+          detail::zero_fill(*backend_, bytes, zeros_.data(), zeros_.bytes(), comm_);
+        }
+      };
+      for (Slot slot : layout_.order(type)) {
+        gap(end, layout_.offset_bytes(slot));
+        end = layout_.offset_bytes(slot) + layout_.bytes(slot);
+      }
+      gap(end, layout_.total_bytes(type));
+    }
+  }
+
+  /// One pack batch (loose → buffer) and one unpack batch per bucket that has loose tensors.
+  void prepare_loose(std::span<void* const> loose) {
+    loose_.assign(loose.begin(), loose.end());
+    const BucketPlan& p = tracker_.plan();
+    pack_.resize(p.size());
+    unpack_.resize(p.size());
+    has_loose_.assign(p.size(), false);
+    for (std::size_t b = 0; b < p.size(); ++b) {
+      std::vector<CopyItem> in;
+      std::vector<CopyItem> out;
+      for (Slot slot : p[b].slots) {
+        void* user = loose_[slot.index];
+        if (user == nullptr) continue;
+        void* staged = base_[static_cast<std::size_t>(layout_.dtype(slot))] + layout_.offset_bytes(slot);
+        in.push_back({staged, user, layout_.bytes(slot)});
+        out.push_back({user, staged, layout_.bytes(slot)});
+      }
+      if (in.empty()) continue;
+      has_loose_[b] = true;
+      pack_[b] = backend_->prepare_copies(in);
+      unpack_[b] = backend_->prepare_copies(out);
+    }
+    if (std::find(has_loose_.begin(), has_loose_.end(), true) == has_loose_.end()) unpack_.clear();
+  }
+
   /// Launches `range` (buckets in plan order) after the work issued so far on `stream`.
   void launch(BucketRange range, Stream stream) {
     if (range.empty()) return;
-    // One event covers every bucket of the range: they became launchable at the same point.
-    Event& ready = ready_events_[range.first];
-    backend_->record(ready, stream);
-    backend_->wait(ready, comm_);
+    bool plain = false;
     for (std::size_t b : range) {
-      const Bucket& bucket = tracker_.plan()[b];
-      const TensorView all = buffer_->all(bucket.dtype);
-      const TensorView view{static_cast<std::byte*>(all.data) + bucket.begin_bytes, bucket.count(), bucket.dtype,
-                            B::memory_kind};
+      if constexpr (CodecBackend<B>) {
+        if (!has_loose_.empty() && has_loose_[b]) backend_->copy_batch(pack_[b], stream);
+      }
+      plain = plain || !pieces_.pieces[pieces_.first[b]].encoded;
+    }
+    if (plain) {
+      // One event covers every plain bucket of the range: they became launchable together.
+      Event& ready = ready_events_[range.first];
+      backend_->record(ready, stream);
+      backend_->wait(ready, comm_);
+    }
+    for (std::size_t b : range) {
       timings_[b].launched = Clock::now();
-      backend_->all_reduce(view, view, options_.op, comm_);
-    }
-  }
-
-  /// All-gathers every rank's plan fingerprint and throws, on every rank alike, when they differ.
-  void agree_on_plan() {
-    const int ranks = backend_->size();
-    // Each rank's plan fingerprint and its settings that change what a bucket computes (the
-    // reduction, and whether never-marked tensors are reduced as zeros), gathered in one call.
-    const std::uint64_t mine[2] = {tracker_.plan().fingerprint(), settings_code()};
-    std::vector<std::uint64_t> gathered(2 * static_cast<std::size_t>(ranks));
-    {
-      detail::Allocation<B> in(*backend_, sizeof mine);
-      detail::Allocation<B> out(*backend_, sizeof(std::uint64_t) * gathered.size());
-      detail::copy_from_host(*backend_, in.data(), mine, sizeof mine, comm_);
-      backend_->all_gather(TensorView{in.data(), 2, DataType::kUint64, B::memory_kind},
-                           TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, comm_);
-      detail::copy_to_host(*backend_, gathered.data(), out.data(), sizeof(std::uint64_t) * gathered.size(), comm_);
-      backend_->synchronize(comm_);
-    }
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(ranks));
-    for (std::size_t r = 0; r < all.size(); ++r) {
-      all[r] = gathered[2 * r];
-      if (gathered[2 * r + 1] != gathered[1]) {
-        throw ConfigError("ncclkit: GradientSync on rank " + std::to_string(backend_->rank()) + ": rank " +
-                          std::to_string(r) + " uses other GradientSyncOptions than rank 0 (" +
-                          describe_settings(gathered[2 * r + 1]) + " against " + describe_settings(gathered[1]) +
-                          "); every rank must give the same op and missing");
+      for (std::size_t i = pieces_.first[b]; i < pieces_.first[b + 1]; ++i) {
+        const detail::Piece& piece = pieces_.pieces[i];
+        if (piece.encoded) {
+          if constexpr (CodecBackend<B>) {
+            backend_->cast(piece_view(piece), wire_view(piece), factors_.encode, nullptr, stream);
+            backend_->record(encoded_events_[i], stream);
+            backend_->wait(encoded_events_[i], comm_);
+            backend_->all_reduce(wire_view(piece), wire_view(piece), ReduceOp::kSum, comm_);
+          }
+        } else {
+          backend_->all_reduce(piece_view(piece), piece_view(piece), options_.op, comm_);
+        }
+        if (!reduced_events_.empty()) backend_->record(reduced_events_[i], comm_);
       }
     }
-    bool agree = true;
-    for (std::uint64_t f : all) agree = agree && f == all[0];
-    if (agree) return;
-    const auto hex = [](std::uint64_t value) {
-      char text[24];
-      std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-      return std::string(text);
-    };
-    std::string listed;
-    int shown = 0;
-    for (int r = 0; r < ranks; ++r) {
-      if (r != 0 && all[static_cast<std::size_t>(r)] == all[0]) continue;
-      if (++shown > 8) {
-        listed += ", ...";
-        break;
+  }
+
+  /// The end of a step on `stream` for compressed chunks and loose tensors: wait for each
+  /// piece, decode it (or, with rerun_nonfinite, reduce it again in float32 where its result
+  /// is not finite), and unpack each bucket's loose tensors.
+  void complete_on(Stream stream)
+    requires CodecBackend<B>
+  {
+    const bool compress = pieces_.encoded != 0;
+    if (compress) detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), stream);
+    if (compress && options_.rerun_nonfinite) {
+      // Count first (a pass over the 16-bit results that leaves them as they are), read the
+      // counts on the host: every rank sees the same ones and reruns the same chunks.
+      for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) {
+        const detail::Piece& piece = pieces_.pieces[i];
+        if (!piece.encoded) continue;
+        backend_->wait(reduced_events_[i], stream);
+        backend_->cast(wire_view(piece), wire_view(piece), 1.0, counter(i), stream);
       }
-      listed +=
-          (listed.empty() ? "rank " : ", rank ") + std::to_string(r) + " " + hex(all[static_cast<std::size_t>(r)]);
+      read_counters(stream);
     }
-    throw ConfigError("ncclkit: GradientSync on rank " + std::to_string(backend_->rank()) +
-                      ": the ranks hold different bucket plans (fingerprints: " + listed +
-                      "; ranks not listed match rank 0). This rank's plan: " + tracker_.plan().describe() +
-                      ". Every rank must register the same tensors (names, shapes, element types) in the same "
-                      "order and use the same LayoutOptions and BucketOptions, or parse rank 0's serialize()d plan");
+    for (std::size_t b = 0; b < pieces_.first.size() - 1; ++b) {
+      for (std::size_t i = pieces_.first[b]; i < pieces_.first[b + 1]; ++i) {
+        const detail::Piece& piece = pieces_.pieces[i];
+        if (!piece.encoded) {
+          if (!has_loose_.empty() && has_loose_[b]) backend_->wait(reduced_events_[i], stream);
+          continue;
+        }
+        if (options_.rerun_nonfinite && host_counts_[i] != 0) {
+          // The float32 gradients are untouched so far: reduce them as they are.
+          backend_->record(encoded_events_[i], stream);
+          backend_->wait(encoded_events_[i], comm_);
+          backend_->all_reduce(piece_view(piece), piece_view(piece), options_.op, comm_);
+          backend_->record(reduced_events_[i], comm_);
+          backend_->wait(reduced_events_[i], stream);
+          ++stats_.rerun_chunks;
+          continue;
+        }
+        if (!options_.rerun_nonfinite) backend_->wait(reduced_events_[i], stream);
+        backend_->cast(wire_view(piece), piece_view(piece), factors_.decode,
+                       options_.rerun_nonfinite ? nullptr : counter(i), stream);
+      }
+      if (!has_loose_.empty() && has_loose_[b]) backend_->copy_batch(unpack_[b], stream);
+    }
   }
 
-  std::uint64_t settings_code() const {
-    return static_cast<std::uint64_t>(options_.op) << 8 | static_cast<std::uint64_t>(options_.missing);
-  }
-  static std::string describe_settings(std::uint64_t code) {
-    const auto op = static_cast<ReduceOp>(code >> 8);
-    const bool zeros = static_cast<MissingTensors>(code & 0xff) == MissingTensors::kReduceAsZeros;
-    return std::string("op ") +
-           (op == ReduceOp::kSum   ? "sum"
-            : op == ReduceOp::kAvg ? "avg"
-                                   : "other") +
-           ", missing " + (zeros ? "kReduceAsZeros" : "kError");
+  /// Copies the per-piece counters to host_counts_, synchronising `stream`.
+  void read_counters(Stream stream) {
+    host_counts_.assign(pieces_.pieces.size(), 0);
+    detail::copy_to_host(*backend_, host_counts_.data(), counters_.data(), host_counts_.size() * sizeof(std::uint64_t),
+                         stream);
+    backend_->synchronize(stream);
   }
 
-  FusedBuffer<B>* buffer_;
+  detail::SyncSettings settings() const {
+    return {options_.op,
+            options_.missing == MissingTensors::kReduceAsZeros,
+            static_cast<int>(options_.codec),
+            options_.rerun_nonfinite,
+            options_.chunk_bytes,
+            options_.prescale.value_or(0.0)};
+  }
+
   B* backend_;
+  FusedLayout layout_;
+  std::array<std::byte*, kDataTypeCount> base_{};  // the buffer's allocations, by element type
   ReadyTracker tracker_;
   Options options_;
   Stream comm_;
+  Stream finish_stream_{};
   Event done_event_;                 // recorded on the comm stream after a step's last bucket
   std::vector<Event> ready_events_;  // per bucket; a launch of several buckets uses its first's
-  detail::Allocation<B> zeros_;      // kZeroBytes of zeros, for MissingTensors::kReduceAsZeros
+  detail::Allocation<B> zeros_;      // kZeroBytes of zeros
   GradientSyncStats stats_;
   std::vector<std::uint32_t> initial_pending_;  // non-empty tensors per bucket
   std::vector<std::uint32_t> pending_;          // of those, not marked yet this step
   std::vector<BucketTiming> timings_;           // this step's
   std::vector<BucketTiming> last_timings_;      // the last finished step's
+
+  // Compression: the 16-bit wire buffer, its pieces and per-piece events and counters.
+  detail::Pieces pieces_;
+  compression::CodecFactors factors_;
+  detail::Allocation<B> wire_;
+  detail::Allocation<B> counters_;        // a std::uint64_t per piece, in the backend's memory
+  std::vector<std::uint64_t> host_counts_;  // the counters, as last read
+  std::vector<Event> encoded_events_;     // per piece: encoded on the compute stream
+  std::vector<Event> reduced_events_;     // per piece: reduced on the comm stream (decode, unpack)
+
+  // Loose tensors: the user's pointers by slot, and per bucket the batches that move them.
+  std::vector<void*> loose_;
+  std::vector<bool> has_loose_;
+  std::vector<CopyBatch> pack_;
+  std::vector<CopyBatch> unpack_;
 };
 
 }  // namespace ncclkit::fusion

@@ -43,6 +43,7 @@
 #include <gloo/context.h>  // gloo::Context
 
 #include <algorithm>    // std::max
+#include <atomic>       // std::atomic_ref
 #include <chrono>       // std::chrono::milliseconds
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint8_t, std::uint64_t
@@ -59,6 +60,7 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
@@ -498,6 +500,43 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     run_local(stream, [out, factor, isa] { gloo::scale(out.dtype, out.data, out.data, out.count, factor, isa); });
   }
 
+  // ---- compression and packing (the CodecBackend concept) ---------------------------------
+
+  /// A batch of copies: host memory needs no table on a device, so it is the list itself.
+  using CopyBatch = std::vector<CopyItem>;
+
+  /// out[i] = in[i] * factor converted to out's element type, on `stream` (floating types; see
+  /// CodecBackend). Where `nonfinite` is not null, the number of non-finite outputs is added to
+  /// it (atomically).
+  void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite = nullptr, Stream stream = {}) {
+    if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
+      throw ConfigError(state().who() + ": cast needs host memory");
+    }
+    if (const std::string problem = ncclkit::detail::cast_problem(in, out); !problem.empty()) {
+      throw ConfigError(state().who() + ": " + problem);
+    }
+    run_local(stream, [in, out, factor, nonfinite] {
+      const std::uint64_t bad = ncclkit::detail::cast_on_host(in, out, factor);
+      if (nonfinite != nullptr && bad != 0) std::atomic_ref<std::uint64_t>(*nonfinite).fetch_add(bad);
+    });
+  }
+  /// The batch, checked; empty copies dropped.
+  CopyBatch prepare_copies(std::span<const CopyItem> items) {
+    if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
+      throw ConfigError(state().who() + ": prepare_copies: " + problem);
+    }
+    CopyBatch batch;
+    for (const CopyItem& item : items) {
+      if (item.bytes != 0) batch.push_back(item);
+    }
+    return batch;
+  }
+  /// Runs every copy of `batch` on `stream` (the batch must outlive the work).
+  void copy_batch(const CopyBatch& batch, Stream stream = {}) {
+    const CopyBatch* items = &batch;
+    run_local(stream, [items] { ncclkit::detail::copy_batch_on_host(*items); });
+  }
+
  private:
   static constexpr std::size_t kAlignment = 64;
 
@@ -607,5 +646,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 };
 
 static_assert(Backend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::Backend");
+static_assert(CodecBackend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::CodecBackend");
 
 }  // namespace ncclkit::gloo

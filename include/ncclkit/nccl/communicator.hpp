@@ -70,14 +70,17 @@
 #include <span>      // std::span
 #include <string>    // std::string
 #include <utility>   // std::move
+#include <vector>    // std::vector
 
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/nccl/copy_batch.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/argument_checks.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
@@ -500,14 +503,68 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   void scale(TensorView out, double factor, StreamArg stream = {}) {
     const detail::CheckedCall call(core(), "scale", stream);
     call.buffer("buffer", out);
-    auto launcher = detail::scale_launcher();
-    if (launcher == nullptr) {
-      throw ConfigError(
-          "scale needs ncclkit's CUDA kernels: include ncclkit/nccl/communicator.hpp (or "
-          "ncclkit/nccl/kernels.cuh) in at least one file compiled by nvcc");
-    }
+    const auto launcher = kernel_launcher(detail::scale_launcher(), "scale");
     DeviceGuard guard(core().device);  // kernels launch on the current device's streams only
     launcher(out.data, out.count, out.dtype, factor, call.stream().stream);
+  }
+
+  // ---- compression and packing (the CodecBackend concept) ---------------------------------
+
+  using CopyBatch = nccl::CopyBatch;
+
+  /// out[i] = in[i] * factor converted to out's element type, in one kernel on `stream`
+  /// (floating types; see CodecBackend). Where `nonfinite` (a std::uint64_t in this GPU's
+  /// memory) is not null, the number of non-finite outputs is added to it on the device.
+  void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite = nullptr, StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "cast", stream);
+    if (const std::string problem = ncclkit::detail::cast_problem(in, out); !problem.empty()) call.misuse(problem);
+    if (in.count == 0) return;
+    call.buffer("input", in);
+    call.buffer("output", out);
+    const auto launcher = kernel_launcher(detail::cast_launcher(), "cast");
+    DeviceGuard guard(core().device);
+    launcher(in.data, in.dtype, out.data, out.dtype, in.count, factor, nonfinite, call.stream().stream);
+  }
+
+  /// A batch of device-to-device copies (pointers into this GPU's memory, not overlapping),
+  /// its table copied to the GPU once, now (this call waits for that copy). Run it with
+  /// copy_batch as often as wanted; empty copies are dropped.
+  CopyBatch prepare_copies(std::span<const CopyItem> items) {
+    if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
+      throw ConfigError("ncclkit prepare_copies on " + core().who() + ": " + problem);
+    }
+    std::vector<detail::DeviceCopy> table;
+    std::uint64_t chunks = 0;
+    std::uint64_t bytes = 0;
+    for (const CopyItem& item : items) {
+      if (item.bytes == 0) continue;
+      table.push_back({item.to, item.from, item.bytes, chunks});
+      chunks += (item.bytes + detail::kCopyChunkBytes - 1) / detail::kCopyChunkBytes;
+      bytes += item.bytes;
+    }
+    CopyBatch batch;
+    batch.device_ = core().device;
+    if (table.empty()) return batch;
+    batch.table_ = static_cast<detail::DeviceCopy*>(allocate(table.size() * sizeof(detail::DeviceCopy)));
+    batch.count_ = table.size();
+    batch.chunks_ = chunks;
+    batch.bytes_ = bytes;
+    DeviceGuard guard(core().device);
+    NCCLKIT_CUDA_CHECK(
+        cudaMemcpy(batch.table_, table.data(), table.size() * sizeof(detail::DeviceCopy), cudaMemcpyHostToDevice));
+    return batch;
+  }
+  /// Runs every copy of `batch` on `stream`, as one kernel.
+  void copy_batch(const CopyBatch& batch, StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "copy_batch", stream);
+    if (batch.size() == 0) return;
+    if (batch.device() != core().device) {
+      call.misuse("the batch was prepared on GPU " + std::to_string(batch.device()) +
+                  "; prepare it with this communicator");
+    }
+    const auto launcher = kernel_launcher(detail::copy_batch_launcher(), "copy_batch");
+    DeviceGuard guard(core().device);
+    launcher(batch.table_, batch.count_, batch.chunks_, call.stream().stream);
   }
 
   // ---- sub-groups and failure -------------------------------------------------------------
@@ -557,6 +614,17 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
   Communicator() = default;
 
+  /// A kernel launcher from kernel_hooks.hpp, or ConfigError saying how to get the kernels.
+  template <class Launcher>
+  static Launcher kernel_launcher(Launcher launcher, const char* operation) {
+    if (launcher == nullptr) {
+      throw ConfigError(std::string(operation) +
+                        " needs ncclkit's CUDA kernels: include ncclkit/nccl/communicator.hpp (or "
+                        "ncclkit/nccl/kernels.cuh) in at least one file compiled by nvcc");
+    }
+    return launcher;
+  }
+
   detail::CommCore& core() const {
     if (!core_) throw ConfigError("nccl::Communicator used after it was moved from");
     return *core_;
@@ -605,5 +673,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 };
 
 static_assert(Backend<Communicator>, "nccl::Communicator must model ncclkit::Backend");
+static_assert(CodecBackend<Communicator>, "nccl::Communicator must model ncclkit::CodecBackend");
 
 }  // namespace ncclkit::nccl

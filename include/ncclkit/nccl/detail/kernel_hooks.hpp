@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint64_t
 
 #include "ncclkit/core/dtype.hpp"
 
@@ -19,6 +20,35 @@ using ScaleLauncher = void (*)(void* data, std::size_t count, DataType type, dou
 /// ncclkit/nccl/kernels.cuh.
 inline ScaleLauncher& scale_launcher() {
   static ScaleLauncher launcher = nullptr;
+  return launcher;
+}
+
+/// out[i] = in[i] * factor converted to `out_type` (floating types), adding the number of
+/// non-finite outputs to `*nonfinite` (device memory) where it is not null.
+using CastLauncher = void (*)(const void* in, DataType in_type, void* out, DataType out_type, std::size_t count,
+                              double factor, std::uint64_t* nonfinite, cudaStream_t stream);
+inline CastLauncher& cast_launcher() {
+  static CastLauncher launcher = nullptr;
+  return launcher;
+}
+
+/// Bytes of one copy that one block of the batched copy kernel moves at a time.
+inline constexpr std::uint64_t kCopyChunkBytes = 64 * 1024;
+
+/// One entry of a batched copy's table in device memory: the copy, and the index of its first
+/// chunk in the batch (chunks of kCopyChunkBytes, numbered across the batch).
+struct DeviceCopy {
+  void* to;
+  const void* from;
+  std::uint64_t bytes;
+  std::uint64_t first_chunk;
+};
+
+/// Runs `count` copies (none empty) of a table in device memory, `chunks` chunks in all.
+using CopyBatchLauncher = void (*)(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
+                                   cudaStream_t stream);
+inline CopyBatchLauncher& copy_batch_launcher() {
+  static CopyBatchLauncher launcher = nullptr;
   return launcher;
 }
 

@@ -1,0 +1,68 @@
+#pragma once
+/// How `GradientSync` cuts a plan's buckets into the pieces it reduces: one piece per bucket,
+/// except that a compressed bucket (float32, with a codec) is cut into chunks of at most
+/// `chunk_bytes` so that encoding one chunk overlaps reducing the one before. Compressed
+/// pieces also get a range of the 16-bit wire buffer. Pure arithmetic.
+
+#include <cstddef>  // std::size_t
+#include <vector>   // std::vector
+
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/fusion/bucket_plan.hpp"
+
+namespace ncclkit::fusion::detail {
+
+struct Piece {
+  std::size_t bucket = 0;
+  std::size_t begin_bytes = 0;  // in the allocation of the bucket's element type
+  std::size_t count = 0;        // elements
+  bool encoded = false;
+  std::size_t wire_begin_bytes = 0;  // in the wire buffer (encoded pieces)
+};
+
+struct Pieces {
+  std::vector<Piece> pieces;        // in plan order
+  std::vector<std::size_t> first;   // per bucket, and one past the last: pieces of bucket b are [first[b], first[b + 1])
+  std::size_t wire_bytes = 0;       // the wire buffer's size
+  std::size_t encoded = 0;          // encoded pieces
+};
+
+/// Alignment of pieces inside a bucket and in the wire buffer, in elements and bytes: keeps
+/// every piece's float32 and 16-bit ranges aligned for vector loads.
+inline constexpr std::size_t kPieceElements = 256;
+inline constexpr std::size_t kWireAlignment = 512;
+
+/// Cuts `plan` into pieces. `compress` says whether float32 buckets are encoded into
+/// `wire` (a 16-bit type); `chunk_bytes` (float32 bytes, 0: no limit) caps encoded pieces.
+inline Pieces cut_pieces(const BucketPlan& plan, bool compress, DataType wire, std::size_t chunk_bytes) {
+  Pieces result;
+  for (std::size_t b = 0; b < plan.size(); ++b) {
+    const Bucket& bucket = plan[b];
+    result.first.push_back(result.pieces.size());
+    const bool encoded = compress && bucket.dtype == DataType::kFloat32 && bucket.count() > 0;
+    if (!encoded) {
+      result.pieces.push_back({b, bucket.begin_bytes, bucket.count(), false, 0});
+      continue;
+    }
+    const std::size_t count = bucket.count();
+    std::size_t chunks = 1;
+    if (chunk_bytes != 0) {
+      const std::size_t per = chunk_bytes / size_of(DataType::kFloat32);
+      chunks = per == 0 ? count : (count + per - 1) / per;
+    }
+    // Equal chunks, each a multiple of kPieceElements (the last takes the rest).
+    std::size_t per = (count + chunks - 1) / chunks;
+    per = (per + kPieceElements - 1) / kPieceElements * kPieceElements;
+    for (std::size_t done = 0; done < count; done += per) {
+      const std::size_t n = count - done < per ? count - done : per;
+      result.pieces.push_back(
+          {b, bucket.begin_bytes + done * size_of(DataType::kFloat32), n, true, result.wire_bytes});
+      result.wire_bytes += (n * size_of(wire) + kWireAlignment - 1) / kWireAlignment * kWireAlignment;
+      ++result.encoded;
+    }
+  }
+  result.first.push_back(result.pieces.size());
+  return result;
+}
+
+}  // namespace ncclkit::fusion::detail

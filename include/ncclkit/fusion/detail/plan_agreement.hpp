@@ -1,0 +1,112 @@
+#pragma once
+/// How the ranks of a `GradientSync` check that they will issue the same collectives: one
+/// all_gather of each rank's plan fingerprint and of the settings that change what a bucket
+/// computes or how it is cut, then the same verdict on every rank.
+
+#include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
+
+#include <array>    // std::array
+#include <bit>      // std::bit_cast
+#include <cstdint>  // std::uint64_t
+#include <cstdio>   // std::snprintf
+#include <string>   // std::string, std::to_string
+#include <vector>   // std::vector
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/tensor.hpp"
+#include "ncclkit/fusion/detail/backend_memory.hpp"
+
+namespace ncclkit::fusion::detail {
+
+/// The settings every rank must share, as words that travel in the all_gather.
+struct SyncSettings {
+  ReduceOp op = ReduceOp::kAvg;
+  bool zeros_for_missing = false;
+  int codec = 0;  // compression::Codec
+  bool rerun_nonfinite = false;
+  std::uint64_t chunk_bytes = 0;
+  double prescale = 0.0;  // 0: the default (1/world)
+
+  std::array<std::uint64_t, 3> words() const {
+    return {static_cast<std::uint64_t>(op) << 24 | static_cast<std::uint64_t>(zeros_for_missing) << 16 |
+                static_cast<std::uint64_t>(codec) << 8 | static_cast<std::uint64_t>(rerun_nonfinite),
+            chunk_bytes, std::bit_cast<std::uint64_t>(prescale)};
+  }
+  static SyncSettings from(const std::uint64_t* w) {
+    SyncSettings s;
+    s.op = static_cast<ReduceOp>(w[0] >> 24);
+    s.zeros_for_missing = ((w[0] >> 16) & 0xff) != 0;
+    s.codec = static_cast<int>((w[0] >> 8) & 0xff);
+    s.rerun_nonfinite = (w[0] & 0xff) != 0;
+    s.chunk_bytes = w[1];
+    s.prescale = std::bit_cast<double>(w[2]);
+    return s;
+  }
+  std::string describe() const {
+    static const char* const kCodecs[] = {"none", "fp16", "bf16"};
+    std::string text = "op " + std::string(op == ReduceOp::kSum ? "sum" : op == ReduceOp::kAvg ? "avg" : "other") +
+                       ", missing " + (zeros_for_missing ? "kReduceAsZeros" : "kError") + ", codec " +
+                       (codec >= 0 && codec < 3 ? kCodecs[codec] : "invalid") + ", chunk_bytes " +
+                       std::to_string(chunk_bytes) + ", prescale ";
+    text += prescale == 0.0 ? std::string("default") : std::to_string(prescale);
+    return text + ", rerun_nonfinite " + (rerun_nonfinite ? "on" : "off");
+  }
+};
+
+inline std::string hex64(std::uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+/// All-gathers every rank's plan fingerprint and settings on `stream` (synchronising it) and
+/// throws ConfigError, on every rank alike, when they differ. `who` starts the messages;
+/// `plan_text` describes this rank's plan.
+template <Backend B>
+void agree_on_plan(B& backend, typename B::Stream stream, std::uint64_t fingerprint, const SyncSettings& settings,
+                   const std::string& who, const std::string& plan_text) {
+  constexpr std::size_t kWords = 4;
+  const int ranks = backend.size();
+  const auto w = settings.words();
+  const std::uint64_t mine[kWords] = {fingerprint, w[0], w[1], w[2]};
+  std::vector<std::uint64_t> gathered(kWords * static_cast<std::size_t>(ranks));
+  {
+    Allocation<B> in(backend, sizeof mine);
+    Allocation<B> out(backend, sizeof(std::uint64_t) * gathered.size());
+    copy_from_host(backend, in.data(), mine, sizeof mine, stream);
+    backend.all_gather(TensorView{in.data(), kWords, DataType::kUint64, B::memory_kind},
+                       TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, stream);
+    copy_to_host(backend, gathered.data(), out.data(), sizeof(std::uint64_t) * gathered.size(), stream);
+    backend.synchronize(stream);
+  }
+  const auto at = [&](int rank, std::size_t word) { return gathered[kWords * static_cast<std::size_t>(rank) + word]; };
+  for (int r = 1; r < ranks; ++r) {
+    if (at(r, 1) != at(0, 1) || at(r, 2) != at(0, 2) || at(r, 3) != at(0, 3)) {
+      throw ConfigError(who + ": rank " + std::to_string(r) + " uses other GradientSyncOptions than rank 0 (" +
+                        SyncSettings::from(&gathered[kWords * static_cast<std::size_t>(r) + 1]).describe() +
+                        " against " + SyncSettings::from(&gathered[1]).describe() +
+                        "); every rank must give the same op, missing, codec, prescale, chunk_bytes and "
+                        "rerun_nonfinite");
+    }
+  }
+  bool agree = true;
+  for (int r = 1; r < ranks; ++r) agree = agree && at(r, 0) == at(0, 0);
+  if (agree) return;
+  std::string listed;
+  int shown = 0;
+  for (int r = 0; r < ranks; ++r) {
+    if (r != 0 && at(r, 0) == at(0, 0)) continue;
+    if (++shown > 8) {
+      listed += ", ...";
+      break;
+    }
+    listed += (listed.empty() ? "rank " : ", rank ") + std::to_string(r) + " " + hex64(at(r, 0));
+  }
+  throw ConfigError(who + ": the ranks hold different bucket plans (fingerprints: " + listed +
+                    "; ranks not listed match rank 0). This rank's plan: " + plan_text +
+                    ". Every rank must register the same tensors (names, shapes, element types) in the same "
+                    "order and use the same LayoutOptions and BucketOptions, or parse rank 0's serialize()d plan");
+}
+
+}  // namespace ncclkit::fusion::detail

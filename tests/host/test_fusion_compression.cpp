@@ -1,0 +1,338 @@
+// Tests of gradient compression in ncclkit/fusion/gradient_sync.hpp (GradientSyncOptions::codec)
+// and of loose tensors, ranks as threads over the loop-back backend: fp16 and bf16 results
+// against float64 (N(0, 1e-3) gradients, shuffled per-rank orders, chunked buckets, 2 and 4
+// ranks), values near the fp16 limit (non-finite results counted on every rank alike, or
+// rerun in float32), loose tensors packed by one batched copy per bucket; and the pieces
+// arithmetic, the host cast and the codec factors on their own.
+#include <doctest/doctest.h>
+
+#include <chrono>   // std::chrono::seconds
+#include <cmath>    // std::isfinite, std::isnan
+#include <cstring>  // std::memcpy
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint64_t
+#include <limits>   // std::numeric_limits
+#include <span>     // std::span
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "ncclkit/compression/codec.hpp"
+#include "ncclkit/core/detail/cast.hpp"
+#include "ncclkit/fusion/detail/pieces.hpp"
+#include "ncclkit/fusion/gradient_sync.hpp"
+#include "support/fusion_check.hpp"
+#include "support/loopback_backend.hpp"
+
+namespace compression_tests {
+
+using ncclkit::ConfigError;
+using ncclkit::DataType;
+using ncclkit::Half;
+using ncclkit::ReduceOp;
+using ncclkit::TensorView;
+using ncclkit::compression::Codec;
+using ncclkit::fusion::BucketOptions;
+using ncclkit::fusion::BucketPlan;
+using ncclkit::fusion::FusedLayout;
+using ncclkit::fusion::Slot;
+using ncclkit::testing::Buffer;
+using ncclkit::testing::LoopbackBackend;
+using ncclkit::testing::LoopbackWorld;
+using ncclkit::testing::Sync;
+using ncclkit::testing::message_of;
+using ncclkit::testing::run_ranks;
+
+const BucketOptions kSmallBuckets{.bucket_bytes = 256 << 10, .first_bucket_bytes = 16 << 10};
+
+FusedLayout two_tensors(std::size_t count) {
+  FusedLayout layout;
+  layout.add("a", {static_cast<std::int64_t>(count)}, DataType::kFloat32);
+  layout.add("b", {static_cast<std::int64_t>(count)}, DataType::kFloat32);
+  layout.finalize();
+  return layout;
+}
+
+}  // namespace compression_tests
+
+using namespace compression_tests;
+
+TEST_CASE("fp16 and bf16 compressed buckets match float64 within 1e-3 and 5e-3, chunked, at 2 and 4 ranks") {
+  for (Codec codec : {Codec::kFloat16, Codec::kBFloat16}) {
+    for (int ranks : {2, 4}) {
+      CAPTURE(ranks);
+      CAPTURE(ncclkit::compression::name_of(codec));
+      // 48 KiB chunks: the huge tensor's buckets are cut into several.
+      ncclkit::testing::check_synchronised(ranks, ncclkit::testing::awkward_layout, kSmallBuckets, 2,
+                                           {.codec = codec, .chunk_bytes = 48 << 10});
+    }
+  }
+}
+
+TEST_CASE("compressed sum, a user prescale, and GPT-2 shapes scaled down") {
+  ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
+                                       {.op = ReduceOp::kSum, .codec = Codec::kFloat16});
+  ncclkit::testing::check_synchronised(3, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
+                                       {.codec = Codec::kFloat16, .prescale = 0.25});
+  ncclkit::testing::check_synchronised(4, ncclkit::testing::scaled_gpt2,
+                                       BucketOptions{.bucket_bytes = 1 << 20, .first_bucket_bytes = 64 << 10}, 1,
+                                       {.codec = Codec::kBFloat16, .chunk_bytes = 256 << 10});
+}
+
+TEST_CASE("a compressed step makes no events and no allocations after construction; encode and decode per chunk") {
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, two_tensors(4096));
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 16 << 10, .first_bucket_bytes = 16 << 10}),
+              {.codec = Codec::kFloat16, .chunk_bytes = 8 << 10});
+    REQUIRE(sync.plan().size() == 2);
+    CHECK(sync.stats().compressed_chunks == 4);
+    const std::size_t events = backend.events_created();
+    const long allocations = backend.live_allocations();
+    const std::size_t casts = backend.casts();
+    for (int step = 0; step < 3; ++step) {
+      ncclkit::testing::write_gradients(buffer, rank, step);
+      sync.mark_ready(Slot{1});
+      sync.mark_ready(Slot{0});
+      sync.finish();
+    }
+    CHECK(backend.events_created() == events);
+    CHECK(backend.live_allocations() == allocations);
+    CHECK(backend.casts() - casts == 3 * 2 * 4);  // per step: an encode and a decode per chunk
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("fp16 overflow is counted on every rank alike, not silent; the default prescale keeps a sum finite") {
+  // Every rank gives 40000: the fp16 sum of two is 80000 > 65504 with prescale 1, while with
+  // the default prescale (1/2) each is 20000 and the sum 40000 is finite. One NaN is counted too.
+  for (const bool default_prescale : {false, true}) {
+    CAPTURE(default_prescale);
+    LoopbackWorld world(2);
+    std::vector<std::uint64_t> counts(2);
+    std::vector<float> results(2);
+    const auto errors = run_ranks(2, [&](int rank) {
+      LoopbackBackend backend(world, rank);
+      Buffer buffer(backend, two_tensors(1000));
+      Sync::Options options{.codec = Codec::kFloat16};
+      if (!default_prescale) options.prescale = 1.0;
+      Sync sync(buffer, BucketPlan::compute(buffer.layout()), options);
+      auto a = buffer.span<float>("a");
+      auto b = buffer.span<float>("b");
+      for (float& v : a) v = 1e-3f;
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = i < 10 ? 40000.0f : 1e-3f;
+      if (rank == 1) a[7] = std::numeric_limits<float>::quiet_NaN();
+      sync.mark_ready("a");
+      sync.mark_ready("b");
+      sync.finish();
+      counts[static_cast<std::size_t>(rank)] = sync.nonfinite();
+      results[static_cast<std::size_t>(rank)] = b[0];
+      CHECK(std::isnan(a[7]));
+    });
+    for (const auto& e : errors) CHECK(message_of(e) == "");
+    CHECK(counts[0] == counts[1]);
+    CHECK(counts[0] == (default_prescale ? 1u : 11u));
+    if (default_prescale) CHECK(results[0] == doctest::Approx(40000.0f).epsilon(1e-3));
+    if (!default_prescale) CHECK(!std::isfinite(results[0]));
+  }
+}
+
+TEST_CASE("rerun_nonfinite reduces an overflowing chunk again in float32 and gets the exact result") {
+  LoopbackWorld world(2);
+  std::vector<std::string> failures(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, two_tensors(2048));
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 8 << 10, .first_bucket_bytes = 8 << 10}),
+              {.op = ReduceOp::kSum, .codec = Codec::kFloat16, .prescale = 1.0, .rerun_nonfinite = true});
+    REQUIRE(sync.plan().size() == 2);
+    for (int step = 0; step < 2; ++step) {
+      auto a = buffer.span<float>("a");
+      auto b = buffer.span<float>("b");
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i % 8);
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = 0.25f * static_cast<float>(i % 4);
+      if (step == 1) b[5] = 60000.0f;  // 120000 in the sum: only b's chunk overflows
+      sync.mark_ready("a");
+      sync.mark_ready("b");
+      sync.finish();
+      CHECK(sync.nonfinite() == (step == 1 ? 1u : 0u));
+      CHECK(sync.stats().rerun_chunks == (step == 1 ? 1u : 0u));
+      for (std::size_t i = 0; i < b.size(); ++i) {
+        const float expected = i == 5 && step == 1 ? 120000.0f : 0.5f * static_cast<float>(i % 4);
+        if (b[i] != expected) {
+          failures[static_cast<std::size_t>(rank)] = "b[" + std::to_string(i) + "] = " + std::to_string(b[i]);
+          break;
+        }
+      }
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if (a[i] != static_cast<float>(i % 8)) failures[static_cast<std::size_t>(rank)] += " a";
+      }
+    }
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+  CHECK(failures[0] == "");
+  CHECK(failures[1] == "");
+}
+
+TEST_CASE("loose tensors are packed and unpacked by one batched copy per bucket, with and without a codec") {
+  for (Codec codec : {Codec::kNone, Codec::kFloat16}) {
+    CAPTURE(ncclkit::compression::name_of(codec));
+    LoopbackWorld world(3);
+    std::vector<std::string> failures(3);
+    const auto errors = run_ranks(3, [&](int rank) {
+      LoopbackBackend backend(world, rank);
+      Buffer staging(backend, ncclkit::testing::awkward_layout());
+      const FusedLayout& layout = staging.layout();
+      // Every third tensor lives in the buffer; the others are the caller's own allocations.
+      std::vector<std::vector<std::byte>> own(layout.size());
+      std::vector<void*> loose(layout.size(), nullptr);
+      for (std::uint32_t i = 0; i < layout.size(); ++i) {
+        if (i % 3 == 0 || layout.count(Slot{i}) == 0) continue;
+        own[i].resize(layout.bytes(Slot{i}));
+        loose[i] = own[i].data();
+      }
+      Sync sync(staging, BucketPlan::compute(layout, kSmallBuckets), loose, {.codec = codec});
+      for (int step = 0; step < 2; ++step) {
+        // Write the gradients where the caller keeps them.
+        for (std::uint32_t i = 0; i < layout.size(); ++i) {
+          const Slot slot{i};
+          ncclkit::visit_data_type(layout.dtype(slot), [&]<class T>() {
+            T* data = loose[i] != nullptr ? static_cast<T*>(loose[i]) : staging.span<T>(slot).data();
+            for (std::size_t e = 0; e < layout.count(slot); ++e) {
+              data[e] = ncclkit::testing::to_element<T>(ncclkit::testing::gradient(rank, step, i, e));
+            }
+          });
+        }
+        const std::size_t batches = backend.copy_batches();
+        for (Slot slot : ncclkit::testing::shuffled_slots(layout.size(), rank, step)) sync.mark_ready(slot);
+        sync.finish();
+        std::size_t with_loose = 0;
+        for (const auto& bucket : sync.plan().buckets()) {
+          for (Slot slot : bucket.slots) {
+            if (loose[slot.index] != nullptr) {
+              ++with_loose;
+              break;
+            }
+          }
+        }
+        CHECK(backend.copy_batches() - batches == 2 * with_loose);
+        // Copy the results into the staging buffer's views, then compare as the other tests do.
+        for (std::uint32_t i = 0; i < layout.size(); ++i) {
+          if (loose[i] != nullptr) std::memcpy(staging.view(Slot{i}).data, loose[i], layout.bytes(Slot{i}));
+        }
+        if (rank != 0) continue;
+        const auto error = ncclkit::testing::errors_against_reference(staging, 3, step, ReduceOp::kAvg);
+        for (DataType type : layout.element_types()) {
+          if (!(error[static_cast<std::size_t>(type)] <= ncclkit::testing::tolerance(type, codec))) {
+            failures[0] += std::string(ncclkit::name_of(type)) + " " + std::to_string(error[static_cast<std::size_t>(type)]);
+          }
+        }
+      }
+    });
+    for (const auto& e : errors) CHECK(message_of(e) == "");
+    CHECK(failures[0] == "");
+  }
+}
+
+TEST_CASE("ranks with different codecs or chunk sizes get a ConfigError naming them, on every rank") {
+  LoopbackWorld world(2, std::chrono::seconds(5));
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, two_tensors(100));
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()),
+              {.codec = rank == 0 ? Codec::kFloat16 : Codec::kBFloat16, .chunk_bytes = rank == 0 ? 0u : 4096u});
+  });
+  for (const auto& e : errors) {
+    CHECK(message_of(e).find("codec bf16, chunk_bytes 4096") != std::string::npos);
+    CHECK(message_of(e).find("against op avg, missing kError, codec fp16, chunk_bytes 0") != std::string::npos);
+  }
+}
+
+TEST_CASE("bad compression options and loose pointers are ConfigErrors that say what to do") {
+  LoopbackWorld world(1);
+  LoopbackBackend backend(world, 0);
+  Buffer buffer(backend, two_tensors(100));
+  const BucketPlan plan = BucketPlan::compute(buffer.layout());
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.rerun_nonfinite = true}), doctest::Contains("rerun_nonfinite needs a codec"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = static_cast<Codec>(7)}), doctest::Contains("invalid codec value 7"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = Codec::kFloat16, .prescale = -1.0}),
+                       doctest::Contains("prescale must be a positive finite number"), ConfigError);
+  std::vector<void*> one(1, nullptr);
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, one), doctest::Contains("1 loose pointers for 2 tensors; give one per slot"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(ncclkit::compression::codec_named("fp8"), doctest::Contains("use none, fp16 or bf16"),
+                       ConfigError);
+  CHECK(ncclkit::compression::codec_named("bf16") == Codec::kBFloat16);
+}
+
+TEST_CASE("pieces: compressed buckets are cut into aligned chunks that tile them; others stay whole") {
+  FusedLayout layout;
+  layout.add("big", {100000}, DataType::kFloat32);
+  layout.add("half", {1000}, DataType::kFloat16);
+  layout.add("small", {10}, DataType::kFloat32);
+  layout.finalize();
+  const BucketPlan plan = BucketPlan::compute(layout, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 1 << 20});
+  const auto pieces = ncclkit::fusion::detail::cut_pieces(plan, true, DataType::kFloat16, 64 << 10);
+  REQUIRE(pieces.first.size() == plan.size() + 1);
+  std::size_t wire_end = 0;
+  for (std::size_t b = 0; b < plan.size(); ++b) {
+    const auto& bucket = plan[b];
+    std::size_t covered = 0;
+    for (std::size_t i = pieces.first[b]; i < pieces.first[b + 1]; ++i) {
+      const auto& piece = pieces.pieces[i];
+      CHECK(piece.bucket == b);
+      CHECK(piece.begin_bytes == bucket.begin_bytes + covered * ncclkit::size_of(bucket.dtype));
+      CHECK(piece.encoded == (bucket.dtype == DataType::kFloat32));
+      if (piece.encoded) {
+        CHECK(piece.count * 4 <= (64u << 10) + 1024);
+        CHECK(piece.wire_begin_bytes % ncclkit::fusion::detail::kWireAlignment == 0);
+        CHECK(piece.wire_begin_bytes >= wire_end);
+        wire_end = piece.wire_begin_bytes + piece.count * 2;
+        if (i + 1 < pieces.first[b + 1]) CHECK(piece.count % ncclkit::fusion::detail::kPieceElements == 0);
+      }
+      covered += piece.count;
+    }
+    CHECK(covered == bucket.count());
+  }
+  CHECK(pieces.wire_bytes >= wire_end);
+  const auto plain = ncclkit::fusion::detail::cut_pieces(plan, false, DataType::kFloat16, 64 << 10);
+  CHECK(plain.pieces.size() == plan.size());
+  CHECK(plain.encoded == 0);
+}
+
+TEST_CASE("host cast: scale and round in one pass, count non-finite outputs; bad views are named") {
+  std::vector<float> in{1.0f, -2.5f, 70000.0f, 1e-8f, std::numeric_limits<float>::infinity(), 3.0f};
+  std::vector<Half> out(in.size());
+  const auto from = TensorView::of(std::span<float>(in));
+  const auto to = TensorView::of(std::span<Half>(out));
+  CHECK(ncclkit::detail::cast_problem(from, to) == "");
+  CHECK(ncclkit::detail::cast_on_host(from, to, 0.5) == 1);  // 35000 fits; inf does not
+  CHECK(static_cast<float>(out[0]) == 0.5f);
+  CHECK(static_cast<float>(out[1]) == -1.25f);
+  CHECK(static_cast<float>(out[2]) == 35008.0f);  // nearest half of 35000
+  CHECK(ncclkit::detail::cast_on_host(from, to, 1.0) == 2);  // 70000 overflows now
+  std::vector<float> back(in.size());
+  CHECK(ncclkit::detail::cast_on_host(to, TensorView::of(std::span<float>(back)), 2.0) == 2);
+  CHECK(back[0] == 2.0f);
+  std::vector<int> ints(in.size());
+  CHECK(ncclkit::detail::cast_problem(from, TensorView::of(std::span<int>(ints))).find("floating types") !=
+        std::string::npos);
+  CHECK(ncclkit::detail::cast_problem(from, TensorView{out.data(), 2, DataType::kFloat16}).find("as many outputs") !=
+        std::string::npos);
+  CHECK(ncclkit::detail::cast_problem(from, TensorView{in.data() + 1, 6, DataType::kFloat16}).find("overlap") !=
+        std::string::npos);
+  CHECK(ncclkit::detail::cast_problem(from, TensorView{in.data(), 6, DataType::kFloat16}).find("in place needs one") !=
+        std::string::npos);
+}
+
+TEST_CASE("codec factors: average with the default prescale decodes by 1; sum decodes by the world") {
+  const auto avg = ncclkit::compression::factors(4, true);
+  CHECK(avg.encode == 0.25);
+  CHECK(avg.decode == doctest::Approx(1.0));
+  const auto sum = ncclkit::compression::factors(4, false);
+  CHECK(sum.decode == doctest::Approx(4.0));
+  const auto user = ncclkit::compression::factors(8, true, 0.5);
+  CHECK(user.decode == doctest::Approx(0.25));
+}
