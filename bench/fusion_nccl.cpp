@@ -1,7 +1,8 @@
 // fusion_nccl: gradient synchronisation of real models' gradient sets over ncclkit's NCCL
 // backend, one process per GPU: one all_reduce per tensor, the fusion layer's buckets over
-// views of one fused buffer (FusedBuffer + GradientSync), and one flat all_reduce over the
-// same bytes. See fusion_bench.hpp for the rows and the method.
+// views of one fused buffer (FusedBuffer + GradientSync), loose tensors packed per bucket, one
+// flat all_reduce over the same bytes, and fp16/bf16 compressed buckets. See fusion_bench.hpp
+// for the rows and the method.
 //
 //   fusion_nccl                                   # 2 processes, ResNet-50 and GPT-2 small
 //   fusion_nccl -p 4 --model gpt2_small --bucket-mb 50,100 -n 50 -R 5 --csv fusion.csv
@@ -51,8 +52,21 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
     ncclkit::nccl::Options comm_options;
     comm_options.name = "fusion_bench";
     comm_options.check_pointers = options.check_pointers;
+    // A high-priority comm stream lets NCCL's kernels overtake the codec's casts for SMs.
+    int least = 0, greatest = 0;
+    NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    comm_options.stream_priority = options.comm_priority == -100 ? greatest : options.comm_priority;
     if (options.timeout_seconds > 0) {
       comm_options.timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_seconds * 1000));
+    }
+    // --compute-stream own: the compute stream is a non-blocking stream of this program's
+    // (Options::stream) instead of CUDA's legacy default stream.
+    ncclkit::nccl::Stream own_stream;
+    if (options.own_compute_stream) {
+      int visible = 1;
+      NCCLKIT_CUDA_CHECK(cudaGetDeviceCount(&visible));
+      own_stream = ncclkit::nccl::Stream(world.local_rank % visible);  // the GPU the communicator picks
+      comm_options.stream = own_stream.get();
     }
     Communicator comm(store, world, comm_options);
     // This process works on the communicator's GPU: its default stream and kernels go there.
@@ -63,9 +77,10 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
       const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
       std::printf(
           "# fusion_nccl: %d ranks (one process per GPU), %s, %s, NCCL_NVLS_ENABLE=%s, pointer checks %s, "
-          "float32, kAvg\n",
+          "comm stream priority %d (range %d..%d), compute stream %s, float32, kAvg\n",
           comm.size(), prop.name, ncclkit::nccl::version_text().c_str(), nvls ? nvls : "(unset)",
-          options.check_pointers ? "on" : "off");
+          options.check_pointers ? "on" : "off", comm_options.stream_priority, least, greatest,
+          options.own_compute_stream ? "a non-blocking stream" : "CUDA's legacy default stream");
       std::fflush(stdout);
     }
     return fb::run_all<Communicator, CudaStepClock>(comm, options);

@@ -83,7 +83,14 @@ def worker(rank, n, init_file, args, queue):
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method="file://" + init_file, rank=rank, world_size=n, device_id=device)
+    extra = {}
+    if args.high_priority:
+        # ProcessGroupNCCL's own streams at high priority, as ncclkit's fusion_nccl runs its comm stream.
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = True
+        extra["pg_options"] = options
+    dist.init_process_group("nccl", init_method="file://" + init_file, rank=rank, world_size=n, device_id=device,
+                            **extra)
     avg = dist.ReduceOp.AVG
     results = []
     for model in args.model:
@@ -223,6 +230,8 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket cap of the bucket rows (default 25)")
     parser.add_argument("--first-bucket-mb", type=float, default=1.0, help="cap of the first bucket (default 1)")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness check")
+    parser.add_argument("--high-priority", action="store_true",
+                        help="run ProcessGroupNCCL's streams at high priority (is_high_priority_stream)")
     parser.add_argument("--csv", help="also write the table to this file")
     args = parser.parse_args()
     args.model = list(MODELS) if args.model == "all" else [m for m in args.model.split(",") if m]
@@ -253,7 +262,8 @@ def main():
 
     print(f"# pytorch_fusion_bench: {args.nprocs} ranks (one process per GPU), {card}, PyTorch {torch_version}, "
           f"NCCL {nccl_version}, NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}, "
-          f"TORCH_SYMM_MEM_DISABLE_MULTICAST={os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST']}, float32 in/out, avg")
+          f"TORCH_SYMM_MEM_DISABLE_MULTICAST={os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST']}, "
+          f"{'high' if args.high_priority else 'default'}-priority NCCL streams, float32 in/out, avg")
     print(f"{'model':<11s} {'tensors':>7s} {'MiB':>8s}  {'row':<28s} {'median_ms':>10s} {'vs_flat':>9s} "
           f"{'min_ms':>10s} {'check_err':>10s}")
     bounds = {"fp16": 1e-3, "bf16": 1e-2}

@@ -45,7 +45,7 @@ build() {
   # The phases below run one test file each, by the name of its CTest test: a script that runs
   # the GPU test executable on that file's test cases (the communicator's with the kernels').
   local name files
-  for name in check communicator collectives large watchdog fusion; do
+  for name in check communicator collectives large watchdog fusion codec; do
     files="*/test_nccl_$name.cpp"
     [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
     printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
@@ -152,11 +152,18 @@ run_all() {
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 200 "$bin/gpu_test_nccl_communicator"
   # Fusion: GradientSync over NCCL, then the fusion benchmark beside PyTorch's (docs/performance.md).
-  CUDA_VISIBLE_DEVICES=$all phase fusion-test 120 "$bin/gpu_test_nccl_fusion"
-  CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 180 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
-    --csv "$data/fusion_nccl_p$n.csv"
+  CUDA_VISIBLE_DEVICES=$all phase fusion-test 200 "$bin/gpu_test_nccl_fusion"
+  CUDA_VISIBLE_DEVICES=0 phase codec-test 60 "$bin/gpu_test_nccl_codec"
+  # The codec and batched-copy kernels under compute-sanitizer's memcheck (memory errors; not the
+  # CUDA API errors NCCL provokes on purpose when it probes for kernels).
+  CUDA_VISIBLE_DEVICES=0 phase codec-memcheck 120 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
+    --error-exitcode 1 "$bin/gpu_test_nccl_codec"
+  CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 240 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
+    --codec-bucket-mb 50,100 --codec-chunks 2,4,8 --csv "$data/fusion_nccl_p$n.csv"
   CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" --nprocs "$n" \
     -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p$n.csv"
+  CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n-high 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" \
+    --nprocs "$n" --high-priority -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p${n}_high.csv"
   # The matrix runs twice per world (a process per GPU, then one process driving all GPUs
   # through a LocalGroup, whose host-side checks run one member after another): about 31 s
   # for the process mode alone at worlds 1, 2, 4; about 100 s expected for both.

@@ -1,12 +1,14 @@
 // The fusion layer over the NCCL backend (ncclkit/fusion/gradient_sync.hpp with
 // nccl::Communicator): every bucket reduced in place on the comm stream after an event of the
 // compute stream, joined back by events; results equal a float64 average of every rank's
-// gradients on ResNet-50's real shapes, with the ready order shuffled differently on every rank.
+// gradients on ResNet-50's real shapes, with the ready order shuffled differently on every rank:
+// float32, fp16 and bf16 compressed, loose tensors packed per bucket, a tensor never marked
+// reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32.
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
 #include <chrono>     // std::chrono
-#include <cmath>      // std::sqrt
+#include <cmath>      // std::sqrt, std::isfinite
 #include <cstdint>    // std::uint64_t
 #include <cstring>    // std::memcpy
 #include <random>     // std::mt19937_64, std::normal_distribution
@@ -14,6 +16,8 @@
 #include <vector>     // std::vector
 
 #include "gpu/nccl_support.hpp"
+#include "ncclkit/compression/codec.hpp"
+#include "ncclkit/fusion/detail/backend_memory.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "support/model_shapes.hpp"
@@ -28,6 +32,7 @@ using ncclkit::fusion::BucketPlan;
 using ncclkit::fusion::FusedBuffer;
 using ncclkit::fusion::FusedLayout;
 using ncclkit::fusion::GradientSync;
+using ncclkit::fusion::MissingTensors;
 using ncclkit::fusion::Slot;
 using ncclkit::nccl::Communicator;
 using ncclkit::nccl::Options;
@@ -46,46 +51,164 @@ std::vector<float> gradients(const FusedLayout& layout, int rank, int step) {
   return host;
 }
 
+struct Case {
+  ncclkit::compression::Codec codec = ncclkit::compression::Codec::kNone;
+  bool loose = false;        // every other tensor in an allocation of its own
+  bool leave_one = false;    // never mark one tensor: kReduceAsZeros reduces it as zeros
+  double bound = 1e-6;
+};
+
+// Three steps of ResNet-50's gradients: write, mark in a shuffled order (its own on every
+// rank), finish; compare with the float64 average.
+int check_resnet(const WorldInfo& world, const std::shared_ptr<Store>& store, const Case& c) {
+  Checker checker(world.rank);
+  Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fusion"});
+  FusedBuffer<Communicator> grads(comm, ncclkit::testing::model_layout("resnet50"));
+  const FusedLayout& layout = grads.layout();
+  std::vector<ncclkit::fusion::detail::Allocation<Communicator>> own;
+  std::vector<void*> loose;
+  if (c.loose) {
+    loose.assign(layout.size(), nullptr);
+    for (std::uint32_t i = 1; i < layout.size(); i += 2) {
+      own.emplace_back(comm, layout.bytes(Slot{i}));
+      loose[i] = own.back().data();
+    }
+  }
+  const Slot left{7};
+  GradientSync<Communicator> sync(
+      grads, BucketPlan::compute(layout), loose,
+      {.missing = c.leave_one ? MissingTensors::kReduceAsZeros : MissingTensors::kError, .codec = c.codec});
+  std::vector<std::uint32_t> order(layout.size());
+  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::mt19937 shuffle_random(77u + static_cast<unsigned>(world.rank));
+  const std::size_t bytes = layout.total_bytes(DataType::kFloat32);
+  std::vector<float> out(bytes / sizeof(float));
+  const cudaStream_t compute = comm.default_stream();
+  // Where a tensor's gradient lives: its loose allocation, or its view.
+  const auto where = [&](std::uint32_t i) {
+    return !loose.empty() && loose[i] != nullptr ? loose[i] : grads.view(Slot{i}).data;
+  };
+  for (int step = 0; step < 3; ++step) {
+    // The backward pass's writes, on the stream the sync is told about.
+    const std::vector<float> mine = gradients(layout, world.rank, step);
+    for (std::uint32_t i = 0; i < layout.size(); ++i) {
+      if (layout.bytes(Slot{i}) == 0) continue;
+      comm.copy_from_host(where(i), mine.data() + layout.offset_elements(Slot{i}), layout.bytes(Slot{i}), compute);
+    }
+    std::shuffle(order.begin(), order.end(), shuffle_random);
+    for (std::uint32_t i : order) {
+      if (!(c.leave_one && Slot{i} == left)) sync.mark_ready(Slot{i}, compute);
+    }
+    sync.finish(compute);
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (std::uint32_t i = 0; i < layout.size(); ++i) {
+      if (layout.bytes(Slot{i}) == 0) continue;
+      comm.copy_to_host(out.data() + layout.offset_elements(Slot{i}), where(i), layout.bytes(Slot{i}), compute);
+    }
+    comm.synchronize(compute);
+    std::vector<double> reference(out.size(), 0.0);
+    for (int r = 0; r < world.world_size; ++r) {
+      const std::vector<float> theirs = r == world.rank ? mine : gradients(layout, r, step);
+      for (std::size_t j = 0; j < reference.size(); ++j) reference[j] += theirs[j] / world.world_size;
+    }
+    if (c.leave_one) {
+      const std::size_t first = layout.offset_elements(left);
+      for (std::size_t j = 0; j < layout.count(left); ++j) {
+        if (out[first + j] != 0.0f) {
+          checker.expect(false, "step " + std::to_string(step) + ": the never-marked tensor is not zero");
+          break;
+        }
+        reference[first + j] = 0.0;
+      }
+    }
+    double error = 0, norm = 0;
+    for (std::size_t j = 0; j < reference.size(); ++j) {
+      error += (out[j] - reference[j]) * (out[j] - reference[j]);
+      norm += reference[j] * reference[j];
+    }
+    const double relative = std::sqrt(error / norm);
+    checker.expect(relative <= c.bound, "step " + std::to_string(step) + ": norm-relative error " +
+                                            std::to_string(relative) + " > " + std::to_string(c.bound));
+    checker.expect(sync.nonfinite() == 0, "no non-finite value in N(0, 1e-3) gradients");
+  }
+  checker.expect(c.leave_one || sync.stats().launched_before_finish == sync.stats().buckets,
+                 "every bucket launched as its last tensor became ready");
+  return checker.finish("GradientSync over NCCL");
+}
+
 TEST_CASE("bucketed gradients over NCCL equal the float64 average, in every rank's own ready order") {
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      return check_resnet(world, store, {});
+    });
+  }
+}
+
+TEST_CASE("fp16 and bf16 compressed buckets over NCCL are within 1e-3 and 5e-3 of the float64 average") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      const int fp16 = check_resnet(world, store, {.codec = ncclkit::compression::Codec::kFloat16, .bound = 1e-3});
+      const int bf16 = check_resnet(world, store, {.codec = ncclkit::compression::Codec::kBFloat16, .bound = 5e-3});
+      return fp16 != 0 ? fp16 : bf16;
+    });
+  }
+}
+
+TEST_CASE("loose tensors over NCCL, packed per bucket; a tensor never marked is reduced as zeros") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      const int loose = check_resnet(world, store, {.loose = true});
+      const int zeros = check_resnet(world, store, {.loose = true, .leave_one = true});
+      const int both = check_resnet(world, store,
+                                    {.codec = ncclkit::compression::Codec::kFloat16, .loose = true, .bound = 1e-3});
+      return loose != 0 ? loose : (zeros != 0 ? zeros : both);
+    });
+  }
+}
+
+TEST_CASE("fp16 overflow over NCCL is counted, the same on every rank; rerun_nonfinite gives the float32 result") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
       Checker checker(world.rank);
-      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fusion"});
-      FusedBuffer<Communicator> grads(comm, ncclkit::testing::model_layout("resnet50"));
-      const FusedLayout& layout = grads.layout();
-      GradientSync<Communicator> sync(grads, BucketPlan::compute(layout));
-      std::vector<std::uint32_t> order(layout.size());
-      for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::mt19937 shuffle_random(77u + static_cast<unsigned>(world.rank));
-      const std::size_t bytes = layout.total_bytes(DataType::kFloat32);
-      std::vector<float> out(bytes / sizeof(float));
-      for (int step = 0; step < 3; ++step) {
-        // The backward pass's writes, on the default stream the sync is told about.
-        const std::vector<float> mine = gradients(layout, world.rank, step);
-        comm.copy_from_host(grads.data(DataType::kFloat32), mine.data(), bytes, comm.default_stream());
-        std::shuffle(order.begin(), order.end(), shuffle_random);
-        for (std::uint32_t i : order) sync.mark_ready(Slot{i}, comm.default_stream());
-        sync.finish(comm.default_stream());
-        comm.copy_to_host(out.data(), grads.data(DataType::kFloat32), bytes, comm.default_stream());
-        comm.synchronize(comm.default_stream());
-        std::vector<double> reference(out.size(), 0.0);
-        for (int r = 0; r < world.world_size; ++r) {
-          const std::vector<float> theirs = r == world.rank ? mine : gradients(layout, r, step);
-          for (std::size_t j = 0; j < reference.size(); ++j) reference[j] += theirs[j] / world.world_size;
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "overflow"});
+      FusedLayout layout;
+      layout.add("a", {100000}, DataType::kFloat32);
+      layout.add("b", {1000}, DataType::kFloat32);
+      layout.finalize();
+      FusedBuffer<Communicator> grads(comm, layout);
+      for (const bool rerun : {false, true}) {
+        GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout()),
+                                        {.op = ncclkit::ReduceOp::kSum,
+                                         .codec = ncclkit::compression::Codec::kFloat16,
+                                         .prescale = 1.0,
+                                         .rerun_nonfinite = rerun});
+        std::vector<float> a(100000, 0.5f), b(1000, 0.25f);
+        for (int i = 0; i < 3; ++i) b[static_cast<std::size_t>(i) * 100] = 60000.0f;  // x world > 65504
+        const cudaStream_t s = comm.default_stream();
+        comm.copy_from_host(grads.view("a").data, a.data(), a.size() * 4, s);
+        comm.copy_from_host(grads.view("b").data, b.data(), b.size() * 4, s);
+        sync.mark_ready("b", s);
+        sync.mark_ready("a", s);
+        sync.finish(s);
+        const std::uint64_t counted = sync.nonfinite();
+        comm.copy_to_host(b.data(), grads.view("b").data, b.size() * 4, s);
+        comm.synchronize(s);
+        const std::uint64_t expected = world.world_size > 1 ? 3 : 0;
+        checker.expect(counted == expected, std::string(rerun ? "rerun: " : "") + std::to_string(counted) +
+                                                " non-finite counted, expected " + std::to_string(expected));
+        if (rerun || world.world_size == 1) {
+          checker.expect(b[0] == 60000.0f * static_cast<float>(world.world_size) &&
+                             b[1] == 0.25f * static_cast<float>(world.world_size),
+                         "the float32 sum after a rerun: " + std::to_string(b[0]) + ", " + std::to_string(b[1]));
+        } else {
+          checker.expect(!std::isfinite(b[0]), "an fp16 sum past 65504 is not finite: " + std::to_string(b[0]));
         }
-        double error = 0, norm = 0;
-        for (std::size_t j = 0; j < reference.size(); ++j) {
-          error += (out[j] - reference[j]) * (out[j] - reference[j]);
-          norm += reference[j] * reference[j];
-        }
-        const double relative = std::sqrt(error / norm);
-        checker.expect(relative <= 1e-6, "step " + std::to_string(step) + ": norm-relative error " +
-                                             std::to_string(relative) + " > 1e-6");
       }
-      checker.expect(sync.stats().launched_before_finish == sync.stats().buckets,
-                     "every bucket launched as its last tensor became ready");
-      return checker.finish("GradientSync over NCCL");
+      return checker.finish("overflow over NCCL");
     });
   }
 }

@@ -246,3 +246,47 @@ TEST_CASE("NCCLKIT_GLOO_ISA picks the copy; the AVX2 copy is chosen where the CP
   CHECK(kg::isa_supported(kg::default_isa()));
   CHECK(kg::isa_supported(kg::KernelIsa::kGeneric));
 }
+
+TEST_CASE("cast between float and 16-bit types equals ncclkit's portable cast bit for bit, counts included") {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> uniform(-70000.0f, 70000.0f);
+  for (std::size_t n : {0u, 1u, 7u, 8u, 17u, 4095u, 4096u, 4097u, 20001u}) {
+    std::vector<float> wide(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      wide[i] = i % 5 == 0 ? uniform(rng) : uniform(rng) * 1e-6f;
+      if (i % 101 == 3) wide[i] = std::numeric_limits<float>::infinity();
+      if (i % 211 == 4) wide[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    for (DataType narrow : {DataType::kFloat16, DataType::kBFloat16}) {
+      for (double factor : {1.0, 0.25}) {
+        std::vector<std::uint16_t> want(n), got(n);
+        const ncclkit::TensorView from{wide.data(), n, DataType::kFloat32};
+        const auto want_count =
+            ncclkit::detail::cast_on_host(from, ncclkit::TensorView{want.data(), n, narrow}, factor);
+        std::vector<float> back_want(n), back_got(n);
+        const auto back_count = ncclkit::detail::cast_on_host(ncclkit::TensorView{want.data(), n, narrow},
+                                                              ncclkit::TensorView{back_want.data(), n}, 2.0);
+        for (auto isa : isas()) {
+          CAPTURE(n);
+          CAPTURE(static_cast<int>(narrow));
+          CAPTURE(kg::name_of(isa));
+          CHECK(kg::cast(from, ncclkit::TensorView{got.data(), n, narrow}, factor, isa) == want_count);
+          // NaNs may differ in payload: compare their class, everything else bit for bit.
+          std::size_t differ = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const float a = narrow == DataType::kFloat16 ? static_cast<float>(Half::from_bits(got[i]))
+                                                         : static_cast<float>(BFloat16::from_bits(got[i]));
+            const bool both_nan = std::isnan(a) && (narrow == DataType::kFloat16
+                                                        ? std::isnan(static_cast<float>(Half::from_bits(want[i])))
+                                                        : std::isnan(static_cast<float>(BFloat16::from_bits(want[i]))));
+            differ += got[i] != want[i] && !both_nan ? 1 : 0;
+          }
+          CHECK(differ == 0);
+          CHECK(kg::cast(ncclkit::TensorView{want.data(), n, narrow}, ncclkit::TensorView{back_got.data(), n}, 2.0,
+                         isa) == back_count);
+          CHECK(std::memcmp(back_got.data(), back_want.data(), n * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}

@@ -150,13 +150,13 @@ class BucketPlan {
   /// FNV-1a 64 of `serialize()`: covers every tensor's name, element type and count, the
   /// alignment, and every bucket's type and boundaries. Equal plans give equal fingerprints in
   /// any process on any platform; ranks can all-gather it to check they agree.
-  std::uint64_t fingerprint() const { return detail::fnv1a64(serialize()); }
+  std::uint64_t fingerprint() const { return ncclkit::detail::fnv1a64(serialize()); }
 
   /// The plan as bytes (little-endian): "NKBP", version 1, alignment u64, tensor count u32,
   /// then per tensor in registration order its name (u32 length + bytes), type u8 and count
   /// u64, then bucket count u32 and per bucket in launch order its type u8, begin u64, end u64.
   std::vector<std::byte> serialize() const {
-    detail::ByteWriter out;
+    ncclkit::detail::ByteWriter out;
     out.u32(kMagic);
     out.u8(kVersion);
     out.u64(alignment_);
@@ -227,7 +227,7 @@ inline BucketPlan BucketPlan::parse(std::span<const std::byte> bytes, const Fuse
   if (!layout.finalized()) {
     throw ConfigError("ncclkit: BucketPlan::parse: the layout is not finalized; call layout.finalize() first");
   }
-  detail::ByteReader in(bytes, "ncclkit: BucketPlan::parse");
+  ncclkit::detail::ByteReader in(bytes, "ncclkit: BucketPlan::parse");
   if (in.u32("magic") != kMagic) throw in.error("magic", "these bytes are not a serialized BucketPlan");
   if (const auto version = in.u8("version"); version != kVersion) {
     throw in.error("version", "version " + std::to_string(version) + " is not the " + std::to_string(kVersion) +

@@ -515,8 +515,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     if (const std::string problem = ncclkit::detail::cast_problem(in, out); !problem.empty()) {
       throw ConfigError(state().who() + ": " + problem);
     }
-    run_local(stream, [in, out, factor, nonfinite] {
-      const std::uint64_t bad = ncclkit::detail::cast_on_host(in, out, factor);
+    const KernelIsa isa = state().isa;
+    run_local(stream, [in, out, factor, nonfinite, isa] {
+      const std::uint64_t bad = gloo::cast(in, out, factor, isa);
       if (nonfinite != nullptr && bad != 0) std::atomic_ref<std::uint64_t>(*nonfinite).fetch_add(bad);
     });
   }

@@ -29,10 +29,12 @@
 #include <type_traits>  // std::is_same_v, std::make_unsigned_t, std::common_type_t
 #include <utility>      // std::index_sequence (vector shuffles)
 
+#include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/half.hpp"
+#include "ncclkit/core/tensor.hpp"
 
 #if !(defined(__GNUC__) || defined(__clang__))
 #error "ncclkit/gloo/reduce_kernels.hpp needs GCC or Clang (vector extensions)"
@@ -211,6 +213,30 @@ inline void scale(DataType type, void* out, const void* in, std::size_t count, d
 #endif
     return detail::generic::scale<T>(out, in, count, factor);
   });
+}
+
+/// out = in * factor converted to out's element type, for floating views (see CodecBackend's
+/// cast); returns the number of non-finite outputs. Between float and float16/bfloat16 (the
+/// codecs' casts) it runs vectorised loops, elsewhere ncclkit's portable loop. Precondition:
+/// `ncclkit::detail::cast_problem(in, out)` is empty and `isa_supported(isa)`.
+inline std::uint64_t cast(const TensorView& in, const TensorView& out, double factor,
+                          KernelIsa isa = default_isa()) {
+  const auto run = [&]<class T, bool To16>() -> std::uint64_t {
+#if NCCLKIT_GLOO_X86_DISPATCH
+    if (isa == KernelIsa::kAvx2F16c) return detail::avx2::cast16<T, To16>(out.data, in.data, in.count, factor);
+#endif
+    (void)isa;
+    return detail::generic::cast16<T, To16>(out.data, in.data, in.count, factor);
+  };
+  if (in.dtype == DataType::kFloat32 && out.dtype == DataType::kFloat16) return run.template operator()<Half, true>();
+  if (in.dtype == DataType::kFloat32 && out.dtype == DataType::kBFloat16) {
+    return run.template operator()<BFloat16, true>();
+  }
+  if (in.dtype == DataType::kFloat16 && out.dtype == DataType::kFloat32) return run.template operator()<Half, false>();
+  if (in.dtype == DataType::kBFloat16 && out.dtype == DataType::kFloat32) {
+    return run.template operator()<BFloat16, false>();
+  }
+  return ncclkit::detail::cast_on_host(in, out, factor);
 }
 
 /// The integer average's division: data[i] /= divisor, truncating toward zero (as NCCL's

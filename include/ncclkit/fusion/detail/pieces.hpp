@@ -32,6 +32,35 @@ struct Pieces {
 inline constexpr std::size_t kPieceElements = 256;
 inline constexpr std::size_t kWireAlignment = 512;
 
+inline std::size_t round_down_to_piece(std::size_t n) { return n / kPieceElements * kPieceElements; }
+
+/// Where a compressed bucket of `count` elements is cut, for chunks of at most `per` elements
+/// (0: no limit): 0, the cuts, `count`; every cut a multiple of kPieceElements. With more than
+/// one chunk the first and the last are a quarter of the others: the pipeline's fill (encoding
+/// the first chunk before anything is reduced) and drain (decoding the last after everything
+/// is) cost what these small chunks take, while the large middle ones keep the collectives
+/// efficient.
+inline std::vector<std::size_t> chunk_bounds(std::size_t count, std::size_t per) {
+  if (per == 0 || count <= per) return {0, count};
+  const std::size_t edge = round_down_to_piece(per / 4) == 0 ? kPieceElements : round_down_to_piece(per / 4);
+  std::vector<std::size_t> bounds{0};
+  std::size_t from = 0, to = count;
+  if (count > 2 * edge + kPieceElements) {
+    from = edge;
+    to = round_down_to_piece(count - edge);
+    bounds.push_back(from);
+  }
+  const std::size_t middle = to - from;
+  const std::size_t chunks = (middle + per - 1) / per;
+  for (std::size_t k = 1; k < chunks; ++k) {
+    const std::size_t cut = round_down_to_piece(from + middle * k / chunks);
+    if (cut > bounds.back()) bounds.push_back(cut);
+  }
+  if (to > bounds.back() && to < count) bounds.push_back(to);
+  bounds.push_back(count);
+  return bounds;
+}
+
 /// Cuts `plan` into pieces. `compress` says whether float32 buckets are encoded into
 /// `wire` (a 16-bit type); `chunk_bytes` (float32 bytes, 0: no limit) caps encoded pieces.
 inline Pieces cut_pieces(const BucketPlan& plan, bool compress, DataType wire, std::size_t chunk_bytes) {
@@ -45,18 +74,11 @@ inline Pieces cut_pieces(const BucketPlan& plan, bool compress, DataType wire, s
       continue;
     }
     const std::size_t count = bucket.count();
-    std::size_t chunks = 1;
-    if (chunk_bytes != 0) {
-      const std::size_t per = chunk_bytes / size_of(DataType::kFloat32);
-      chunks = per == 0 ? count : (count + per - 1) / per;
-    }
-    // Equal chunks, each a multiple of kPieceElements (the last takes the rest).
-    std::size_t per = (count + chunks - 1) / chunks;
-    per = (per + kPieceElements - 1) / kPieceElements * kPieceElements;
-    for (std::size_t done = 0; done < count; done += per) {
-      const std::size_t n = count - done < per ? count - done : per;
+    const std::vector<std::size_t> bounds = chunk_bounds(count, chunk_bytes / size_of(DataType::kFloat32));
+    for (std::size_t i = 0; i + 1 < bounds.size(); ++i) {
+      const std::size_t n = bounds[i + 1] - bounds[i];
       result.pieces.push_back(
-          {b, bucket.begin_bytes + done * size_of(DataType::kFloat32), n, true, result.wire_bytes});
+          {b, bucket.begin_bytes + bounds[i] * size_of(DataType::kFloat32), n, true, result.wire_bytes});
       result.wire_bytes += (n * size_of(wire) + kWireAlignment - 1) / kWireAlignment * kWireAlignment;
       ++result.encoded;
     }

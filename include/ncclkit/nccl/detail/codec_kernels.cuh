@@ -18,6 +18,7 @@
 
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint64_t, std::uintptr_t
+#include <cstdlib>      // std::getenv, std::strtol
 #include <string>       // std::to_string
 #include <type_traits>  // std::conditional_t, std::is_same_v
 
@@ -72,6 +73,10 @@ __device__ inline void add_count(unsigned long long local, unsigned long long* t
   if ((threadIdx.x & 31) == 0 && local != 0) atomicAdd(total, local);
 }
 
+/// Packs a thread loads before it converts and stores any: more bytes in flight per SM, which
+/// a memory-bound kernel capped at a few blocks per SM needs to approach the bandwidth.
+inline constexpr int kCastUnroll = 4;
+
 template <class In, class Out>
 __global__ void cast_kernel(const In* in, Out* out, std::size_t count, double factor, bool vector,
                             unsigned long long* nonfinite) {
@@ -84,15 +89,27 @@ __global__ void cast_kernel(const In* in, Out* out, std::size_t count, double fa
   std::size_t scalar_from = 0;
   if (vector) {
     const std::size_t packs = count / kN;
-    for (std::size_t p = first; p < packs; p += stride) {
-      const Packed<In, kN> x = reinterpret_cast<const Packed<In, kN>*>(in)[p];
-      Packed<Out, kN> y;
+    const auto* in_packs = reinterpret_cast<const Packed<In, kN>*>(in);
+    auto* out_packs = reinterpret_cast<Packed<Out, kN>*>(out);
+    for (std::size_t base = first; base < packs; base += kCastUnroll * stride) {
+      Packed<In, kN> x[kCastUnroll];
 #pragma unroll
-      for (int j = 0; j < kN; ++j) {
-        y.v[j] = Convert<Out>::narrow(static_cast<Compute>(Convert<In>::widen(x.v[j])) * f);
-        bad += isfinite(Convert<Out>::widen(y.v[j])) ? 0 : 1;
+      for (int u = 0; u < kCastUnroll; ++u) {
+        const std::size_t p = base + u * stride;
+        if (p < packs) x[u] = in_packs[p];
       }
-      reinterpret_cast<Packed<Out, kN>*>(out)[p] = y;
+#pragma unroll
+      for (int u = 0; u < kCastUnroll; ++u) {
+        const std::size_t p = base + u * stride;
+        if (p >= packs) break;
+        Packed<Out, kN> y;
+#pragma unroll
+        for (int j = 0; j < kN; ++j) {
+          y.v[j] = Convert<Out>::narrow(static_cast<Compute>(Convert<In>::widen(x[u].v[j])) * f);
+          bad += isfinite(Convert<Out>::widen(y.v[j])) ? 0 : 1;
+        }
+        out_packs[p] = y;
+      }
     }
     scalar_from = packs * kN;
   }
@@ -120,7 +137,15 @@ inline unsigned capped_grid(std::size_t work_items, unsigned block, unsigned per
 }
 
 inline constexpr unsigned kCodecBlock = 256;
-inline constexpr unsigned kCodecBlocksPerSm = 4;
+/// Blocks per SM of the codec kernels; NCCLKIT_CODEC_BLOCKS_PER_SM (1 to 8) overrides it.
+inline unsigned codec_blocks_per_sm() {
+  static const unsigned blocks = [] {
+    const char* text = std::getenv("NCCLKIT_CODEC_BLOCKS_PER_SM");
+    const long value = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
+    return value >= 1 && value <= 8 ? static_cast<unsigned>(value) : 4u;
+  }();
+  return blocks;
+}
 
 template <class In, class Out>
 void launch_cast_typed(const void* in, void* out, std::size_t count, double factor, std::uint64_t* nonfinite,
@@ -128,7 +153,8 @@ void launch_cast_typed(const void* in, void* out, std::size_t count, double fact
   constexpr int kN = kCastVector<In, Out>;
   const auto address = reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out);
   const bool vector = address % (sizeof(In) * kN) == 0 && address % (sizeof(Out) * kN) == 0;
-  const unsigned grid = capped_grid(vector ? count / kN : count, kCodecBlock, kCodecBlocksPerSm);
+  const std::size_t work = vector ? (count / kN + kCastUnroll - 1) / kCastUnroll : count;
+  const unsigned grid = capped_grid(work, kCodecBlock, codec_blocks_per_sm());
   cast_kernel<In, Out><<<grid, kCodecBlock, 0, stream>>>(static_cast<const In*>(in), static_cast<Out*>(out), count,
                                                          factor, vector,
                                                          reinterpret_cast<unsigned long long*>(nonfinite));
@@ -219,7 +245,7 @@ __global__ void copy_batch_kernel(const DeviceCopy* items, std::size_t count, st
 inline void launch_copy_batch(const DeviceCopy* items, std::size_t count, std::uint64_t chunks, cudaStream_t stream) {
   if (count == 0 || chunks == 0) return;
   // One block a chunk, capped as the cast is.
-  const unsigned grid = capped_grid(static_cast<std::size_t>(chunks) * kCodecBlock, kCodecBlock, kCodecBlocksPerSm);
+  const unsigned grid = capped_grid(static_cast<std::size_t>(chunks) * kCodecBlock, kCodecBlock, codec_blocks_per_sm());
   copy_batch_kernel<<<grid, kCodecBlock, 0, stream>>>(items, count, chunks);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
