@@ -262,6 +262,19 @@ inline double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+/// Buckets of `mb` MiB, the first one too.
+inline fusion::BucketOptions capped(double mb) {
+  fusion::BucketOptions caps;
+  caps.bucket_bytes = static_cast<std::size_t>(mb * 1024 * 1024);
+  caps.first_bucket_bytes = caps.bucket_bytes;
+  return caps;
+}
+inline std::string capped_name(const char* what, double mb) {
+  char name[64];
+  std::snprintf(name, sizeof name, "%s %g MiB", what, mb);
+  return name;
+}
+
 /// Step clock of a backend: `Clock clock(backend, steps)`, `clock.start(i, stream)`,
 /// `clock.stop(i, stream)`, and after `backend.synchronize(stream)`, `clock.ms(i)`.
 template <Backend B, class Clock>
@@ -338,14 +351,8 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   };
   add_loose("loose", BucketOptions{});
   for (double mb : options.bucket_mb) {
-    BucketOptions caps;
-    caps.bucket_bytes = static_cast<std::size_t>(mb * 1024 * 1024);
-    caps.first_bucket_bytes = caps.bucket_bytes;
-    char name[64];
-    std::snprintf(name, sizeof name, "bucketed %g MiB", mb);
-    add_bucketed(name, caps);
-    std::snprintf(name, sizeof name, "loose %g MiB", mb);
-    add_loose(name, caps);
+    add_bucketed(capped_name("bucketed", mb), capped(mb));
+    add_loose(capped_name("loose", mb), capped(mb));
   }
   rows.push_back({"flat", [&] {
                     const TensorView all = buffer.all(DataType::kFloat32);
@@ -375,14 +382,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   for (const std::string& codec : options.codecs) {
     add_compressed(codec, "bucketed (" + std::to_string(BucketPlan::compute(layout).size()) + " buckets)",
                    BucketOptions{}, 0);
-    for (double mb : options.codec_bucket_mb) {
-      BucketOptions caps;
-      caps.bucket_bytes = static_cast<std::size_t>(mb * 1024 * 1024);
-      caps.first_bucket_bytes = caps.bucket_bytes;
-      char name[64];
-      std::snprintf(name, sizeof name, "bucketed %g MiB", mb);
-      add_compressed(codec, name, caps, 0);
-    }
+    for (double mb : options.codec_bucket_mb) add_compressed(codec, capped_name("bucketed", mb), capped(mb), 0);
     for (int chunks : options.codec_chunks) {
       const BucketOptions whole{.bucket_bytes = bytes, .first_bucket_bytes = bytes};
       add_compressed(codec, "flat, " + std::to_string(chunks) + " chunks", whole,

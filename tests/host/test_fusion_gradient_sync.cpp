@@ -283,3 +283,21 @@ TEST_CASE("the example of docs/fusion.md") {
   });
   for (const auto& e : errors) CHECK(message_of(e) == "");
 }
+
+TEST_CASE("a launch that fails leaves the sync unusable, with an error that says so, not out of step") {
+  LoopbackWorld world(1);
+  LoopbackBackend backend(world, 0);
+  Buffer buffer(backend, small_layout());
+  Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket));
+  write_gradients(buffer, 0, 0);
+  // The first bucket's two tensors are the last registered (reverse order): marking them
+  // launches it, and its collective fails.
+  backend.fail_next_collective("peer lost (drill)");
+  sync.mark_ready(Slot{7});
+  CHECK_THROWS_WITH_AS(sync.mark_ready(Slot{6}), doctest::Contains("peer lost (drill)"), ncclkit::CommError);
+  CHECK_THROWS_WITH_AS(sync.mark_ready(Slot{5}),
+                       doctest::Contains("is unusable: a launch failed (peer lost (drill)), so its buckets are out of "
+                                         "step"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("is unusable"), ConfigError);
+}

@@ -437,6 +437,8 @@ class LoopbackBackend {
   std::size_t events_created() const { return events_created_.load(); }
   /// Collectives issued so far (counted when the call is made, before it runs).
   std::size_t collectives_issued() const { return issued_.load(); }
+  /// Makes the next collective throw CommError(`what`) when it is issued (a failure drill).
+  void fail_next_collective(std::string what) { fail_next_ = std::move(what); }
   /// cast and copy_batch calls so far.
   std::size_t casts() const { return casts_.load(); }
   std::size_t copy_batches() const { return copy_batches_.load(); }
@@ -453,6 +455,7 @@ class LoopbackBackend {
     }
   }
   void issue(const LoopbackWorld::Call& call, Stream stream) {
+    if (!fail_next_.empty()) throw CommError(std::exchange(fail_next_, std::string()));
     const std::uint64_t sequence = sequence_++;
     ++issued_;
     LoopbackWorld* world = world_;
@@ -474,6 +477,7 @@ class LoopbackBackend {
   std::atomic<std::size_t> events_created_{0};
   std::atomic<std::size_t> issued_{0};
   std::atomic<long> allocations_{0};
+  std::string fail_next_;
   std::atomic<std::size_t> casts_{0};
   std::atomic<std::size_t> copy_batches_{0};
   detail::LoopbackQueue queue_;  // last: its worker stops before the counters go

@@ -228,6 +228,7 @@ class GradientSync {
   /// stream), and launches the buckets that may go now. Never blocks the host. ConfigError,
   /// naming the tensor, when it was already marked this step or the slot is out of range.
   void mark_ready(Slot slot, Stream stream) {
+    throw_if_failed();
     const BucketRange range = tracker_.mark_ready(slot);
     if (const auto bucket = tracker_.plan().bucket_of(slot); bucket && --pending_[*bucket] == 0) {
       timings_[*bucket].ready = Clock::now();
@@ -247,6 +248,7 @@ class GradientSync {
   /// `finish` again); with kReduceAsZeros they are filled with zeros on `stream` first, then
   /// reduced with the rest.
   void finish(Stream stream) {
+    throw_if_failed();
     const std::size_t launched_before = tracker_.launched();
     FinishResult result = tracker_.finish();
     const auto now = Clock::now();
@@ -259,7 +261,14 @@ class GradientSync {
     launch(result.launch, stream);
     stats_.rerun_chunks = 0;
     if constexpr (CodecBackend<B>) {
-      if (!reduced_events_.empty()) complete_on(stream);
+      if (!reduced_events_.empty()) {
+        try {
+          complete_on(stream);
+        } catch (const std::exception& e) {
+          failure_ = e.what();
+          throw;
+        }
+      }
     }
     if (!tracker_.plan().buckets().empty()) {
       backend_->record(done_event_, comm_);
@@ -410,8 +419,28 @@ class GradientSync {
     if (std::find(has_loose_.begin(), has_loose_.end(), true) == has_loose_.end()) unpack_.clear();
   }
 
-  /// Launches `range` (buckets in plan order) after the work issued so far on `stream`.
+  /// After a backend call failed during a launch, the tracker counts buckets as launched that
+  /// never reached the backend: this rank is out of step with the others for good.
+  void throw_if_failed() const {
+    if (!failure_.empty()) {
+      throw ConfigError("ncclkit: GradientSync on rank " + std::to_string(backend_->rank()) +
+                        " is unusable: a launch failed (" + failure_ +
+                        "), so its buckets are out of step with the other ranks'. Destroy it (and, after a "
+                        "CommError, the communicator) and start over");
+    }
+  }
+
+  /// Launches `range` (buckets in plan order) after the work issued so far on `stream`; a
+  /// failure leaves the sync unusable (throw_if_failed).
   void launch(BucketRange range, Stream stream) {
+    try {
+      launch_unchecked(range, stream);
+    } catch (const std::exception& e) {
+      failure_ = e.what();
+      throw;
+    }
+  }
+  void launch_unchecked(BucketRange range, Stream stream) {
     if (range.empty()) return;
     bool plain = false;
     for (std::size_t b : range) {
@@ -530,6 +559,8 @@ class GradientSync {
   std::vector<std::uint64_t> host_counts_;  // the counters, as last read
   std::vector<Event> encoded_events_;     // per piece: encoded on the compute stream
   std::vector<Event> reduced_events_;     // per piece: reduced on the comm stream (decode, unpack)
+
+  std::string failure_;  // what a failed launch threw; the sync is unusable once set
 
   // Loose tensors: the user's pointers by slot, and per bucket the batches that move them.
   std::vector<void*> loose_;

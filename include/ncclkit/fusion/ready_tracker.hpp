@@ -149,8 +149,9 @@ class ReadyTracker {
       for (Slot s : result.zeroed) names += (names.empty() ? "\"" : ", \"") + plan_.name(s) + "\"";
       throw ConfigError("ncclkit: ReadyTracker::finish: " + std::to_string(result.zeroed.size()) + " of " +
                         std::to_string(plan_.tensor_count()) + " tensors were never marked ready this step: " + names +
-                        ". Mark every tensor whose gradient the step produced, or set "
-                        "ReadyTrackerOptions::missing = MissingTensors::kReduceAsZeros to reduce them as zeros");
+                        ". Mark every tensor whose gradient the step produced, or set missing = "
+                        "MissingTensors::kReduceAsZeros (in GradientSyncOptions, or ReadyTrackerOptions) to reduce "
+                        "them as zeros");
     }
     const std::size_t first = launched_;
     launched_ = plan_.size();
