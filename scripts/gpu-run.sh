@@ -152,7 +152,7 @@ run_all() {
   # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
   CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 200 "$bin/gpu_test_nccl_communicator"
   # Fusion: GradientSync over NCCL, then the fusion benchmark beside PyTorch's (docs/performance.md).
-  CUDA_VISIBLE_DEVICES=$all phase fusion-test 200 "$bin/gpu_test_nccl_fusion"
+  CUDA_VISIBLE_DEVICES=$all phase fusion-test 300 "$bin/gpu_test_nccl_fusion"
   CUDA_VISIBLE_DEVICES=0 phase codec-test 60 "$bin/gpu_test_nccl_codec"
   # The codec and batched-copy kernels under compute-sanitizer's memcheck (memory errors; not the
   # CUDA API errors NCCL provokes on purpose when it probes for kernels).
