@@ -37,7 +37,6 @@
 #include <random>      // std::random_device (launcher id)
 #include <sstream>     // std::istringstream
 #include <string>      // std::string
-#include <thread>      // std::this_thread::sleep_for (polling the store between checks)
 #include <vector>      // std::vector
 
 #include <unistd.h>  // gethostname, getpid
@@ -46,6 +45,7 @@
 #include "launch/launcher_store.hpp"
 #include "launch/options.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"
@@ -362,7 +362,8 @@ class StoreCoordinator final : public NodeCoordinator {
     const std::string prefix = attempt_prefix(attempt);
     store_->set(prefix + "ok/" + std::to_string(node_rank_), "1");
     std::map<int, std::pair<std::int64_t, Clock::time_point>> last_beats;
-    auto poll_interval = std::chrono::milliseconds(5);
+    // No deadline of its own: a node that stops beating is what ends the wait.
+    ncclkit::detail::Backoff backoff({.first = std::chrono::milliseconds(5), .cap = std::chrono::milliseconds(200)});
     bool announced_wait = false;
     const auto started = Clock::now();
     for (;;) {
@@ -388,8 +389,7 @@ class StoreCoordinator final : public NodeCoordinator {
         report("this node's workers succeeded; waiting for node(s) " + detail::join_ints(pending) + " to finish");
         announced_wait = true;
       }
-      std::this_thread::sleep_for(poll_interval);
-      poll_interval = std::min<std::chrono::milliseconds>(poll_interval * 2, std::chrono::milliseconds(200));
+      backoff.sleep();
     }
   }
 

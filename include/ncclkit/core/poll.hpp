@@ -1,7 +1,8 @@
 #pragma once
 /// Polling a condition until a deadline with a bounded exponential back-off: the one loop that
 /// every ncclkit wait without an event to block on is written with (file locks and keys of a
-/// FileStore, TCP connects, clients leaving a store server, child processes). The first tries
+/// FileStore, TCP connects, clients leaving a store server, child processes, NCCL's init, split
+/// and finalize, the Gloo peer monitor, the launcher's wait for other nodes). The first tries
 /// come quickly, so that a condition that holds soon is seen soon; the pause then doubles up
 /// to a cap, which bounds the CPU a long wait burns; no pause runs past the deadline.
 ///

@@ -55,6 +55,7 @@
 
 #include "ncclkit/core/deadline.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/poll.hpp"
 
 namespace ncclkit::gloo::detail {
 
@@ -225,14 +226,12 @@ class PeerMonitor {
   std::string peer_failure(std::chrono::milliseconds grace) {
     if (peer_failed()) return state_->failure();
     const auto deadline = std::chrono::steady_clock::now() + grace;
-    for (;;) {
-      if (!failed_peers().empty()) {
-        std::this_thread::sleep_for(kSettle);
-        return failed_peers();
-      }
-      if (std::chrono::steady_clock::now() >= deadline) return "";
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const bool seen = ncclkit::detail::poll_until(
+        deadline, {.first = std::chrono::milliseconds(1), .cap = std::chrono::milliseconds(1)},
+        [&] { return !failed_peers().empty(); });
+    if (!seen) return "";
+    std::this_thread::sleep_for(kSettle);
+    return failed_peers();
   }
 
  private:

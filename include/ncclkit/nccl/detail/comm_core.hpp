@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 #include <nccl.h>              // ncclComm_t, ncclCommGetAsyncError
 
-#include <algorithm>  // std::min, std::any_of, std::all_of
+#include <algorithm>  // std::any_of, std::all_of
 #include <chrono>     // std::chrono
 #include <cstddef>    // std::size_t, std::ptrdiff_t
 #include <cstdint>    // std::uint64_t
@@ -14,11 +14,11 @@
 #include <mutex>      // std::unique_lock
 #include <optional>   // std::nullopt
 #include <string>     // std::string
-#include <thread>     // std::this_thread::sleep_for
 #include <vector>     // std::vector
 
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/options.hpp"
@@ -108,7 +108,7 @@ struct CommCore {
 /// watchdog can act. Returns the final status; TimeoutError at `deadline`.
 inline ncclResult_t wait_while_in_progress(CommCore& core, Clock::time_point deadline, const std::string& what,
                                            bool control = false) {
-  auto pause = std::chrono::microseconds(1);
+  ncclkit::detail::Backoff backoff({.first = std::chrono::microseconds(1), .cap = std::chrono::milliseconds(1)});
   while (true) {
     ncclResult_t state = ncclSuccess;
     {
@@ -122,8 +122,7 @@ inline ncclResult_t wait_while_in_progress(CommCore& core, Clock::time_point dea
       throw TimeoutError(what + " on " + core.who() + " was still in progress after the timeout of " +
                          std::to_string(core.options.timeout.count()) + " ms");
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    backoff.sleep(deadline);
   }
 }
 

@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>  // cudaRuntimeGetVersion, cudaMalloc, cudaStreamLegacy
 #include <nccl.h>              // ncclConfig_t, ncclCommGetAsyncError, ncclCommSplit, ...
 
-#include <algorithm>  // std::min, std::max, std::equal
+#include <algorithm>  // std::max, std::equal
 #include <atomic>     // std::atomic_ref
 #include <cctype>     // std::tolower
 #include <chrono>     // std::chrono
@@ -14,13 +14,13 @@
 #include <cstring>    // std::memcpy
 #include <memory>     // std::unique_ptr
 #include <string>     // std::string
-#include <thread>     // std::this_thread::sleep_for
 #include <utility>    // std::move
 
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/options.hpp"
@@ -133,7 +133,7 @@ inline ncclConfig_t make_config(const Options& options, bool blocking) {
 /// an error or at `deadline` (naming, when the store knows, the ranks that never joined).
 inline void wait_for_init(ncclComm_t comm, Clock::time_point deadline, const CommCore& core, const std::string& what,
                           bool abort_on_failure = true, bool picks_network = false) {
-  auto pause = std::chrono::microseconds(10);
+  ncclkit::detail::Backoff backoff({.first = std::chrono::microseconds(10), .cap = std::chrono::milliseconds(2)});
   while (true) {
     ncclResult_t state = ncclSuccess;
     const ncclResult_t status = ncclCommGetAsyncError(comm, &state);
@@ -162,8 +162,7 @@ inline void wait_for_init(ncclComm_t comm, Clock::time_point deadline, const Com
                          std::to_string(core.options.timeout.count()) + " ms" + missing +
                          "; raise Options::timeout / NCCLKIT_TIMEOUT if the job is large");
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(2));
+    backoff.sleep(deadline);
   }
 }
 
@@ -172,7 +171,7 @@ inline void wait_for_init(ncclComm_t comm, Clock::time_point deadline, const Com
 /// (NcclError) or `deadline` passes (TimeoutError). Aborts nothing.
 inline ncclComm_t await_child(ncclComm_t& slot, ncclComm_t parent, Clock::time_point deadline, const CommCore& core,
                               const std::string& what) {
-  auto pause = std::chrono::microseconds(10);
+  ncclkit::detail::Backoff backoff({.first = std::chrono::microseconds(10), .cap = std::chrono::milliseconds(1)});
   while (true) {
     if (ncclComm_t child = std::atomic_ref<ncclComm_t>(slot).load(std::memory_order_acquire)) return child;
     ncclResult_t state = ncclSuccess;
@@ -185,8 +184,7 @@ inline ncclComm_t await_child(ncclComm_t& slot, ncclComm_t parent, Clock::time_p
       throw TimeoutError(core.who() + " " + what + " did not finish within the timeout of " +
                          std::to_string(core.options.timeout.count()) + " ms");
     }
-    std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    backoff.sleep(deadline);
   }
 }
 

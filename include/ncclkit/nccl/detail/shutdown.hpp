@@ -9,11 +9,11 @@
 #include <chrono>     // std::chrono
 #include <mutex>      // std::unique_lock
 #include <string>     // std::string
-#include <thread>     // std::this_thread::sleep_for
 #include <vector>     // std::vector, std::erase
 
 #include "ncclkit/core/bounded_call.hpp"
 #include "ncclkit/core/log.hpp"
+#include "ncclkit/core/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/group.hpp"
@@ -111,7 +111,7 @@ inline void shutdown_all(std::vector<CommCore*> cores) noexcept {
     if (handle.control == nullptr) continue;
     bool clean = finalizing[i];
     const auto deadline = Clock::now() + limit_of(closing[i]);
-    auto pause = std::chrono::microseconds(10);
+    ncclkit::detail::Backoff backoff({.first = std::chrono::microseconds(10), .cap = std::chrono::milliseconds(2)});
     while (clean) {
       ncclResult_t state = ncclSuccess;
       if (ncclCommGetAsyncError(handle.control, &state) != ncclSuccess) state = ncclInternalError;
@@ -122,8 +122,7 @@ inline void shutdown_all(std::vector<CommCore*> cores) noexcept {
                  (state == ncclInProgress ? std::string("timeout") : describe_nccl_error(state)) + "); aborting");
         break;
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(2));
+      backoff.sleep(deadline);
     }
     const ncclResult_t status = clean ? ncclCommDestroy(handle.control) : ncclCommAbort(handle.control);
     if (status != ncclSuccess && status != ncclInProgress) {
