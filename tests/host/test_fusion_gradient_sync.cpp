@@ -301,3 +301,18 @@ TEST_CASE("a launch that fails leaves the sync unusable, with an error that says
                        ConfigError);
   CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("is unusable"), ConfigError);
 }
+
+TEST_CASE("a collective that fails inside finish leaves the sync unusable too") {
+  LoopbackWorld world(1);
+  LoopbackBackend backend(world, 0);
+  Buffer buffer(backend, small_layout());
+  Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket), {.missing = MissingTensors::kReduceAsZeros});
+  write_gradients(buffer, 0, 0);
+  for (std::uint32_t i = 7; i >= 1; --i) sync.mark_ready(Slot{i});  // three buckets launched
+  // finish zeroes slot 0 and launches the last bucket, whose collective fails.
+  backend.fail_next_collective("link down (drill)");
+  CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("link down (drill)"), ncclkit::CommError);
+  CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("is unusable: a launch failed (link down (drill))"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(sync.mark_ready(Slot{0}), doctest::Contains("is unusable"), ConfigError);
+}

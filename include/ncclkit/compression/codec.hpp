@@ -19,6 +19,8 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include <cstdio>       // std::snprintf
+#include <limits>       // std::numeric_limits
 #include <optional>     // std::optional
 #include <string>       // std::string
 #include <string_view>  // std::string_view
@@ -65,14 +67,24 @@ struct CodecFactors {
 
 /// Factors for reducing over `world` ranks with `average` (kAvg) or a sum, pre-scaling by
 /// `prescale` (default 1/world). ConfigError for a prescale that is not a positive finite number.
+/// ConfigError for a prescale that is not positive, or whose encode or decode factor does not
+/// fit in a float (the casts of float32 data compute in float).
 inline CodecFactors factors(int world, bool average, std::optional<double> prescale = std::nullopt) {
   const double encode = prescale.value_or(1.0 / static_cast<double>(world > 0 ? world : 1));
-  if (!(encode > 0.0) || encode > 1e300) {
-    throw ConfigError("ncclkit: compression prescale must be a positive finite number, not " +
-                      std::to_string(encode));
+  const double result = average ? 1.0 / static_cast<double>(world > 0 ? world : 1) : 1.0;
+  const double decode = result / encode;
+  const auto fits = [](double f) {
+    return f >= static_cast<double>(std::numeric_limits<float>::min()) &&
+           f <= static_cast<double>(std::numeric_limits<float>::max());
+  };
+  if (!(encode > 0.0) || !fits(encode) || !fits(decode)) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", encode);
+    throw ConfigError(std::string("ncclkit: compression prescale must be a positive number whose encode and decode "
+                                  "factors fit in a float (1/world is the default), not ") +
+                      text);
   }
-  const double result = average ? 1.0 / static_cast<double>(world) : 1.0;
-  return CodecFactors{encode, result / encode};
+  return CodecFactors{encode, decode};
 }
 
 }  // namespace ncclkit::compression

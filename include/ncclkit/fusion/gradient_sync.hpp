@@ -11,8 +11,9 @@
 /// compute stream wait for the last bucket, by an event; the optimizer step that follows on
 /// that stream sees reduced gradients.
 ///
-/// Events are made once, at construction (one per bucket and one for the end of a step, and
-/// per compressed chunk), and re-recorded every step.
+/// Events are made once, at construction (one per bucket and one for the end of a step, and,
+/// with a codec or loose tensors, two per piece of the plan: a bucket, or a chunk of a
+/// compressed one), and re-recorded every step.
 ///
 /// Compression (GradientSyncOptions::codec): a float32 bucket is encoded to 16 bits on the
 /// compute stream when it launches, summed in 16 bits on the comm stream, and decoded back
@@ -204,19 +205,19 @@ class GradientSync {
     }
   }
 
+  /// Movable (a moved-from sync owns no step); not move-assignable, since assigning over a
+  /// step in flight would drop it unwaited.
   GradientSync(GradientSync&&) noexcept = default;
-  GradientSync& operator=(GradientSync&&) noexcept = default;
+  GradientSync& operator=(GradientSync&&) = delete;
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
   /// After a finished step, waits for nothing: let the stream reach `finish` before freeing the
-  /// buffer. A step left unfinished (an exception between `mark_ready` and `finish`) still has
-  /// buckets queued that write into the buffer: the destructor waits for them on the comm
-  /// stream, bounded by the backend's timeout, so that the buffer can be freed after it.
+  /// buffer. A step left unfinished (an exception between the first launch and the end of
+  /// `finish`, `finish` itself included) may still have buckets queued that write into the
+  /// buffer: the destructor waits for them on the comm stream, bounded by the backend's timeout,
+  /// so that the buffer can be freed after it.
   ~GradientSync() {
-    // A moved-from sync has no plan left (its vectors moved out) and owns no step.
-    if (backend_ == nullptr || tracker_.plan().buckets().empty() || tracker_.launched() == 0 || tracker_.finished()) {
-      return;
-    }
+    if (!step_in_flight_.on) return;
     try {
       backend_->synchronize(comm_);
     } catch (const std::exception& e) {
@@ -250,30 +251,30 @@ class GradientSync {
   void finish(Stream stream) {
     throw_if_failed();
     const std::size_t launched_before = tracker_.launched();
-    FinishResult result = tracker_.finish();
+    FinishResult result = tracker_.finish();  // kError and tensors missing: throws, the step goes on
     const auto now = Clock::now();
     for (std::size_t b : result.launch) {
       if (pending_[b] != 0) timings_[b].ready = now;
     }
-    for (Slot slot : result.zeroed) {
-      detail::zero_fill(*backend_, loose_view(slot), zeros_.data(), zeros_.bytes(), stream);
-    }
-    launch(result.launch, stream);
     stats_.rerun_chunks = 0;
-    if constexpr (CodecBackend<B>) {
-      if (!reduced_events_.empty()) {
-        try {
-          complete_on(stream);
-        } catch (const std::exception& e) {
-          failure_ = e.what();
-          throw;
-        }
+    try {
+      step_in_flight_.on = step_in_flight_.on || !result.launch.empty();
+      for (Slot slot : result.zeroed) {
+        detail::zero_fill(*backend_, loose_view(slot), zeros_.data(), zeros_.bytes(), stream);
       }
+      launch_unchecked(result.launch, stream);
+      if constexpr (CodecBackend<B>) {
+        if (!reduced_events_.empty()) complete_on(stream);
+      }
+      if (!tracker_.plan().buckets().empty()) {
+        backend_->record(done_event_, comm_);
+        backend_->wait(done_event_, stream);
+      }
+    } catch (const std::exception& e) {
+      failure_ = e.what();
+      throw;
     }
-    if (!tracker_.plan().buckets().empty()) {
-      backend_->record(done_event_, comm_);
-      backend_->wait(done_event_, stream);
-    }
+    step_in_flight_.on = false;
     finish_stream_ = stream;
     stats_.launched_before_finish = launched_before;
     stats_.zeroed = result.zeroed.size();
@@ -284,14 +285,15 @@ class GradientSync {
   }
   void finish() { finish(backend_->default_stream()); }
 
-  /// Non-finite values (Inf, NaN) in the last finished step's 16-bit results, summed over its
-  /// compressed chunks: the same on every rank (they all hold the same reduced data), so all
-  /// ranks can act on it (skip the step, lower a loss scale) with no more communication. 0
-  /// without a codec. Synchronises the stream last given to `finish` to read the device's
-  /// counters (not with rerun_nonfinite, whose `finish` read them already).
+  /// Non-finite values (Inf, NaN) in the last finished step's results of its compressed
+  /// chunks: the same on every rank (they all hold the same reduced data), so all ranks can act
+  /// on it (skip the step, lower a loss scale) with no more communication. 0 without a codec.
+  /// With rerun_nonfinite, a chunk reduced again counts its float32 result: non-zero then means
+  /// a gradient itself was not finite. Synchronises the stream last given to `finish` to read
+  /// the device's counters.
   std::uint64_t nonfinite() {
     if (pieces_.encoded == 0 || stats_.steps == 0) return 0;
-    if (!options_.rerun_nonfinite) read_counters(finish_stream_);
+    read_counters(finish_stream_);
     std::uint64_t total = 0;
     for (std::uint64_t n : host_counts_) total += n;
     return total;
@@ -434,6 +436,7 @@ class GradientSync {
   /// failure leaves the sync unusable (throw_if_failed).
   void launch(BucketRange range, Stream stream) {
     try {
+      step_in_flight_.on = step_in_flight_.on || !range.empty();
       launch_unchecked(range, stream);
     } catch (const std::exception& e) {
       failure_ = e.what();
@@ -507,6 +510,10 @@ class GradientSync {
           backend_->all_reduce(piece_view(piece), piece_view(piece), options_.op, comm_);
           backend_->record(reduced_events_[i], comm_);
           backend_->wait(reduced_events_[i], stream);
+          // The chunk's count is now that of its float32 result (a pass that leaves it as it is).
+          detail::zero_fill(*backend_, TensorView{counter(i), 1, DataType::kUint64, B::memory_kind}, zeros_.data(),
+                            zeros_.bytes(), stream);
+          backend_->cast(piece_view(piece), piece_view(piece), 1.0, counter(i), stream);
           ++stats_.rerun_chunks;
           continue;
         }
@@ -561,6 +568,17 @@ class GradientSync {
   std::vector<Event> reduced_events_;     // per piece: reduced on the comm stream (decode, unpack)
 
   std::string failure_;  // what a failed launch threw; the sync is unusable once set
+  /// Whether buckets may be queued that the destructor must wait for: set by a launch, cleared
+  /// when `finish` completes; a moved-from sync's is off.
+  struct StepFlag {
+    bool on = false;
+    StepFlag() = default;
+    StepFlag(StepFlag&& other) noexcept : on(std::exchange(other.on, false)) {}
+    StepFlag& operator=(StepFlag&& other) noexcept {
+      on = std::exchange(other.on, false);
+      return *this;
+    }
+  } step_in_flight_;
 
   // Loose tensors: the user's pointers by slot, and per bucket the batches that move them.
   std::vector<void*> loose_;

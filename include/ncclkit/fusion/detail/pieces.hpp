@@ -35,25 +35,31 @@ inline constexpr std::size_t kWireAlignment = 512;
 inline std::size_t round_down_to_piece(std::size_t n) { return n / kPieceElements * kPieceElements; }
 
 /// Where a compressed bucket of `count` elements is cut, for chunks of at most `per` elements
-/// (0: no limit): 0, the cuts, `count`; every cut a multiple of kPieceElements. With more than
-/// one chunk the first and the last are a quarter of the others: the pipeline's fill (encoding
-/// the first chunk before anything is reduced) and drain (decoding the last after everything
-/// is) cost what these small chunks take, while the large middle ones keep the collectives
-/// efficient.
+/// (0: no limit; otherwise rounded down to a multiple of kPieceElements, at least one): 0, the
+/// cuts, `count`; every cut a multiple of kPieceElements, no chunk longer than `per`. With more
+/// than one chunk the first and the last are a quarter of the others: the pipeline's fill
+/// (encoding the first chunk before anything is reduced) and drain (decoding the last after
+/// everything is) cost what these small chunks take, while the large middle ones keep the
+/// collectives efficient.
 inline std::vector<std::size_t> chunk_bounds(std::size_t count, std::size_t per) {
   if (per == 0 || count <= per) return {0, count};
+  per = round_down_to_piece(per) == 0 ? kPieceElements : round_down_to_piece(per);
+  if (count <= per) return {0, count};
   const std::size_t edge = round_down_to_piece(per / 4) == 0 ? kPieceElements : round_down_to_piece(per / 4);
   std::vector<std::size_t> bounds{0};
   std::size_t from = 0, to = count;
   if (count > 2 * edge + kPieceElements) {
     from = edge;
-    to = round_down_to_piece(count - edge);
+    // Rounded up, so that the last chunk (count - to) is at most `edge` long.
+    to = round_down_to_piece(count - edge + kPieceElements - 1);
     bounds.push_back(from);
   }
-  const std::size_t middle = to - from;
-  const std::size_t chunks = (middle + per - 1) / per;
+  // The middle in units of kPieceElements, cut into `chunks` near-equal runs of at most `per`.
+  const std::size_t units = (to - from) / kPieceElements;
+  const std::size_t per_units = per / kPieceElements;
+  const std::size_t chunks = (units + per_units - 1) / per_units;
   for (std::size_t k = 1; k < chunks; ++k) {
-    const std::size_t cut = round_down_to_piece(from + middle * k / chunks);
+    const std::size_t cut = from + kPieceElements * (units * k / chunks);
     if (cut > bounds.back()) bounds.push_back(cut);
   }
   if (to > bounds.back() && to < count) bounds.push_back(to);

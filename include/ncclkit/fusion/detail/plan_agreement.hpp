@@ -49,7 +49,9 @@ struct SyncSettings {
                        ", missing " + (zeros_for_missing ? "kReduceAsZeros" : "kError") + ", codec " +
                        (codec >= 0 && codec < 3 ? kCodecs[codec] : "invalid") + ", chunk_bytes " +
                        std::to_string(chunk_bytes) + ", prescale ";
-    text += prescale == 0.0 ? std::string("default") : std::to_string(prescale);
+    char value[32];
+    std::snprintf(value, sizeof value, "%.17g", prescale);
+    text += prescale == 0.0 ? std::string("default") : std::string(value);
     return text + ", rerun_nonfinite " + (rerun_nonfinite ? "on" : "off");
   }
 };
