@@ -62,8 +62,8 @@ struct Options {
   std::string csv;                                               ///< --csv
   double timeout_seconds = 0;                                    ///< --timeout (0: the backend's default)
   bool check = true;                                             ///< --no-check skips the correctness check
-  bool check_pointers = true;  ///< --no-check-pointers (NCCL: no cudaPointerGetAttributes per call)
-  int comm_priority = -100;    ///< --comm-priority (NCCL: comm stream priority; -100: the highest)
+  bool check_pointers = true;       ///< --no-check-pointers (NCCL: no cudaPointerGetAttributes per call)
+  int comm_priority = -100;         ///< --comm-priority (NCCL: comm stream priority; -100: the highest)
   bool own_compute_stream = false;  ///< --compute-stream own (NCCL: a non-blocking compute stream)
   std::vector<std::string> codecs = {"fp16", "bf16"};  ///< --codec
   std::vector<double> codec_bucket_mb;                 ///< --codec-bucket-mb
@@ -237,7 +237,7 @@ struct Row {
   /// Issues one step on the backend: starts after the work issued so far on the compute
   /// stream, ends with the compute stream waiting for all of it.
   std::function<void()> step;
-  double bound = 1e-6;     // the check's bound on the norm-relative error (negative: a reference row, not checked)
+  double bound = 1e-6;  // the check's bound on the norm-relative error (negative: a reference row, not checked)
   /// Where the check writes the gradients and reads the results (the fused buffer when empty):
   /// host vectors laid out as the fused buffer.
   std::function<void(const std::vector<float>&)> write;
@@ -367,8 +367,8 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   const auto add_compressed = [&](const std::string& codec_name, const std::string& name, BucketOptions caps,
                                   std::size_t chunk_bytes) {
     const compression::Codec codec = compression::codec_named(codec_name);
-    syncs.push_back(std::make_unique<GradientSync<B>>(buffer, BucketPlan::compute(layout, caps),
-                                                      GradientSyncOptions<B>{.codec = codec, .chunk_bytes = chunk_bytes}));
+    syncs.push_back(std::make_unique<GradientSync<B>>(
+        buffer, BucketPlan::compute(layout, caps), GradientSyncOptions<B>{.codec = codec, .chunk_bytes = chunk_bytes}));
     GradientSync<B>* sync = syncs.back().get();
     Row row{codec_name + " " + name, [&, sync] {
               for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
@@ -423,11 +423,10 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
                    backend.record(ready, compute);
                    backend.wait(ready, comm);
                    backend.all_reduce(wire, wire, ReduceOp::kSum, comm);
-                   backend.cast(all, TensorView{staging.data(DataType::kFloat32), count, DataType::kFloat16,
-                                                B::memory_kind},
+                   backend.cast(all,
+                                TensorView{staging.data(DataType::kFloat32), count, DataType::kFloat16, B::memory_kind},
                                 0.5, nullptr, compute);
-                   backend.cast(TensorView{staging.data(DataType::kFloat32), count, DataType::kFloat16,
-                                           B::memory_kind},
+                   backend.cast(TensorView{staging.data(DataType::kFloat32), count, DataType::kFloat16, B::memory_kind},
                                 all, 2.0, nullptr, compute);
                    backend.record(done, comm);
                    backend.wait(done, compute);

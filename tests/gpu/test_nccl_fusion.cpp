@@ -53,8 +53,8 @@ std::vector<float> gradients(const FusedLayout& layout, int rank, int step) {
 
 struct Case {
   ncclkit::compression::Codec codec = ncclkit::compression::Codec::kNone;
-  bool loose = false;        // every other tensor in an allocation of its own
-  bool leave_one = false;    // never mark one tensor: kReduceAsZeros reduces it as zeros
+  bool loose = false;      // every other tensor in an allocation of its own
+  bool leave_one = false;  // never mark one tensor: kReduceAsZeros reduces it as zeros
   double bound = 1e-6;
 };
 
@@ -139,9 +139,8 @@ int check_resnet(const WorldInfo& world, const std::shared_ptr<Store>& store, co
 TEST_CASE("bucketed gradients over NCCL equal the float64 average, in every rank's own ready order") {
   for (int n : world_sizes()) {
     CAPTURE(n);
-    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
-      return check_resnet(world, store, {});
-    });
+    run_workers(
+        n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) { return check_resnet(world, store, {}); });
   }
 }
 
@@ -162,8 +161,8 @@ TEST_CASE("loose tensors over NCCL, packed per bucket; a tensor never marked is 
     run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
       const int loose = check_resnet(world, store, {.loose = true});
       const int zeros = check_resnet(world, store, {.loose = true, .leave_one = true});
-      const int both = check_resnet(world, store,
-                                    {.codec = ncclkit::compression::Codec::kFloat16, .loose = true, .bound = 1e-3});
+      const int both =
+          check_resnet(world, store, {.codec = ncclkit::compression::Codec::kFloat16, .loose = true, .bound = 1e-3});
       return loose != 0 ? loose : (zeros != 0 ? zeros : both);
     });
   }

@@ -38,9 +38,9 @@ using ncclkit::fusion::Slot;
 using ncclkit::testing::Buffer;
 using ncclkit::testing::LoopbackBackend;
 using ncclkit::testing::LoopbackWorld;
-using ncclkit::testing::Sync;
 using ncclkit::testing::message_of;
 using ncclkit::testing::run_ranks;
+using ncclkit::testing::Sync;
 
 const BucketOptions kSmallBuckets{.bucket_bytes = 256 << 10, .first_bucket_bytes = 16 << 10};
 
@@ -227,7 +227,8 @@ TEST_CASE("loose tensors are packed and unpacked by one batched copy per bucket,
         const auto error = ncclkit::testing::errors_against_reference(staging, 3, step, ReduceOp::kAvg);
         for (DataType type : layout.element_types()) {
           if (!(error[static_cast<std::size_t>(type)] <= ncclkit::testing::tolerance(type, codec))) {
-            failures[0] += std::string(ncclkit::name_of(type)) + " " + std::to_string(error[static_cast<std::size_t>(type)]);
+            failures[0] +=
+                std::string(ncclkit::name_of(type)) + " " + std::to_string(error[static_cast<std::size_t>(type)]);
           }
         }
       }
@@ -256,16 +257,16 @@ TEST_CASE("bad compression options and loose pointers are ConfigErrors that say 
   LoopbackBackend backend(world, 0);
   Buffer buffer(backend, two_tensors(100));
   const BucketPlan plan = BucketPlan::compute(buffer.layout());
-  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.rerun_nonfinite = true}), doctest::Contains("rerun_nonfinite needs a codec"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.rerun_nonfinite = true}),
+                       doctest::Contains("rerun_nonfinite needs a codec"), ConfigError);
   CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = static_cast<Codec>(7)}), doctest::Contains("invalid codec value 7"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = Codec::kFloat16, .prescale = -1.0}),
-                       doctest::Contains("prescale must be a positive number whose encode and decode factors fit in a float"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(
+      Sync(buffer, plan, {.codec = Codec::kFloat16, .prescale = -1.0}),
+      doctest::Contains("prescale must be a positive number whose encode and decode factors fit in a float"),
+      ConfigError);
   CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = Codec::kFloat16, .prescale = 1e39}),
-                       doctest::Contains("factors fit in a float (1/world is the default), not 9.99"),
-                       ConfigError);
+                       doctest::Contains("factors fit in a float (1/world is the default), not 9.99"), ConfigError);
   std::vector<void*> one(1, nullptr);
   CHECK_THROWS_WITH_AS(Sync(buffer, plan, one), doctest::Contains("1 loose pointers for 2 tensors; give one per slot"),
                        ConfigError);
@@ -330,7 +331,7 @@ TEST_CASE("host cast: scale and round in one pass, count non-finite outputs; bad
   CHECK(ncclkit::detail::cast_on_host(from, to, 0.5) == 1);  // 35000 fits; inf does not
   CHECK(static_cast<float>(out[0]) == 0.5f);
   CHECK(static_cast<float>(out[1]) == -1.25f);
-  CHECK(static_cast<float>(out[2]) == 35008.0f);  // nearest half of 35000
+  CHECK(static_cast<float>(out[2]) == 35008.0f);             // nearest half of 35000
   CHECK(ncclkit::detail::cast_on_host(from, to, 1.0) == 2);  // 70000 overflows now
   std::vector<float> back(in.size());
   CHECK(ncclkit::detail::cast_on_host(to, TensorView::of(std::span<float>(back)), 2.0) == 2);

@@ -36,22 +36,22 @@ using ncclkit::fusion::FusedLayout;
 using ncclkit::fusion::GradientSync;
 using ncclkit::fusion::MissingTensors;
 using ncclkit::fusion::Slot;
+using ncclkit::testing::awkward_layout;
+using ncclkit::testing::Buffer;
+using ncclkit::testing::buffer_hash;
+using ncclkit::testing::check_synchronised;
+using ncclkit::testing::errors_against_reference;
+using ncclkit::testing::gradient;
+using ncclkit::testing::kTwoPerBucket;
 using ncclkit::testing::LoopbackBackend;
 using ncclkit::testing::LoopbackWorld;
 using ncclkit::testing::message_of;
 using ncclkit::testing::run_ranks;
-using ncclkit::testing::Buffer;
-using ncclkit::testing::Sync;
-using ncclkit::testing::awkward_layout;
-using ncclkit::testing::buffer_hash;
-using ncclkit::testing::errors_against_reference;
-using ncclkit::testing::gradient;
-using ncclkit::testing::check_synchronised;
 using ncclkit::testing::scaled_gpt2;
 using ncclkit::testing::shuffled_slots;
 using ncclkit::testing::small_layout;
+using ncclkit::testing::Sync;
 using ncclkit::testing::write_gradients;
-using ncclkit::testing::kTwoPerBucket;
 
 namespace docs_example {
 // The example of docs/fusion.md, verbatim.
@@ -92,12 +92,13 @@ void train(B& backend, int steps) {
 }
 }  // namespace docs_example
 
-
 TEST_CASE("bucketed all-reduce of hundreds of tiny tensors, a huge one, mixed types and empty ones matches float64") {
   check_synchronised(3, awkward_layout, BucketOptions{.bucket_bytes = 256 << 10, .first_bucket_bytes = 4 << 10}, 3);
 }
 
-TEST_CASE("sum instead of average") { check_synchronised(2, awkward_layout, BucketOptions{}, 1, {.op = ReduceOp::kSum}); }
+TEST_CASE("sum instead of average") {
+  check_synchronised(2, awkward_layout, BucketOptions{}, 1, {.op = ReduceOp::kSum});
+}
 
 TEST_CASE("ResNet-50 at full size, two ranks, default buckets, matches float64") {
   check_synchronised(

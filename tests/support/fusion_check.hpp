@@ -5,17 +5,17 @@
 
 #include <doctest/doctest.h>
 
-#include <algorithm>   // std::shuffle
-#include <array>       // std::array
-#include <cmath>       // std::sqrt
-#include <cstddef>     // std::size_t, std::byte
-#include <cstdint>     // std::uint64_t
-#include <functional>  // std::function
-#include <random>      // std::mt19937
-#include <span>        // std::span
-#include <string>      // std::string
-#include <type_traits> // std::is_same_v
-#include <vector>      // std::vector
+#include <algorithm>    // std::shuffle
+#include <array>        // std::array
+#include <cmath>        // std::sqrt
+#include <cstddef>      // std::size_t, std::byte
+#include <cstdint>      // std::uint64_t
+#include <functional>   // std::function
+#include <random>       // std::mt19937
+#include <span>         // std::span
+#include <string>       // std::string
+#include <type_traits>  // std::is_same_v
+#include <vector>       // std::vector
 
 #include "ncclkit/fusion/detail/byte_codec.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
@@ -80,8 +80,8 @@ inline void write_gradients(const Buffer& buffer, int rank, int step) {
 
 /// Norm-relative error ‖out − ref‖ / ‖ref‖ per element type, against the all-reduce of every
 /// rank's gradients computed in float64 from the values as stored (rounded to the type).
-inline std::array<double, ncclkit::fusion::kDataTypeCount> errors_against_reference(const Buffer& buffer, int ranks, int step,
-                                                                             ReduceOp op) {
+inline std::array<double, ncclkit::fusion::kDataTypeCount> errors_against_reference(const Buffer& buffer, int ranks,
+                                                                                    int step, ReduceOp op) {
   std::array<double, ncclkit::fusion::kDataTypeCount> diff{}, norm{}, error{};
   const FusedLayout& layout = buffer.layout();
   for (std::uint32_t i = 0; i < layout.size(); ++i) {
@@ -146,7 +146,7 @@ inline std::uint64_t buffer_hash(const Buffer& buffer) {
 /// rank's result must equal rank 0's bit for bit. Also checks that events are made once, not
 /// per step, and that every bucket launched before finish.
 inline void check_synchronised(int ranks, const std::function<FusedLayout()>& make_layout, const BucketOptions& buckets,
-                        int steps, Sync::Options options = {}) {
+                               int steps, Sync::Options options = {}) {
   const ReduceOp op = options.op;
   LoopbackWorld world(ranks);
   std::vector<std::string> failures(static_cast<std::size_t>(ranks));

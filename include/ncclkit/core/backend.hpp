@@ -93,14 +93,13 @@ struct CopyItem {
 ///     memory once), then run as often as wanted by `copy_batch(batch, stream)`: one kernel
 ///     on GPUs, not one copy per item. The batch must not outlive the backend.
 template <class B>
-concept CodecBackend =
-    Backend<B> && requires(B& backend, TensorView in, TensorView out, double factor, std::uint64_t* nonfinite,
-                           std::span<const CopyItem> items, const typename B::CopyBatch& batch,
-                           typename B::Stream stream) {
-      typename B::CopyBatch;
-      backend.cast(in, out, factor, nonfinite, stream);
-      { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
-      backend.copy_batch(batch, stream);
-    };
+concept CodecBackend = Backend<B> &&
+    requires(B& backend, TensorView in, TensorView out, double factor, std::uint64_t* nonfinite,
+             std::span<const CopyItem> items, const typename B::CopyBatch& batch, typename B::Stream stream) {
+  typename B::CopyBatch;
+  backend.cast(in, out, factor, nonfinite, stream);
+  { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
+  backend.copy_batch(batch, stream);
+};
 
 }  // namespace ncclkit

@@ -162,7 +162,8 @@ class GradientSync {
         options_(options),
         comm_(options.comm_stream.value_or(backend_->comm_stream())),
         done_event_(backend_->create_event()) {
-    for (DataType type : layout_.element_types()) base_[static_cast<std::size_t>(type)] = static_cast<std::byte*>(buffer.data(type));
+    for (DataType type : layout_.element_types())
+      base_[static_cast<std::size_t>(type)] = static_cast<std::byte*>(buffer.data(type));
     const BucketPlan& p = tracker_.plan();
     const std::size_t buckets = p.size();
     stats_.buckets = buckets;
@@ -363,9 +364,7 @@ class GradientSync {
   TensorView counters_view() const {
     return TensorView{counters_.data(), pieces_.pieces.size(), DataType::kUint64, B::memory_kind};
   }
-  std::uint64_t* counter(std::size_t piece) const {
-    return reinterpret_cast<std::uint64_t*>(counters_.data()) + piece;
-  }
+  std::uint64_t* counter(std::size_t piece) const { return reinterpret_cast<std::uint64_t*>(counters_.data()) + piece; }
   /// Where `slot`'s gradient is written by the caller: its loose tensor, or its view.
   TensorView loose_view(Slot slot) const {
     const DataType type = layout_.dtype(slot);
@@ -480,9 +479,7 @@ class GradientSync {
   /// The end of a step on `stream` for compressed chunks and loose tensors: wait for each
   /// piece, decode it (or, with rerun_nonfinite, reduce it again in float32 where its result
   /// is not finite), and unpack each bucket's loose tensors.
-  void complete_on(Stream stream)
-    requires CodecBackend<B>
-  {
+  void complete_on(Stream stream) requires CodecBackend<B> {
     const bool compress = pieces_.encoded != 0;
     if (compress) detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), stream);
     if (compress && options_.rerun_nonfinite) {
@@ -562,10 +559,10 @@ class GradientSync {
   detail::Pieces pieces_;
   compression::CodecFactors factors_;
   detail::Allocation<B> wire_;
-  detail::Allocation<B> counters_;        // a std::uint64_t per piece, in the backend's memory
+  detail::Allocation<B> counters_;          // a std::uint64_t per piece, in the backend's memory
   std::vector<std::uint64_t> host_counts_;  // the counters, as last read
-  std::vector<Event> encoded_events_;     // per piece: encoded on the compute stream
-  std::vector<Event> reduced_events_;     // per piece: reduced on the comm stream (decode, unpack)
+  std::vector<Event> encoded_events_;       // per piece: encoded on the compute stream
+  std::vector<Event> reduced_events_;       // per piece: reduced on the comm stream (decode, unpack)
 
   std::string failure_;  // what a failed launch threw; the sync is unusable once set
   /// Whether buckets may be queued that the destructor must wait for: set by a launch, cleared

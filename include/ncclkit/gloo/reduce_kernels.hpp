@@ -219,8 +219,7 @@ inline void scale(DataType type, void* out, const void* in, std::size_t count, d
 /// cast); returns the number of non-finite outputs. Between float and float16/bfloat16 (the
 /// codecs' casts) it runs vectorised loops, elsewhere ncclkit's portable loop. Precondition:
 /// `ncclkit::detail::cast_problem(in, out)` is empty and `isa_supported(isa)`.
-inline std::uint64_t cast(const TensorView& in, const TensorView& out, double factor,
-                          KernelIsa isa = default_isa()) {
+inline std::uint64_t cast(const TensorView& in, const TensorView& out, double factor, KernelIsa isa = default_isa()) {
   const auto run = [&]<class T, bool To16>() -> std::uint64_t {
 #if NCCLKIT_GLOO_X86_DISPATCH
     if (isa == KernelIsa::kAvx2F16c) return detail::avx2::cast16<T, To16>(out.data, in.data, in.count, factor);

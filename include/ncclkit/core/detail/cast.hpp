@@ -89,8 +89,8 @@ inline std::uint64_t cast_on_host(const TensorView& in, const TensorView& out, d
   std::uint64_t nonfinite = 0;
   const auto floating = [&]<class In>() {
     visit_data_type(out.dtype, [&]<class Out>() {
-      if constexpr ((std::is_floating_point_v<Out> || kIsHalfLike<Out>) &&
-                    (std::is_floating_point_v<In> || kIsHalfLike<In>)) {
+      if constexpr ((std::is_floating_point_v<Out> || kIsHalfLike<Out>)&&(std::is_floating_point_v<In> ||
+                                                                          kIsHalfLike<In>)) {
         nonfinite = cast_typed(static_cast<const In*>(in.data), static_cast<Out*>(out.data), in.count, factor);
       }
     });

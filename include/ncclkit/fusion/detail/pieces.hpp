@@ -21,10 +21,10 @@ struct Piece {
 };
 
 struct Pieces {
-  std::vector<Piece> pieces;        // in plan order
-  std::vector<std::size_t> first;   // per bucket, and one past the last: pieces of bucket b are [first[b], first[b + 1])
-  std::size_t wire_bytes = 0;       // the wire buffer's size
-  std::size_t encoded = 0;          // encoded pieces
+  std::vector<Piece> pieces;       // in plan order
+  std::vector<std::size_t> first;  // per bucket, and one past the last: pieces of bucket b are [first[b], first[b + 1])
+  std::size_t wire_bytes = 0;      // the wire buffer's size
+  std::size_t encoded = 0;         // encoded pieces
 };
 
 /// Alignment of pieces inside a bucket and in the wire buffer, in elements and bytes: keeps

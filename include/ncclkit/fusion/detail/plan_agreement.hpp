@@ -45,7 +45,10 @@ struct SyncSettings {
   }
   std::string describe() const {
     static const char* const kCodecs[] = {"none", "fp16", "bf16"};
-    std::string text = "op " + std::string(op == ReduceOp::kSum ? "sum" : op == ReduceOp::kAvg ? "avg" : "other") +
+    std::string text = "op " +
+                       std::string(op == ReduceOp::kSum   ? "sum"
+                                   : op == ReduceOp::kAvg ? "avg"
+                                                          : "other") +
                        ", missing " + (zeros_for_missing ? "kReduceAsZeros" : "kError") + ", codec " +
                        (codec >= 0 && codec < 3 ? kCodecs[codec] : "invalid") + ", chunk_bytes " +
                        std::to_string(chunk_bytes) + ", prescale ";
