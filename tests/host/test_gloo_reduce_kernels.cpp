@@ -284,7 +284,7 @@ TEST_CASE("cast between float and 16-bit types equals ncclkit's portable cast bi
           CHECK(differ == 0);
           CHECK(kg::cast(ncclkit::TensorView{want.data(), n, narrow}, ncclkit::TensorView{back_got.data(), n}, 2.0,
                          isa) == back_count);
-          CHECK(std::memcmp(back_got.data(), back_want.data(), n * sizeof(float)) == 0);
+          CHECK((n == 0 || std::memcmp(back_got.data(), back_want.data(), n * sizeof(float)) == 0));
         }
       }
     }
