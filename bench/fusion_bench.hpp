@@ -303,16 +303,18 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
                     backend.record(done, comm);
                     backend.wait(done, compute);
                   }});
+  // A GradientSync row's step: every tensor marked in reverse order (as backward would), then finish.
+  const auto sync_step = [&](GradientSync<B>* sync) {
+    return [&, sync] {
+      for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) sync->mark_ready(Slot{i}, compute);
+      sync->finish(compute);
+    };
+  };
   const auto add_bucketed = [&](const std::string& name, BucketOptions caps) {
     syncs.push_back(std::make_unique<GradientSync<B>>(buffer, BucketPlan::compute(layout, caps)));
     GradientSync<B>* sync = syncs.back().get();
     if (rank == 0) std::printf("# %s, %s: %s\n", model.c_str(), name.c_str(), sync->plan().describe().c_str());
-    rows.push_back({name + " (" + std::to_string(sync->plan().size()) + " buckets)", [&, sync] {
-                      for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
-                        sync->mark_ready(Slot{i}, compute);
-                      }
-                      sync->finish(compute);
-                    }});
+    rows.push_back({name + " (" + std::to_string(sync->plan().size()) + " buckets)", sync_step(sync)});
   };
   add_bucketed("bucketed", BucketOptions{});
 
@@ -328,12 +330,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   const auto add_loose = [&](const std::string& name, BucketOptions caps) {
     syncs.push_back(std::make_unique<GradientSync<B>>(staging, BucketPlan::compute(layout, caps), loose));
     GradientSync<B>* sync = syncs.back().get();
-    Row row{name + " (" + std::to_string(sync->plan().size()) + " buckets)", [&, sync] {
-              for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
-                sync->mark_ready(Slot{i}, compute);
-              }
-              sync->finish(compute);
-            }};
+    Row row{name + " (" + std::to_string(sync->plan().size()) + " buckets)", sync_step(sync)};
     row.write = [&](const std::vector<float>& host) {
       for (std::uint32_t i = 0; i < layout.size(); ++i) {
         if (loose[i] == nullptr) continue;
@@ -370,12 +367,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
     syncs.push_back(std::make_unique<GradientSync<B>>(
         buffer, BucketPlan::compute(layout, caps), GradientSyncOptions<B>{.codec = codec, .chunk_bytes = chunk_bytes}));
     GradientSync<B>* sync = syncs.back().get();
-    Row row{codec_name + " " + name, [&, sync] {
-              for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
-                sync->mark_ready(Slot{i}, compute);
-              }
-              sync->finish(compute);
-            }};
+    Row row{codec_name + " " + name, sync_step(sync)};
     row.bound = codec == compression::Codec::kFloat16 ? 1e-3 : 5e-3;
     rows.push_back(std::move(row));
   };

@@ -20,6 +20,7 @@
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/fusion/detail/pieces.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
+#include "support/element_conversions.hpp"
 #include "support/fusion_check.hpp"
 #include "support/loopback_backend.hpp"
 
@@ -202,7 +203,7 @@ TEST_CASE("loose tensors are packed and unpacked by one batched copy per bucket,
           ncclkit::visit_data_type(layout.dtype(slot), [&]<class T>() {
             T* data = loose[i] != nullptr ? static_cast<T*>(loose[i]) : staging.span<T>(slot).data();
             for (std::size_t e = 0; e < layout.count(slot); ++e) {
-              data[e] = ncclkit::testing::to_element<T>(ncclkit::testing::gradient(rank, step, i, e));
+              data[e] = ncclkit_test::from_double<T>(ncclkit::testing::gradient(rank, step, i, e));
             }
           });
         }

@@ -5,20 +5,20 @@
 
 #include <doctest/doctest.h>
 
-#include <algorithm>    // std::shuffle
-#include <array>        // std::array
-#include <cmath>        // std::sqrt
-#include <cstddef>      // std::size_t, std::byte
-#include <cstdint>      // std::uint64_t
-#include <functional>   // std::function
-#include <random>       // std::mt19937
-#include <span>         // std::span
-#include <string>       // std::string
-#include <type_traits>  // std::is_same_v
-#include <vector>       // std::vector
+#include <algorithm>   // std::shuffle
+#include <array>       // std::array
+#include <cmath>       // std::sqrt
+#include <cstddef>     // std::size_t, std::byte
+#include <cstdint>     // std::uint64_t
+#include <functional>  // std::function
+#include <random>      // std::mt19937
+#include <span>        // std::span
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include "ncclkit/fusion/detail/byte_codec.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
+#include "support/element_conversions.hpp"
 #include "support/loopback_backend.hpp"
 #include "support/model_shapes.hpp"
 
@@ -49,22 +49,8 @@ inline double gradient(int rank, int step, std::uint32_t tensor, std::size_t ele
   return 1e-3 * (sum / 65536.0 - 2.0) * 1.7320508075688772;
 }
 
-template <class T>
-T to_element(double value) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return T(static_cast<float>(value));
-  } else {
-    return static_cast<T>(value);
-  }
-}
-template <class T>
-double to_double(T value) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
-    return static_cast<double>(static_cast<float>(value));
-  } else {
-    return static_cast<double>(value);
-  }
-}
+using ncclkit_test::as_double;
+using ncclkit_test::from_double;
 
 /// Writes this rank's gradients of `step` into the buffer (as backward would).
 inline void write_gradients(const Buffer& buffer, int rank, int step) {
@@ -73,7 +59,7 @@ inline void write_gradients(const Buffer& buffer, int rank, int step) {
     const Slot slot{i};
     ncclkit::visit_data_type(layout.dtype(slot), [&]<class T>() {
       const auto values = buffer.span<T>(slot);
-      for (std::size_t e = 0; e < values.size(); ++e) values[e] = to_element<T>(gradient(rank, step, i, e));
+      for (std::size_t e = 0; e < values.size(); ++e) values[e] = from_double<T>(gradient(rank, step, i, e));
     });
   }
 }
@@ -91,9 +77,9 @@ inline std::array<double, ncclkit::fusion::kDataTypeCount> errors_against_refere
       const auto values = buffer.span<T>(slot);
       for (std::size_t e = 0; e < values.size(); ++e) {
         double ref = 0;
-        for (int r = 0; r < ranks; ++r) ref += to_double(to_element<T>(gradient(r, step, i, e)));
+        for (int r = 0; r < ranks; ++r) ref += as_double(from_double<T>(gradient(r, step, i, e)));
         if (op == ReduceOp::kAvg) ref /= ranks;
-        const double d = to_double(values[e]) - ref;
+        const double d = as_double(values[e]) - ref;
         diff[t] += d * d;
         norm[t] += ref * ref;
       }

@@ -17,13 +17,13 @@
 #include <array>        // std::array
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint8_t, std::uint32_t, std::uint64_t, std::int32_t
-#include <cstdio>       // std::snprintf
 #include <optional>     // std::optional
 #include <span>         // std::span
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
+#include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
@@ -205,12 +205,6 @@ inline std::string root_text(std::int32_t root) {
   return root == CollectiveFingerprint::kNone ? "none" : std::to_string(root);
 }
 
-inline std::string hash_text(std::uint64_t hash) {
-  char text[24];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
-  return text;
-}
-
 /// "all_reduce(count=100, float, sum)", "broadcast(count=8, int32, root=1)", "barrier()".
 inline std::string describe_call(const CollectiveFingerprint& f) {
   std::string text = std::string(f.name()) + "(";
@@ -220,7 +214,7 @@ inline std::string describe_call(const CollectiveFingerprint& f) {
   }
   if (f.op != CollectiveFingerprint::kNone) text += ", " + op_text(f.op);
   if (f.root != CollectiveFingerprint::kNone) text += ", root=" + root_text(f.root);
-  if (f.counts_hash != 0) text += ", counts #" + hash_text(f.counts_hash).substr(0, 8);
+  if (f.counts_hash != 0) text += ", counts #" + hex64(f.counts_hash).substr(0, 8);
   return text + ")";
 }
 
@@ -237,8 +231,8 @@ inline std::vector<std::string> differing_fields(const CollectiveFingerprint& a,
   if (a.op != b.op) add("op", op_text(a.op), op_text(b.op));
   if (a.root != b.root) add("root", root_text(a.root), root_text(b.root));
   if (a.counts_hash != b.counts_hash) {
-    add("per-rank counts", a.counts_hash ? "#" + hash_text(a.counts_hash).substr(0, 8) : "none",
-        b.counts_hash ? "#" + hash_text(b.counts_hash).substr(0, 8) : "none");
+    add("per-rank counts", a.counts_hash ? "#" + hex64(a.counts_hash).substr(0, 8) : "none",
+        b.counts_hash ? "#" + hex64(b.counts_hash).substr(0, 8) : "none");
   }
   return fields;
 }

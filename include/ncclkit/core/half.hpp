@@ -4,8 +4,9 @@
 /// `__nv_bfloat16`, so buffers can be shared between host code and kernels. Conversions round
 /// to nearest even; arithmetic happens in float.
 
-#include <bit>      // std::bit_cast
-#include <cstdint>  // std::uint16_t, std::uint32_t
+#include <bit>          // std::bit_cast
+#include <cstdint>      // std::uint16_t, std::uint32_t
+#include <type_traits>  // std::is_same_v
 
 #include "ncclkit/core/error.hpp"  // (stops a pre-C++20 build with one message)
 
@@ -97,5 +98,9 @@ struct BFloat16 {
 };
 
 static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2);
+
+/// Whether `T` is one of the 16-bit floating-point storage types (arithmetic happens in float).
+template <class T>
+inline constexpr bool is_16bit_float_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 }  // namespace ncclkit

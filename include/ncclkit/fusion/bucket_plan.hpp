@@ -22,6 +22,7 @@
 #include <utility>    // std::move
 #include <vector>     // std::vector
 
+#include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
 #include "ncclkit/fusion/layout.hpp"
@@ -333,9 +334,7 @@ inline std::string BucketPlan::describe() const {
     text += ", " + std::string(name_of(static_cast<DataType>(t))) + ": " + mib(total) + " MiB in " + std::to_string(n) +
             " (" + mib(smallest) + " to " + mib(largest) + " MiB)";
   }
-  char hash[24];
-  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fingerprint()));
-  return text + ", fingerprint " + hash;
+  return text + ", fingerprint " + ncclkit::detail::hex64(fingerprint());
 }
 
 }  // namespace ncclkit::fusion

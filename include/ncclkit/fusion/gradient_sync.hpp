@@ -24,7 +24,6 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
-#include <algorithm>    // std::find
 #include <array>        // std::array
 #include <chrono>       // std::chrono::steady_clock
 #include <cstddef>      // std::size_t, std::byte
@@ -194,7 +193,7 @@ class GradientSync {
         counters_ = detail::Allocation<B>(*backend_, pieces_.pieces.size() * sizeof(std::uint64_t));
         for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) encoded_events_.push_back(backend_->create_event());
       }
-      if (compress || !unpack_.empty()) {
+      if (compress || !pack_.empty()) {
         for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) reduced_events_.push_back(backend_->create_event());
       }
     }
@@ -395,13 +394,14 @@ class GradientSync {
     }
   }
 
-  /// One pack batch (loose → buffer) and one unpack batch per bucket that has loose tensors.
+  /// One pack batch (loose → buffer) and one unpack batch per bucket that has loose tensors
+  /// (empty batches for the others); none at all when no bucket has any.
   void prepare_loose(std::span<void* const> loose) {
     loose_.assign(loose.begin(), loose.end());
     const BucketPlan& p = tracker_.plan();
     pack_.resize(p.size());
     unpack_.resize(p.size());
-    has_loose_.assign(p.size(), false);
+    bool any = false;
     for (std::size_t b = 0; b < p.size(); ++b) {
       std::vector<CopyItem> in;
       std::vector<CopyItem> out;
@@ -413,12 +413,17 @@ class GradientSync {
         out.push_back({user, staged, layout_.bytes(slot)});
       }
       if (in.empty()) continue;
-      has_loose_[b] = true;
+      any = true;
       pack_[b] = backend_->prepare_copies(in);
       unpack_[b] = backend_->prepare_copies(out);
     }
-    if (std::find(has_loose_.begin(), has_loose_.end(), true) == has_loose_.end()) unpack_.clear();
+    if (!any) {
+      pack_.clear();
+      unpack_.clear();
+    }
   }
+  /// Whether bucket `b` has loose tensors to pack and unpack.
+  bool has_loose(std::size_t b) const requires CodecBackend<B> { return !pack_.empty() && pack_[b].size() != 0; }
 
   /// After a backend call failed during a launch, the tracker counts buckets as launched that
   /// never reached the backend: this rank is out of step with the others for good.
@@ -447,7 +452,7 @@ class GradientSync {
     bool plain = false;
     for (std::size_t b : range) {
       if constexpr (CodecBackend<B>) {
-        if (!has_loose_.empty() && has_loose_[b]) backend_->copy_batch(pack_[b], stream);
+        if (has_loose(b)) backend_->copy_batch(pack_[b], stream);
       }
       plain = plain || !pieces_.pieces[pieces_.first[b]].encoded;
     }
@@ -497,7 +502,7 @@ class GradientSync {
       for (std::size_t i = pieces_.first[b]; i < pieces_.first[b + 1]; ++i) {
         const detail::Piece& piece = pieces_.pieces[i];
         if (!piece.encoded) {
-          if (!has_loose_.empty() && has_loose_[b]) backend_->wait(reduced_events_[i], stream);
+          if (has_loose(b)) backend_->wait(reduced_events_[i], stream);
           continue;
         }
         if (options_.rerun_nonfinite && host_counts_[i] != 0) {
@@ -518,7 +523,7 @@ class GradientSync {
         backend_->cast(wire_view(piece), piece_view(piece), factors_.decode,
                        options_.rerun_nonfinite ? nullptr : counter(i), stream);
       }
-      if (!has_loose_.empty() && has_loose_[b]) backend_->copy_batch(unpack_[b], stream);
+      if (has_loose(b)) backend_->copy_batch(unpack_[b], stream);
     }
   }
 
@@ -531,12 +536,9 @@ class GradientSync {
   }
 
   detail::SyncSettings settings() const {
-    return {options_.op,
-            options_.missing == MissingTensors::kReduceAsZeros,
-            static_cast<int>(options_.codec),
-            options_.rerun_nonfinite,
-            options_.chunk_bytes,
-            options_.prescale.value_or(0.0)};
+    return {options_.op,          options_.missing == MissingTensors::kReduceAsZeros,
+            options_.codec,       options_.rerun_nonfinite,
+            options_.chunk_bytes, options_.prescale.value_or(0.0)};
   }
 
   B* backend_;
@@ -579,8 +581,7 @@ class GradientSync {
 
   // Loose tensors: the user's pointers by slot, and per bucket the batches that move them.
   std::vector<void*> loose_;
-  std::vector<bool> has_loose_;
-  std::vector<CopyBatch> pack_;
+  std::vector<CopyBatch> pack_;  // per bucket, or none at all
   std::vector<CopyBatch> unpack_;
 };
 

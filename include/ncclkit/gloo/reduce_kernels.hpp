@@ -106,9 +106,6 @@ inline std::uint16_t float_to_bfloat16_bits(float value) {
 }
 
 template <class T>
-inline constexpr bool is_16bit_float_v = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
-template <class T>
 NCCLKIT_GLOO_ALWAYS_INLINE float to_float_bits(std::uint16_t bits) {
   if constexpr (std::is_same_v<T, Half>) {
     return half_bits_to_float(bits);

@@ -10,7 +10,7 @@
 #include <cstring>      // std::memcpy
 #include <span>         // std::span
 #include <string>       // std::string, std::to_string
-#include <type_traits>  // std::is_same_v
+#include <type_traits>  // std::is_same_v, std::conditional_t, std::is_floating_point_v
 
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -55,13 +55,10 @@ inline std::string copy_batch_problem(std::span<const CopyItem> items) {
   return {};
 }
 
-template <class T>
-inline constexpr bool kIsHalfLike = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
-
 /// `value` as the arithmetic type a cast computes in (double, or float for 16-bit types).
 template <class T>
 auto widen(T value) {
-  if constexpr (kIsHalfLike<T>) {
+  if constexpr (is_16bit_float_v<T>) {
     return static_cast<float>(value);
   } else {
     return value;
@@ -89,8 +86,8 @@ inline std::uint64_t cast_on_host(const TensorView& in, const TensorView& out, d
   std::uint64_t nonfinite = 0;
   const auto floating = [&]<class In>() {
     visit_data_type(out.dtype, [&]<class Out>() {
-      if constexpr ((std::is_floating_point_v<Out> || kIsHalfLike<Out>)&&(std::is_floating_point_v<In> ||
-                                                                          kIsHalfLike<In>)) {
+      if constexpr ((std::is_floating_point_v<Out> || is_16bit_float_v<Out>)&&(std::is_floating_point_v<In> ||
+                                                                               is_16bit_float_v<In>)) {
         nonfinite = cast_typed(static_cast<const In*>(in.data), static_cast<Out*>(out.data), in.count, factor);
       }
     });

@@ -12,7 +12,9 @@
 #include <string>   // std::string, std::to_string
 #include <vector>   // std::vector
 
+#include "ncclkit/compression/codec.hpp"
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/fusion/detail/backend_memory.hpp"
@@ -23,7 +25,7 @@ namespace ncclkit::fusion::detail {
 struct SyncSettings {
   ReduceOp op = ReduceOp::kAvg;
   bool zeros_for_missing = false;
-  int codec = 0;  // compression::Codec
+  compression::Codec codec = compression::Codec::kNone;
   bool rerun_nonfinite = false;
   std::uint64_t chunk_bytes = 0;
   double prescale = 0.0;  // 0: the default (1/world)
@@ -37,33 +39,23 @@ struct SyncSettings {
     SyncSettings s;
     s.op = static_cast<ReduceOp>(w[0] >> 24);
     s.zeros_for_missing = ((w[0] >> 16) & 0xff) != 0;
-    s.codec = static_cast<int>((w[0] >> 8) & 0xff);
+    s.codec = static_cast<compression::Codec>((w[0] >> 8) & 0xff);
     s.rerun_nonfinite = (w[0] & 0xff) != 0;
     s.chunk_bytes = w[1];
     s.prescale = std::bit_cast<double>(w[2]);
     return s;
   }
   std::string describe() const {
-    static const char* const kCodecs[] = {"none", "fp16", "bf16"};
-    std::string text = "op " +
-                       std::string(op == ReduceOp::kSum   ? "sum"
-                                   : op == ReduceOp::kAvg ? "avg"
-                                                          : "other") +
-                       ", missing " + (zeros_for_missing ? "kReduceAsZeros" : "kError") + ", codec " +
-                       (codec >= 0 && codec < 3 ? kCodecs[codec] : "invalid") + ", chunk_bytes " +
-                       std::to_string(chunk_bytes) + ", prescale ";
+    std::string text = "op " + std::string(name_of(op)) + ", missing " +
+                       (zeros_for_missing ? "kReduceAsZeros" : "kError") + ", codec " +
+                       std::string(compression::name_of(codec)) + ", chunk_bytes " + std::to_string(chunk_bytes) +
+                       ", prescale ";
     char value[32];
     std::snprintf(value, sizeof value, "%.17g", prescale);
     text += prescale == 0.0 ? std::string("default") : std::string(value);
     return text + ", rerun_nonfinite " + (rerun_nonfinite ? "on" : "off");
   }
 };
-
-inline std::string hex64(std::uint64_t value) {
-  char text[24];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
 
 /// All-gathers every rank's plan fingerprint and settings on `stream` (synchronising it) and
 /// throws ConfigError, on every rank alike, when they differ. `who` starts the messages;
@@ -106,7 +98,7 @@ void agree_on_plan(B& backend, typename B::Stream stream, std::uint64_t fingerpr
       listed += ", ...";
       break;
     }
-    listed += (listed.empty() ? "rank " : ", rank ") + std::to_string(r) + " " + hex64(at(r, 0));
+    listed += (listed.empty() ? "rank " : ", rank ") + std::to_string(r) + " " + ncclkit::detail::hex64(at(r, 0));
   }
   throw ConfigError(who + ": the ranks hold different bucket plans (fingerprints: " + listed +
                     "; ranks not listed match rank 0). This rank's plan: " + plan_text +

@@ -9,10 +9,11 @@
 #include <cerrno>       // errno
 #include <chrono>       // std::chrono::steady_clock (fallback entropy)
 #include <cstdint>      // std::uint64_t, std::uintptr_t
-#include <cstdio>       // std::snprintf
 #include <cstring>      // std::memcpy
 #include <string>       // std::string
 #include <string_view>  // std::string_view
+
+#include "ncclkit/core/detail/hex.hpp"  // hex64
 
 namespace ncclkit::detail::file_store {
 
@@ -36,12 +37,6 @@ inline std::uint64_t hash64(std::string_view data, std::uint64_t seed) {
     h = mix64(h ^ block) + 0x9e3779b97f4a7c15ULL;
   }
   return mix64(h);
-}
-
-inline std::string hex64(std::uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
-  return text;
 }
 
 /// 32 random hex digits from the kernel's generator.
