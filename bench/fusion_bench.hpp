@@ -13,8 +13,10 @@
 //                 in finish (default caps, plus one row per --bucket-mb cap)
 //   flat          one all_reduce over the whole fused buffer (the bytes bucketed reduces)
 //   fp16, bf16    GradientSync with a codec, float32 in and out, casts included: buckets of the
-//                 default caps (and one row per --codec-bucket-mb), and the whole buffer as one
-//                 bucket cut into N chunks (one row per --codec-chunks)
+//                 default caps (and one row per --codec-bucket-mb) and the whole buffer as one
+//                 bucket, each by the fused kernel where the backend runs it (", fused" in the
+//                 name); and the whole buffer as one bucket cut into N chunks by the separate
+//                 kernels, cast, 16-bit all_reduce, cast (one row per --codec-chunks)
 //   fp16 all_reduce alone  for reference: the 16-bit collective of a codec row without its casts
 //   fp16 casts alone       for reference: a codec row's encode and decode without the collective
 //
@@ -362,23 +364,26 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
 
   // Compressed rows: float32 in and out, the casts included.
   const auto add_compressed = [&](const std::string& codec_name, const std::string& name, BucketOptions caps,
-                                  std::size_t chunk_bytes) {
+                                  std::size_t chunk_bytes, bool fused) {
     const compression::Codec codec = compression::codec_named(codec_name);
     syncs.push_back(std::make_unique<GradientSync<B>>(
-        buffer, BucketPlan::compute(layout, caps), GradientSyncOptions<B>{.codec = codec, .chunk_bytes = chunk_bytes}));
+        buffer, BucketPlan::compute(layout, caps),
+        GradientSyncOptions<B>{.codec = codec, .chunk_bytes = chunk_bytes, .fused_transfer = fused}));
     GradientSync<B>* sync = syncs.back().get();
-    Row row{codec_name + " " + name, sync_step(sync)};
+    Row row{codec_name + " " + name + (sync->fused_transfer() ? ", fused" : ""), sync_step(sync)};
     row.bound = codec == compression::Codec::kFloat16 ? 1e-3 : 5e-3;
     rows.push_back(std::move(row));
   };
+  const BucketOptions whole{.bucket_bytes = bytes, .first_bucket_bytes = bytes};
   for (const std::string& codec : options.codecs) {
     add_compressed(codec, "bucketed (" + std::to_string(BucketPlan::compute(layout).size()) + " buckets)",
-                   BucketOptions{}, 0);
-    for (double mb : options.codec_bucket_mb) add_compressed(codec, capped_name("bucketed", mb), capped(mb), 0);
+                   BucketOptions{}, 0, true);
+    for (double mb : options.codec_bucket_mb) add_compressed(codec, capped_name("bucketed", mb), capped(mb), 0, true);
+    add_compressed(codec, "flat", whole, 0, true);
+    // The separate kernels (cast, 16-bit all_reduce, cast), pipelined in chunks.
     for (int chunks : options.codec_chunks) {
-      const BucketOptions whole{.bucket_bytes = bytes, .first_bucket_bytes = bytes};
       add_compressed(codec, "flat, " + std::to_string(chunks) + " chunks", whole,
-                     (bytes + static_cast<std::size_t>(chunks) - 1) / static_cast<std::size_t>(chunks));
+                     (bytes + static_cast<std::size_t>(chunks) - 1) / static_cast<std::size_t>(chunks), false);
     }
   }
 

@@ -23,7 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
 TESTS=(tests_gpu tests_gpu_grouped)
-BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks fusion_nccl)
+BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks fusion_nccl bench_symmetric_windows)
 
 build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
@@ -75,6 +75,16 @@ run_all() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
   export LD_LIBRARY_PATH="$CARRY:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # PyTorch's NCCL, where there is one, for ncclkit too: both sides of a comparison then run the
+  # same NCCL, and it is the version the binaries were built against (2.28.9) where the system's
+  # is older (2.28.3 on some H100 machines), which the fused compressed reduction needs.
+  local torch_nccl
+  torch_nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  if [[ -n "$torch_nccl" && -e "$torch_nccl/libnccl.so.2" ]]; then
+    export LD_LIBRARY_PATH="$CARRY:$torch_nccl:${LD_LIBRARY_PATH#"$CARRY:"}"
+    # The GPU tests then require the fused kernel wherever its version matches the build's.
+    export NCCLKIT_TEST_REQUIRE_FUSED=1
+  fi
   local cases_run=0 cases_passed=0 cases_failed=0 failures=0
 
   {
@@ -83,6 +93,7 @@ run_all() {
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
     echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"  # host speed differs between machines
     echo "NCCL: $(ls /lib/x86_64-linux-gnu/libnccl.so.* /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | tr '\n' ' ')"
+    echo "NCCL used: ${torch_nccl:+$torch_nccl/libnccl.so.2 (PyTorch's)}${torch_nccl:-the system's}"
   } >>"$summary" 2>&1
   nvidia-smi topo -m >"$logs/topology.txt" 2>&1
 
@@ -158,8 +169,12 @@ run_all() {
   # CUDA API errors NCCL provokes on purpose when it probes for kernels).
   CUDA_VISIBLE_DEVICES=0 phase codec-memcheck 120 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
     --error-exitcode 1 "$bin/gpu_test_nccl_codec"
+  # The fused compressed reduction's kernel, at 2 ranks (processes), under memcheck as well.
+  NCCLKIT_TEST_WORLD_SIZES=2 CUDA_VISIBLE_DEVICES=$all phase fused-memcheck 180 /usr/local/cuda/bin/compute-sanitizer \
+    --tool memcheck --report-api-errors no --error-exitcode 1 "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
   CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 240 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
     --codec-bucket-mb 50,100 --codec-chunks 2,4,8 --csv "$data/fusion_nccl_p$n.csv"
+  CUDA_VISIBLE_DEVICES=$all phase symmetric-windows 120 "$bin/bench_symmetric_windows" --iters 30 0.5 2 8 25 100 --gpt2
   CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" --nprocs "$n" \
     -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p$n.csv"
   CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n-high 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" \

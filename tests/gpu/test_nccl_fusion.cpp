@@ -3,13 +3,15 @@
 // compute stream, joined back by events; results equal a float64 average of every rank's
 // gradients on ResNet-50's real shapes, with the ready order shuffled differently on every rank:
 // float32, fp16 and bf16 compressed, loose tensors packed per bucket, a tensor never marked
-// reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32.
+// reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32; the fused
+// compressed reduction (Communicator::compressed_all_reduce) on its own.
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
 #include <chrono>     // std::chrono
 #include <cmath>      // std::sqrt, std::isfinite
 #include <cstdint>    // std::uint64_t
+#include <cstdlib>    // std::getenv
 #include <cstring>    // std::memcpy
 #include <random>     // std::mt19937_64, std::normal_distribution
 #include <string>     // std::string
@@ -56,7 +58,15 @@ struct Case {
   bool loose = false;      // every other tensor in an allocation of its own
   bool leave_one = false;  // never mark one tensor: kReduceAsZeros reduces it as zeros
   double bound = 1e-6;
+  bool fused = true;  // GradientSyncOptions::fused_transfer
 };
+
+// Whether the fused compressed reduction must run here: where the GPU run script found the NCCL
+// ncclkit was built against (NCCLKIT_TEST_REQUIRE_FUSED=1), its absence is a failure.
+bool fused_required() {
+  const char* text = std::getenv("NCCLKIT_TEST_REQUIRE_FUSED");
+  return text != nullptr && std::string(text) == "1";
+}
 
 // Three steps of ResNet-50's gradients: write, mark in a shuffled order (its own on every
 // rank), finish; compare with the float64 average.
@@ -75,9 +85,18 @@ int check_resnet(const WorldInfo& world, const std::shared_ptr<Store>& store, co
     }
   }
   const Slot left{7};
-  GradientSync<Communicator> sync(
-      grads, BucketPlan::compute(layout), loose,
-      {.missing = c.leave_one ? MissingTensors::kReduceAsZeros : MissingTensors::kError, .codec = c.codec});
+  GradientSync<Communicator> sync(grads, BucketPlan::compute(layout), loose,
+                                  {.missing = c.leave_one ? MissingTensors::kReduceAsZeros : MissingTensors::kError,
+                                   .codec = c.codec,
+                                   .fused_transfer = c.fused});
+  if (c.codec != ncclkit::compression::Codec::kNone && c.fused) {
+    const std::string why = comm.compressed_reduce_unavailable();
+    if (world.rank == 0 && !why.empty()) std::printf("fused transfer unavailable: %s\n", why.c_str());
+    checker.expect(sync.fused_transfer() == why.empty(), "fused_transfer() says whether the fused kernel runs");
+    checker.expect(why.empty() || !fused_required(), "the fused kernel runs where required: " + why);
+  } else {
+    checker.expect(!sync.fused_transfer(), "no fused kernel without a codec or with fused_transfer off");
+  }
   std::vector<std::uint32_t> order(layout.size());
   for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
   std::mt19937 shuffle_random(77u + static_cast<unsigned>(world.rank));
@@ -150,7 +169,10 @@ TEST_CASE("fp16 and bf16 compressed buckets over NCCL are within 1e-3 and 5e-3 o
     run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
       const int fp16 = check_resnet(world, store, {.codec = ncclkit::compression::Codec::kFloat16, .bound = 1e-3});
       const int bf16 = check_resnet(world, store, {.codec = ncclkit::compression::Codec::kBFloat16, .bound = 5e-3});
-      return fp16 != 0 ? fp16 : bf16;
+      // The separate path too: cast, 16-bit all-reduce, cast.
+      const int separate =
+          check_resnet(world, store, {.codec = ncclkit::compression::Codec::kFloat16, .bound = 1e-3, .fused = false});
+      return fp16 != 0 ? fp16 : (bf16 != 0 ? bf16 : separate);
     });
   }
 }
@@ -209,6 +231,127 @@ TEST_CASE("fp16 overflow over NCCL is counted, the same on every rank; rerun_non
         }
       }
       return checker.finish("overflow over NCCL");
+    });
+  }
+}
+
+// compressed_all_reduce on its own: odd counts (not a multiple of 8, fewer than the ranks, one),
+// every rank ends with the same bits within the codec's bound of the float64 average, overflow
+// is counted alike on every rank, and misuse is a ConfigError naming what is wrong.
+TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, overflow counted; misuse named") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fused"});
+      const std::string why = comm.compressed_reduce_unavailable();
+      if (!why.empty()) {
+        if (world.rank == 0) std::printf("fused transfer unavailable: %s\n", why.c_str());
+        checker.expect(!fused_required(), "the fused kernel runs where required: " + why);
+        checker.expect(!comm.prepare_compressed_reduce(1000, DataType::kFloat16).has_value(),
+                       "no workspace where it cannot run");
+        return checker.finish("compressed_all_reduce (unavailable)");
+      }
+      constexpr std::size_t kCapacity = 1 << 20;
+      for (const DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+        auto workspace = comm.prepare_compressed_reduce(kCapacity, wire);
+        if (!checker.expect(workspace.has_value(), "a workspace where it can run")) break;
+        ncclkit::fusion::detail::Allocation<Communicator> data(comm, kCapacity * sizeof(float));
+        ncclkit::fusion::detail::Allocation<Communicator> count(comm, sizeof(std::uint64_t));
+        ncclkit::fusion::detail::Allocation<Communicator> hashes(comm, sizeof(std::uint64_t) * world.world_size);
+        const cudaStream_t s = comm.default_stream();
+        const double bound = wire == DataType::kFloat16 ? 1e-3 : 5e-3;
+        const std::size_t odd = static_cast<std::size_t>(world.world_size) - 1;
+        for (const std::size_t n_values :
+             {kCapacity, std::size_t{1000003} % kCapacity, std::size_t{13}, odd, std::size_t{1}}) {
+          if (n_values == 0) continue;
+          std::vector<std::vector<float>> all(static_cast<std::size_t>(world.world_size));
+          for (int r = 0; r < world.world_size; ++r) {
+            std::mt19937_64 random(991u * static_cast<std::uint64_t>(r + 1) + n_values);
+            std::normal_distribution<float> normal(0.0f, 1e-3f);
+            all[static_cast<std::size_t>(r)].resize(n_values);
+            for (float& v : all[static_cast<std::size_t>(r)]) v = normal(random);
+          }
+          const std::vector<float>& mine = all[static_cast<std::size_t>(world.rank)];
+          comm.copy_from_host(data.data(), mine.data(), n_values * sizeof(float), s);
+          const std::uint64_t zero = 0;
+          comm.copy_from_host(count.data(), &zero, sizeof zero, s);
+          const ncclkit::TensorView view{data.data(), n_values, DataType::kFloat32, ncclkit::MemoryKind::kDevice};
+          comm.compressed_all_reduce(*workspace, view, 1.0 / world.world_size, 1.0,
+                                     reinterpret_cast<std::uint64_t*>(count.data()), s);
+          std::vector<float> out(n_values);
+          std::uint64_t bad = 1;
+          comm.copy_to_host(out.data(), data.data(), n_values * sizeof(float), s);
+          comm.copy_to_host(&bad, count.data(), sizeof bad, s);
+          comm.synchronize(s);
+          double error = 0, norm = 0;
+          std::uint64_t hash = 1469598103934665603ull;
+          for (std::size_t j = 0; j < n_values; ++j) {
+            double want = 0;
+            for (const auto& theirs : all) want += theirs[j];
+            want /= world.world_size;
+            error += (out[j] - want) * (out[j] - want);
+            norm += want * want;
+            std::uint32_t bits;
+            std::memcpy(&bits, &out[j], sizeof bits);
+            hash = (hash ^ bits) * 1099511628211ull;
+          }
+          const std::string what = std::string(ncclkit::name_of(wire)) + ", " + std::to_string(n_values) + " values: ";
+          checker.expect(std::sqrt(error / norm) <= bound,
+                         what + "norm-relative error " + std::to_string(std::sqrt(error / norm)));
+          checker.expect(bad == 0, what + std::to_string(bad) + " non-finite counted in N(0, 1e-3) values");
+          // The same bits on every rank: all-gather the hashes.
+          comm.copy_from_host(data.data(), &hash, sizeof hash, s);
+          comm.all_gather(ncclkit::TensorView{data.data(), 1, DataType::kUint64, ncclkit::MemoryKind::kDevice},
+                          ncclkit::TensorView{hashes.data(), static_cast<std::size_t>(world.world_size),
+                                              DataType::kUint64, ncclkit::MemoryKind::kDevice},
+                          s);
+          std::vector<std::uint64_t> gathered(static_cast<std::size_t>(world.world_size));
+          comm.copy_to_host(gathered.data(), hashes.data(), gathered.size() * sizeof(std::uint64_t), s);
+          comm.synchronize(s);
+          for (std::uint64_t h : gathered) checker.expect(h == gathered[0], what + "ranks hold different bits");
+        }
+        // Overflow: 60000 on every rank sums past fp16's 65504 with encode 1 (two ranks and up);
+        // every rank counts all 5 such values, its own shard's and the others'.
+        if (wire == DataType::kFloat16) {
+          std::vector<float> values(4096, 0.25f);
+          for (int i = 0; i < 5; ++i) values[static_cast<std::size_t>(i) * 800] = 60000.0f;
+          comm.copy_from_host(data.data(), values.data(), values.size() * sizeof(float), s);
+          const std::uint64_t zero = 0;
+          comm.copy_from_host(count.data(), &zero, sizeof zero, s);
+          comm.compressed_all_reduce(
+              *workspace,
+              ncclkit::TensorView{data.data(), values.size(), DataType::kFloat32, ncclkit::MemoryKind::kDevice}, 1.0,
+              1.0, reinterpret_cast<std::uint64_t*>(count.data()), s);
+          std::uint64_t bad = 0;
+          comm.copy_to_host(&bad, count.data(), sizeof bad, s);
+          comm.synchronize(s);
+          const std::uint64_t expected = world.world_size > 1 ? 5 : 0;
+          checker.expect(bad == expected,
+                         "overflow: " + std::to_string(bad) + " counted, expected " + std::to_string(expected));
+        }
+        // Misuse: too many values, another element type, a misaligned pointer.
+        const auto rejects = [&](ncclkit::TensorView view, const char* needle) {
+          try {
+            comm.compressed_all_reduce(*workspace, view, 1.0, 1.0, nullptr, s);
+            checker.expect(false, std::string("no ConfigError for ") + needle);
+          } catch (const ncclkit::ConfigError& e) {
+            checker.expect(std::string(e.what()).find(needle) != std::string::npos,
+                           std::string("the error names ") + needle + ": " + e.what());
+          }
+        };
+        rejects({data.data(), kCapacity + 1, DataType::kFloat32, ncclkit::MemoryKind::kDevice}, "prepared for");
+        rejects({data.data(), 100, DataType::kFloat64, ncclkit::MemoryKind::kDevice}, "reduces float32");
+        rejects({reinterpret_cast<float*>(data.data()) + 1, 100, DataType::kFloat32, ncclkit::MemoryKind::kDevice},
+                "16-byte aligned");
+      }
+      try {
+        (void)comm.prepare_compressed_reduce(10, DataType::kFloat32);
+        checker.expect(false, "no ConfigError for a float32 wire");
+      } catch (const ncclkit::ConfigError& e) {
+        checker.expect(std::string(e.what()).find("not float16 or bfloat16") != std::string::npos, e.what());
+      }
+      return checker.finish("compressed_all_reduce");
     });
   }
 }

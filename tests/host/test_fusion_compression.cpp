@@ -239,6 +239,92 @@ TEST_CASE("loose tensors are packed and unpacked by one batched copy per bucket,
   }
 }
 
+TEST_CASE("fused transfer: one compressed reduction per chunk, no separate casts, results within tolerance") {
+  for (Codec codec : {Codec::kFloat16, Codec::kBFloat16}) {
+    for (int ranks : {2, 4}) {
+      CAPTURE(ranks);
+      CAPTURE(ncclkit::compression::name_of(codec));
+      ncclkit::testing::check_synchronised(ranks, ncclkit::testing::awkward_layout, kSmallBuckets, 2,
+                                           {.codec = codec, .chunk_bytes = 48 << 10}, /*fused=*/true);
+    }
+  }
+  ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
+                                       {.op = ReduceOp::kSum, .codec = Codec::kFloat16}, /*fused=*/true);
+  // Turned off, or with rerun_nonfinite: the separate casts, although the backend could.
+  ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
+                                       {.codec = Codec::kFloat16, .fused_transfer = false}, /*fused=*/true);
+  ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
+                                       {.codec = Codec::kFloat16, .rerun_nonfinite = true}, /*fused=*/true);
+
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    backend.allow_compressed_reduce(true);
+    Buffer buffer(backend, two_tensors(4096));
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 16 << 10, .first_bucket_bytes = 16 << 10}),
+              {.codec = Codec::kFloat16, .chunk_bytes = 8 << 10});
+    REQUIRE(sync.fused_transfer());
+    CHECK(backend.compressed_reduces_prepared() == 1);
+    const std::size_t events = backend.events_created();
+    const long allocations = backend.live_allocations();
+    for (int step = 0; step < 3; ++step) {
+      ncclkit::testing::write_gradients(buffer, rank, step);
+      sync.mark_ready(Slot{1});
+      sync.mark_ready(Slot{0});
+      sync.finish();
+    }
+    CHECK(backend.compressed_reduces() == 3 * 8);  // one per chunk and step
+    CHECK(backend.casts() == 0);                   // no encode or decode of GradientSync's own
+    CHECK(backend.events_created() == events);
+    CHECK(backend.live_allocations() == allocations);
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("fused transfer counts fp16 overflow on every rank alike") {
+  LoopbackWorld world(2);
+  std::vector<std::uint64_t> counts(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    backend.allow_compressed_reduce(true);
+    Buffer buffer(backend, two_tensors(1000));
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.codec = Codec::kFloat16, .prescale = 1.0});
+    REQUIRE(sync.fused_transfer());
+    auto b = buffer.span<float>("b");
+    for (float& v : buffer.span<float>("a")) v = 1e-3f;
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = i < 10 ? 40000.0f : 1e-3f;
+    for (int step = 0; step < 2; ++step) {  // the counts start from zero every step
+      sync.mark_ready("a");
+      sync.mark_ready("b");
+      sync.finish();
+      counts[static_cast<std::size_t>(rank)] = sync.nonfinite();
+      for (std::size_t i = 0; i < 10; ++i) b[i] = 40000.0f;
+    }
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+  CHECK(counts[0] == 10);
+  CHECK(counts[1] == 10);
+}
+
+TEST_CASE("ranks that differ in fused_transfer get a ConfigError naming it, before any window is made") {
+  LoopbackWorld world(2, std::chrono::seconds(5));
+  std::vector<std::size_t> prepared(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    backend.allow_compressed_reduce(true);
+    Buffer buffer(backend, two_tensors(100));
+    try {
+      Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.codec = Codec::kFloat16, .fused_transfer = rank == 0});
+    } catch (...) {
+      prepared[static_cast<std::size_t>(rank)] = backend.compressed_reduces_prepared();
+      throw;
+    }
+  });
+  for (const auto& e : errors) CHECK(message_of(e).find("fused_transfer off against") != std::string::npos);
+  CHECK(prepared[0] == 0);
+  CHECK(prepared[1] == 0);
+}
+
 TEST_CASE("ranks with different codecs or chunk sizes get a ConfigError naming them, on every rank") {
   LoopbackWorld world(2, std::chrono::seconds(5));
   const auto errors = run_ranks(2, [&](int rank) {

@@ -258,7 +258,7 @@ TEST_CASE("ranks with different ops get a ConfigError on every rank naming the o
   });
   for (const auto& e : errors) {
     CHECK(message_of(e).find("rank 1 uses other GradientSyncOptions than rank 0 (op sum, missing kError, codec none, "
-                             "chunk_bytes 0, prescale default, rerun_nonfinite off against op avg,") !=
+                             "chunk_bytes 0, prescale default, rerun_nonfinite off, fused_transfer on against op avg,") !=
           std::string::npos);
   }
 }

@@ -131,16 +131,21 @@ inline std::uint64_t buffer_hash(const Buffer& buffer) {
 /// different one on every rank), finish; rank 0 compares with the float64 reference and every
 /// rank's result must equal rank 0's bit for bit. Also checks that events are made once, not
 /// per step, and that every bucket launched before finish.
+/// With `fused`, the backend offers the fused compressed reduction (CompressedReduceBackend),
+/// and a sync with a codec must take it.
 inline void check_synchronised(int ranks, const std::function<FusedLayout()>& make_layout, const BucketOptions& buckets,
-                               int steps, Sync::Options options = {}) {
+                               int steps, Sync::Options options = {}, bool fused = false) {
   const ReduceOp op = options.op;
   LoopbackWorld world(ranks);
   std::vector<std::string> failures(static_cast<std::size_t>(ranks));
   std::vector<std::vector<std::uint64_t>> hashes(static_cast<std::size_t>(ranks));
   const auto errors = run_ranks(ranks, [&](int rank) {
     LoopbackBackend backend(world, rank);
+    backend.allow_compressed_reduce(fused);
     Buffer buffer(backend, make_layout());
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), buckets), options);
+    const bool compress = options.codec != compression::Codec::kNone;
+    CHECK(sync.fused_transfer() == (fused && compress && options.fused_transfer && !options.rerun_nonfinite));
     const std::size_t events = backend.events_created();
     if (options.codec == compression::Codec::kNone) CHECK(events == sync.plan().size() + 1);
     for (int step = 0; step < steps; ++step) {

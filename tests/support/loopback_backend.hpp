@@ -19,6 +19,7 @@
 #include <chrono>              // std::chrono
 #include <condition_variable>  // std::condition_variable
 #include <cstddef>             // std::size_t
+#include <optional>            // std::optional
 #include <cstdint>             // std::uint64_t
 #include <cstring>             // std::memcpy
 #include <deque>               // std::deque
@@ -431,6 +432,42 @@ class LoopbackBackend {
     run_on(stream, [items] { ncclkit::detail::copy_batch_on_host(*items); });
   }
 
+  /// The fused compressed all-reduce (CompressedReduceBackend), emulated by cast, 16-bit sum
+  /// and cast on the stream: what GradientSync does around it is what tests look at. Off
+  /// unless a test turns it on (`allow_compressed_reduce`), as on a GPU machine without it.
+  struct CompressedReduce {
+    std::vector<std::byte> wire;
+    DataType type = DataType::kFloat16;
+    std::size_t capacity = 0;
+  };
+  std::optional<CompressedReduce> prepare_compressed_reduce(std::size_t max_count, DataType wire) {
+    if (!compressed_reduce_allowed_) return std::nullopt;
+    ++compressed_reduces_prepared_;
+    return CompressedReduce{std::vector<std::byte>(max_count * size_of(wire)), wire, max_count};
+  }
+  std::string compressed_reduce_unavailable() const {
+    return compressed_reduce_allowed_ ? std::string() : std::string("the loop-back backend was not allowed to");
+  }
+  void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,
+                             std::uint64_t* nonfinite, Stream stream) {
+    if (data.dtype != DataType::kFloat32 || data.count > workspace.capacity) {
+      throw ConfigError("LoopbackBackend::compressed_all_reduce: float32 data of at most the prepared count");
+    }
+    ++compressed_reduces_;
+    const TensorView wire{workspace.wire.data(), data.count, workspace.type, memory_kind};
+    run_on(stream, [data, wire, encode] { ncclkit::detail::cast_on_host(data, wire, encode); });
+    all_reduce(wire, wire, ReduceOp::kSum, stream);
+    run_on(stream, [data, wire, decode, nonfinite] {
+      const std::uint64_t bad = ncclkit::detail::cast_on_host(wire, wire, 1.0);  // counts the 16-bit results
+      ncclkit::detail::cast_on_host(wire, data, decode);
+      if (nonfinite != nullptr && bad != 0) std::atomic_ref<std::uint64_t>(*nonfinite).fetch_add(bad);
+    });
+  }
+  void allow_compressed_reduce(bool allowed) { compressed_reduce_allowed_ = allowed; }
+  /// Workspaces prepared and fused reductions issued so far.
+  std::size_t compressed_reduces_prepared() const { return compressed_reduces_prepared_.load(); }
+  std::size_t compressed_reduces() const { return compressed_reduces_.load(); }
+
   // ---- what tests look at ---------------------------------------------------------------------
 
   /// Events made so far (create_event and one-off record(stream)).
@@ -480,11 +517,15 @@ class LoopbackBackend {
   std::string fail_next_;
   std::atomic<std::size_t> casts_{0};
   std::atomic<std::size_t> copy_batches_{0};
+  bool compressed_reduce_allowed_ = false;
+  std::atomic<std::size_t> compressed_reduces_prepared_{0};
+  std::atomic<std::size_t> compressed_reduces_{0};
   detail::LoopbackQueue queue_;  // last: its worker stops before the counters go
 };
 
 static_assert(Backend<LoopbackBackend>);
 static_assert(CodecBackend<LoopbackBackend>);
+static_assert(CompressedReduceBackend<LoopbackBackend>);
 
 /// Runs `body(rank)` for ranks 0..n-1 on n threads and returns what each threw (null where it
 /// returned): tests check every rank's outcome, not only the first failure.

@@ -31,6 +31,8 @@
 /// or at synchronize) and leaves the communicator unusable.
 
 #include <concepts>  // std::same_as, std::convertible_to
+#include <optional>  // std::optional
+#include <string>    // std::string
 #include <cstddef>   // std::size_t
 #include <cstdint>   // std::uint64_t
 #include <span>      // std::span
@@ -100,6 +102,27 @@ concept CodecBackend = Backend<B> &&
   backend.cast(in, out, factor, nonfinite, stream);
   { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
   backend.copy_batch(batch, stream);
+};
+
+/// A CodecBackend that can also run a compressed all-reduce as one fused operation, the 16-bit
+/// data moving between devices inside the kernel that encodes and decodes it (the NCCL
+/// communicator, on one node; nccl/compressed_reduce.hpp):
+///   - `compressed_reduce_unavailable()`: why it cannot run here, or empty where it can;
+///   - `prepare_compressed_reduce(max_count, wire)`: a workspace for float32 data of up to
+///     `max_count` values crossing as `wire` (float16 or bfloat16), or none where the backend
+///     cannot run it here (the same answer on every rank); a collective.
+///   - `compressed_all_reduce(workspace, data, encode, decode, nonfinite, stream)`: in place,
+///     data = decode * wire(sum over ranks of wire(data * encode)) (each rank's own part may be
+///     summed unrounded), the same bits on every rank; adds the count of non-finite 16-bit
+///     results to `*nonfinite` where it is not null (the same count on every rank).
+template <class B>
+concept CompressedReduceBackend = CodecBackend<B> &&
+    requires(B& backend, TensorView data, double factor, std::uint64_t* nonfinite,
+             typename B::CompressedReduce& workspace, typename B::Stream stream, std::size_t count, DataType wire) {
+  typename B::CompressedReduce;
+  { backend.compressed_reduce_unavailable() } -> std::convertible_to<std::string>;
+  { backend.prepare_compressed_reduce(count, wire) } -> std::same_as<std::optional<typename B::CompressedReduce>>;
+  backend.compressed_all_reduce(workspace, data, factor, factor, nonfinite, stream);
 };
 
 }  // namespace ncclkit

@@ -24,6 +24,7 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include <algorithm>    // std::max
 #include <array>        // std::array
 #include <chrono>       // std::chrono::steady_clock
 #include <cstddef>      // std::size_t, std::byte
@@ -84,6 +85,15 @@ struct GradientSyncOptions {
   /// value (the float32 gradients are still intact then), so an fp16 overflow costs time,
   /// never a step. It makes `finish` wait on the host for the compressed chunks once a step.
   bool rerun_nonfinite = false;
+  /// With a codec, on a backend that can (CompressedReduceBackend: the NCCL communicator when
+  /// every rank's GPU reaches every other's memory and NCCL is the version ncclkit was built
+  /// against), each compressed piece is reduced by one kernel that encodes, moves the 16-bit
+  /// data between GPUs, sums and decodes it (docs/fusion.md, "Compression"): no separate
+  /// casts, and each rank's own part is summed unrounded. Elsewhere, off, or with
+  /// rerun_nonfinite (which needs the float32 gradients intact after the reduction): cast,
+  /// 16-bit all-reduce, cast. The two paths round differently in the last bit, each the same
+  /// on every rank. `fused_transfer()` says which one runs.
+  bool fused_transfer = true;
 };
 
 /// What the last finished step did.
@@ -111,6 +121,15 @@ struct BucketTiming {
 };
 
 namespace detail {
+/// A backend's CompressedReduce workspace, or an empty stand-in for a backend that has none.
+template <class B>
+struct CompressedReduceOf {
+  struct type {};
+};
+template <CompressedReduceBackend B>
+struct CompressedReduceOf<B> {
+  using type = typename B::CompressedReduce;
+};
 /// A backend's CopyBatch, or an empty stand-in for a backend that has none.
 template <class B>
 struct CopyBatchOf {
@@ -179,6 +198,8 @@ class GradientSync {
     pieces_ = detail::cut_pieces(p, compress, compression::wire_type(options_.codec), options_.chunk_bytes);
     stats_.compressed_chunks = pieces_.encoded;
     if (compress) factors_ = compression::factors(backend_->size(), options_.op == ReduceOp::kAvg, options_.prescale);
+    const bool try_fused = compress && pieces_.encoded != 0 && options_.fused_transfer && !options_.rerun_nonfinite;
+    (void)try_fused;  // used only where the backend can run the fused kernel
 
     // Seed of zeros, for kReduceAsZeros, the padding and the non-finite counters.
     static const std::byte kZeros[kZeroBytes] = {};
@@ -189,8 +210,9 @@ class GradientSync {
     if constexpr (CodecBackend<B>) {
       if (!loose.empty()) prepare_loose(loose);
       if (compress) {
-        wire_ = detail::Allocation<B>(*backend_, pieces_.wire_bytes);
         counters_ = detail::Allocation<B>(*backend_, pieces_.pieces.size() * sizeof(std::uint64_t));
+        // Zero once: with the fused kernel only the compressed pieces' counters are reset per step.
+        detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), comm_);
         for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) encoded_events_.push_back(backend_->create_event());
       }
       if (compress || !pack_.empty()) {
@@ -202,6 +224,23 @@ class GradientSync {
     if (options_.check_plan && backend_->size() > 1) {
       detail::agree_on_plan(*backend_, comm_, p.fingerprint(), settings(),
                             "ncclkit: GradientSync on rank " + std::to_string(backend_->rank()), p.describe());
+    }
+    // After the agreement: every rank reaches this collective with the same options.
+    if constexpr (CompressedReduceBackend<B>) {
+      if (try_fused) {
+        std::size_t largest = 0;
+        for (const detail::Piece& piece : pieces_.pieces) {
+          if (piece.encoded) largest = std::max(largest, piece.count);
+        }
+        compressed_ = backend_->prepare_compressed_reduce(largest, compression::wire_type(options_.codec));
+        if (!compressed_) {
+          log_info("ncclkit: GradientSync: compression runs as separate casts around a 16-bit all-reduce: " +
+                   backend_->compressed_reduce_unavailable());
+        }
+      }
+    }
+    if constexpr (CodecBackend<B>) {
+      if (compress && !fused_transfer()) wire_ = detail::Allocation<B>(*backend_, pieces_.wire_bytes);
     }
   }
 
@@ -309,6 +348,14 @@ class GradientSync {
   std::span<const BucketTiming> timings() const { return last_timings_; }
   const Options& options() const { return options_; }
   Stream comm_stream() const { return comm_; }
+  /// Whether compressed pieces are reduced by the fused kernel (GradientSyncOptions::fused_transfer).
+  bool fused_transfer() const {
+    if constexpr (CompressedReduceBackend<B>) {
+      return compressed_.has_value();
+    } else {
+      return false;
+    }
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -466,7 +513,19 @@ class GradientSync {
       timings_[b].launched = Clock::now();
       for (std::size_t i = pieces_.first[b]; i < pieces_.first[b + 1]; ++i) {
         const detail::Piece& piece = pieces_.pieces[i];
-        if (piece.encoded) {
+        if (piece.encoded && fused_transfer()) {
+          if constexpr (CompressedReduceBackend<B>) {
+            // Counted on the comm stream, where the kernel adds to it; complete_on only waits.
+            detail::zero_fill(*backend_, TensorView{counter(i), 1, DataType::kUint64, B::memory_kind}, zeros_.data(),
+                              zeros_.bytes(), comm_);
+            if (i == pieces_.first[b]) {
+              backend_->record(encoded_events_[i], stream);
+              backend_->wait(encoded_events_[i], comm_);
+            }
+            backend_->compressed_all_reduce(*compressed_, piece_view(piece), factors_.encode, factors_.decode,
+                                            counter(i), comm_);
+          }
+        } else if (piece.encoded) {
           if constexpr (CodecBackend<B>) {
             backend_->cast(piece_view(piece), wire_view(piece), factors_.encode, nullptr, stream);
             backend_->record(encoded_events_[i], stream);
@@ -486,7 +545,8 @@ class GradientSync {
   /// is not finite), and unpack each bucket's loose tensors.
   void complete_on(Stream stream) requires CodecBackend<B> {
     const bool compress = pieces_.encoded != 0;
-    if (compress) detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), stream);
+    if (compress && !fused_transfer())
+      detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), stream);
     if (compress && options_.rerun_nonfinite) {
       // Count first (a pass over the 16-bit results that leaves them as they are), read the
       // counts on the host: every rank sees the same ones and reruns the same chunks.
@@ -501,8 +561,9 @@ class GradientSync {
     for (std::size_t b = 0; b < pieces_.first.size() - 1; ++b) {
       for (std::size_t i = pieces_.first[b]; i < pieces_.first[b + 1]; ++i) {
         const detail::Piece& piece = pieces_.pieces[i];
-        if (!piece.encoded) {
-          if (has_loose(b)) backend_->wait(reduced_events_[i], stream);
+        if (!piece.encoded || fused_transfer()) {
+          // Reduced (and, fused, decoded) on the comm stream already.
+          if (has_loose(b) || piece.encoded) backend_->wait(reduced_events_[i], stream);
           continue;
         }
         if (options_.rerun_nonfinite && host_counts_[i] != 0) {
@@ -536,9 +597,13 @@ class GradientSync {
   }
 
   detail::SyncSettings settings() const {
-    return {options_.op,          options_.missing == MissingTensors::kReduceAsZeros,
-            options_.codec,       options_.rerun_nonfinite,
-            options_.chunk_bytes, options_.prescale.value_or(0.0)};
+    return {options_.op,
+            options_.missing == MissingTensors::kReduceAsZeros,
+            options_.codec,
+            options_.rerun_nonfinite,
+            options_.chunk_bytes,
+            options_.prescale.value_or(0.0),
+            options_.fused_transfer};
   }
 
   B* backend_;
@@ -565,6 +630,9 @@ class GradientSync {
   std::vector<std::uint64_t> host_counts_;  // the counters, as last read
   std::vector<Event> encoded_events_;       // per piece: encoded on the compute stream
   std::vector<Event> reduced_events_;       // per piece: reduced on the comm stream (decode, unpack)
+  /// The fused kernel's workspace, where the backend runs it (GradientSyncOptions::fused_transfer).
+  using CompressedWorkspace = typename detail::CompressedReduceOf<B>::type;
+  std::optional<CompressedWorkspace> compressed_;
 
   std::string failure_;  // what a failed launch threw; the sync is unusable once set
   /// Whether buckets may be queued that the destructor must wait for: set by a launch, cleared

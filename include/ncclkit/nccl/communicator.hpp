@@ -80,6 +80,7 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/nccl/compressed_reduce.hpp"
 #include "ncclkit/nccl/copy_batch.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/argument_checks.hpp"
@@ -567,6 +568,38 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     launcher(batch.table_, batch.count_, batch.chunks_, call.stream().stream);
   }
 
+  // ---- compression fused into the transfer (the CompressedReduceBackend concept) -----------
+
+  using CompressedReduce = nccl::CompressedReduce;
+
+  /// Why prepare_compressed_reduce gives none on this communicator, or empty where it can run:
+  /// it needs every rank's GPU to reach every other's memory (one node, NVLink or PCIe peer
+  /// access), NCCL of the very version ncclkit was built against (2.28 or later, for its
+  /// device API), and ncclkit's kernels. NCCLKIT_COMPRESSED_REDUCE=0 turns it off. The same
+  /// answer on every rank.
+  std::string compressed_reduce_unavailable() { return CompressedReduce::unavailable(core()); }
+  /// A workspace for compressed_all_reduce of up to `max_count` float32 values that cross in
+  /// `wire` (float16 or bfloat16), or none where it cannot run. A collective (it registers a
+  /// symmetric window and ends in a barrier): every rank calls it, with the same arguments.
+  std::optional<CompressedReduce> prepare_compressed_reduce(std::size_t max_count, DataType wire) {
+    throw_if_failed();
+    if (!CompressedReduce::unavailable(core()).empty()) return std::nullopt;
+    CompressedReduce workspace = CompressedReduce::create(core(), max_count, wire);
+    barrier(comm_stream());
+    return workspace;
+  }
+  /// data = decode * wire(sum over ranks of wire(data * encode)), in place, float32 in and
+  /// out, in one kernel on `stream`: the 16-bit values cross between GPUs, each rank's own
+  /// part is summed unrounded, every rank ends with the same bits. Where `nonfinite` (a
+  /// std::uint64_t in this GPU's memory) is not null, the number of non-finite 16-bit results
+  /// is added to it (the same count on every rank). Watched like a collective; every rank
+  /// calls it with the same count, in the same order as its other collectives.
+  void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,
+                             std::uint64_t* nonfinite = nullptr, StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "compressed_all_reduce", stream);
+    workspace.run(call, data, encode, decode, nonfinite);
+  }
+
   // ---- sub-groups and failure -------------------------------------------------------------
 
   /// ncclCommSplit: ranks with the same `color` form a new communicator, ordered by `key`
@@ -674,5 +707,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
 static_assert(Backend<Communicator>, "nccl::Communicator must model ncclkit::Backend");
 static_assert(CodecBackend<Communicator>, "nccl::Communicator must model ncclkit::CodecBackend");
+static_assert(CompressedReduceBackend<Communicator>, "nccl::Communicator must model ncclkit::CompressedReduceBackend");
 
 }  // namespace ncclkit::nccl

@@ -23,6 +23,7 @@
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/codec_kernels.cuh"
+#include "ncclkit/nccl/detail/compressed_reduce_kernels.cuh"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
 
 namespace ncclkit::nccl::detail {

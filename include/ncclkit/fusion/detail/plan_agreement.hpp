@@ -29,15 +29,18 @@ struct SyncSettings {
   bool rerun_nonfinite = false;
   std::uint64_t chunk_bytes = 0;
   double prescale = 0.0;  // 0: the default (1/world)
+  bool fused_transfer = true;
 
   std::array<std::uint64_t, 3> words() const {
-    return {static_cast<std::uint64_t>(op) << 24 | static_cast<std::uint64_t>(zeros_for_missing) << 16 |
-                static_cast<std::uint64_t>(codec) << 8 | static_cast<std::uint64_t>(rerun_nonfinite),
+    return {static_cast<std::uint64_t>(fused_transfer) << 32 | static_cast<std::uint64_t>(op) << 24 |
+                static_cast<std::uint64_t>(zeros_for_missing) << 16 | static_cast<std::uint64_t>(codec) << 8 |
+                static_cast<std::uint64_t>(rerun_nonfinite),
             chunk_bytes, std::bit_cast<std::uint64_t>(prescale)};
   }
   static SyncSettings from(const std::uint64_t* w) {
     SyncSettings s;
-    s.op = static_cast<ReduceOp>(w[0] >> 24);
+    s.fused_transfer = ((w[0] >> 32) & 0xff) != 0;
+    s.op = static_cast<ReduceOp>((w[0] >> 24) & 0xff);
     s.zeros_for_missing = ((w[0] >> 16) & 0xff) != 0;
     s.codec = static_cast<compression::Codec>((w[0] >> 8) & 0xff);
     s.rerun_nonfinite = (w[0] & 0xff) != 0;
@@ -53,7 +56,8 @@ struct SyncSettings {
     char value[32];
     std::snprintf(value, sizeof value, "%.17g", prescale);
     text += prescale == 0.0 ? std::string("default") : std::string(value);
-    return text + ", rerun_nonfinite " + (rerun_nonfinite ? "on" : "off");
+    return text + ", rerun_nonfinite " + (rerun_nonfinite ? "on" : "off") + ", fused_transfer " +
+           (fused_transfer ? "on" : "off");
   }
 };
 
@@ -83,8 +87,8 @@ void agree_on_plan(B& backend, typename B::Stream stream, std::uint64_t fingerpr
       throw ConfigError(who + ": rank " + std::to_string(r) + " uses other GradientSyncOptions than rank 0 (" +
                         SyncSettings::from(&gathered[kWords * static_cast<std::size_t>(r) + 1]).describe() +
                         " against " + SyncSettings::from(&gathered[1]).describe() +
-                        "); every rank must give the same op, missing, codec, prescale, chunk_bytes and "
-                        "rerun_nonfinite");
+                        "); every rank must give the same op, missing, codec, prescale, chunk_bytes, "
+                        "rerun_nonfinite and fused_transfer");
     }
   }
   bool agree = true;

@@ -5,6 +5,7 @@
 /// hooks for the whole program.
 
 #include <cuda_runtime_api.h>  // cudaStream_t
+#include <nccl.h>              // ncclWindow_t
 
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint64_t
@@ -49,6 +50,39 @@ using CopyBatchLauncher = void (*)(const DeviceCopy* items, std::size_t count, s
                                    cudaStream_t stream);
 inline CopyBatchLauncher& copy_batch_launcher() {
   static CopyBatchLauncher launcher = nullptr;
+  return launcher;
+}
+
+/// One compressed all-reduce (Communicator::compressed_all_reduce): `count` float32 values at
+/// `data` (16-byte aligned), reduced in place through the symmetric window `window`, laid out
+/// as [reduce-scatter inbox: world slots of `slot` wire values | all-gather inbox: the same |
+/// barrier flags: `blocks` x world std::uint32_t]. Rank r owns data elements [r * shard,
+/// (r + 1) * shard); shard <= slot, both multiples of 8. `epochs` (device memory, `blocks`
+/// values) carry each block's barrier count from one call to the next.
+struct CompressedReduceArgs {
+  ncclWindow_t window;
+  float* data;
+  std::size_t count;
+  std::size_t slot;   // wire values per rank in each inbox (fixed by the workspace)
+  std::size_t shard;  // data elements per rank in this call
+  DataType wire;      // kFloat16 or kBFloat16
+  float encode;
+  float decode;
+  std::uint64_t* nonfinite;  // null, or a counter in device memory
+  std::uint32_t* epochs;
+  int* timed_out;  // device memory: set to 1 by a block that gave up waiting for a peer
+  int rank;        // in the LSA team (every rank of the communicator)
+  int world;
+  int blocks;
+  std::uint64_t timeout_ns;
+};
+inline constexpr int kCompressedReduceThreads = 512;
+
+/// Returns the launch's error rather than throwing: it runs inside the issue path's NCCL-call
+/// bracket (detail/issue.hpp), which an exception would leave open.
+using CompressedReduceLauncher = cudaError_t (*)(const CompressedReduceArgs& args, cudaStream_t stream);
+inline CompressedReduceLauncher& compressed_reduce_launcher() {
+  static CompressedReduceLauncher launcher = nullptr;
   return launcher;
 }
 

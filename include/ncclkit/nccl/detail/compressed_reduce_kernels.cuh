@@ -1,0 +1,234 @@
+#pragma once
+/// The kernel of Communicator::compressed_all_reduce: a float32 all-reduce whose data crosses
+/// NVLink in 16 bits, compression fused into the transfer (docs/performance.md, "Compression
+/// fused into the transfer"). Compiled only by nvcc, through ncclkit/nccl/kernels.cuh, which
+/// registers the launcher for host code (detail/kernel_hooks.hpp).
+///
+/// Every rank's GPU reaches every other's symmetric window by plain loads and stores (NCCL
+/// 2.28's LSA pointers), so one kernel does what cast, all-reduce and cast do in three:
+///   1. each rank encodes (scale, round to 16 bits) the shards that others own and stores
+///      them straight into their reduce-scatter inboxes;
+///   2. each rank sums its own shard: its own float32 values (never rounded) plus the others'
+///      16-bit ones, rounds the sum to 16 bits once, stores that into every peer's all-gather
+///      inbox and decodes it into its own float32 data;
+///   3. each rank decodes the others' shards from its all-gather inbox.
+/// Every rank ends with the same bits: each shard is rounded once, by its owner, and decoded
+/// alike everywhere. Non-finite 16-bit results are counted over the whole tensor on every
+/// rank (phase 2 counts the own shard, phase 3 the others'), so the counts agree too.
+///
+/// Between the phases, block b of every rank meets block b of every other at a barrier of
+/// flags in the window; word v of an inbox slot is always handled by the same block (a
+/// grid-stride loop over a grid of fixed size, slots of fixed size), so those pairwise
+/// barriers order every access, also from one call to the next. A barrier gives up after `timeout_ns` (a peer
+/// that died or never launched): the block sets `timed_out` and returns, so the kernel never
+/// spins forever. The communicator's watchdog, whose deadline comes first, reports the
+/// failure.
+
+#if !defined(__CUDACC__)
+#error "ncclkit/nccl/detail/compressed_reduce_kernels.cuh holds CUDA kernels: include it only from nvcc"
+#endif
+
+#include <cuda/atomic>  // cuda::atomic_ref
+#include <cuda_bf16.h>  // __nv_bfloat16
+#include <cuda_fp16.h>  // __half
+#include <nccl.h>
+#include <nccl_device.h>  // ncclGetLsaPointer, ncclGetLocalPointer
+
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint32_t, std::uint64_t
+
+#include "ncclkit/nccl/detail/kernel_hooks.hpp"
+
+namespace ncclkit::nccl::detail {
+
+template <class Wire>
+struct WireOps;
+template <>
+struct WireOps<__half> {
+  __device__ static __half narrow(float v) { return __float2half_rn(v); }
+  __device__ static float widen(__half v) { return __half2float(v); }
+};
+template <>
+struct WireOps<__nv_bfloat16> {
+  __device__ static __nv_bfloat16 narrow(float v) { return __float2bfloat16_rn(v); }
+  __device__ static float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+};
+
+/// Eight wire values in one 16-byte word.
+template <class Wire>
+union WirePack {
+  Wire v[8];
+  uint4 word;
+};
+
+__device__ inline std::uint64_t global_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// Block b's flag that rank `from` raises in rank `at`'s window.
+__device__ inline std::uint32_t* barrier_flag(const CompressedReduceArgs& a, std::size_t flags_offset, int from,
+                                              int at) {
+  const std::size_t offset = flags_offset + (static_cast<std::size_t>(blockIdx.x) * a.world + from) * 4;
+  return static_cast<std::uint32_t*>(at == a.rank ? ncclGetLocalPointer(a.window, offset)
+                                                  : ncclGetLsaPointer(a.window, offset, at));
+}
+
+/// Block b of this rank meets block b of every other rank. False when a peer did not come
+/// within the deadline (then `timed_out` is set).
+__device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_offset, std::uint32_t& epoch,
+                            std::uint64_t deadline) {
+  __syncthreads();  // the block's stores come before the flag (cumulativity of the release)
+  int ok = 1;
+  if (threadIdx.x == 0) {
+    ++epoch;
+    for (int peer = 0; peer < a.world; ++peer) {
+      if (peer == a.rank) continue;
+      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, flags_offset, a.rank, peer));
+      flag.store(epoch, cuda::memory_order_release);
+    }
+    for (int peer = 0; peer < a.world && ok; ++peer) {
+      if (peer == a.rank) continue;
+      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, flags_offset, peer, a.rank));
+      for (unsigned spins = 0;; ++spins) {
+        if (static_cast<std::int32_t>(flag.load(cuda::memory_order_acquire) - epoch) >= 0) break;
+        if (spins % 1024 == 1023 && global_ns() > deadline) {
+          ok = 0;
+          atomicExch(a.timed_out, 1);
+          break;
+        }
+      }
+    }
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
+__device__ inline void load8(const float* data, std::size_t count, std::size_t e, float* out) {
+  if (e + 8 <= count) {
+    const float4 x = *reinterpret_cast<const float4*>(data + e);
+    const float4 y = *reinterpret_cast<const float4*>(data + e + 4);
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w, out[4] = y.x, out[5] = y.y, out[6] = y.z, out[7] = y.w;
+  } else {
+    for (int k = 0; k < 8; ++k) out[k] = e + k < count ? data[e + k] : 0.f;
+  }
+}
+__device__ inline void store8(float* data, std::size_t count, std::size_t e, const float* v) {
+  if (e + 8 <= count) {
+    *reinterpret_cast<float4*>(data + e) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(data + e + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    for (int k = 0; k < 8 && e + k < count; ++k) data[e + k] = v[k];
+  }
+}
+
+/// Decodes a pack into `out` (times `decode`) and counts its non-finite values among the
+/// first `valid` (the rest is padding past the end of the data).
+template <class Wire>
+__device__ inline unsigned decode8(const WirePack<Wire>& pack, float decode, std::size_t valid, float* out) {
+  unsigned bad = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float w = WireOps<Wire>::widen(pack.v[k]);
+    bad += (k < valid && !isfinite(w)) ? 1u : 0u;
+    out[k] = w * decode;
+  }
+  return bad;
+}
+
+template <class Wire>
+__global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_kernel(CompressedReduceArgs a) {
+  const std::size_t vectors = a.shard / 8;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t slot_bytes = a.slot * sizeof(Wire);
+  const std::size_t gather_offset = static_cast<std::size_t>(a.world) * slot_bytes;
+  const std::size_t flags_offset = 2 * gather_offset;
+  const std::size_t shard = a.shard;
+  const std::uint64_t deadline = global_ns() + a.timeout_ns;
+  std::uint32_t epoch = a.epochs[blockIdx.x];
+  unsigned bad = 0;
+
+  // 1. The others' shards, encoded, into their reduce-scatter inbox, slot `rank`.
+  for (int step = 1; step < a.world; ++step) {
+    const int peer = (a.rank + step) % a.world;
+    auto* inbox = static_cast<uint4*>(ncclGetLsaPointer(a.window, static_cast<std::size_t>(a.rank) * slot_bytes, peer));
+    for (std::size_t v = first; v < vectors; v += stride) {
+      float x[8];
+      load8(a.data, a.count, static_cast<std::size_t>(peer) * shard + v * 8, x);
+      WirePack<Wire> pack;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) pack.v[k] = WireOps<Wire>::narrow(x[k] * a.encode);
+      inbox[v] = pack.word;
+    }
+  }
+  if (!meet(a, flags_offset, epoch, deadline)) return;
+
+  // 2. This rank's shard: its own float32 values plus the others' 16-bit ones, rounded once.
+  for (std::size_t v = first; v < vectors; v += stride) {
+    const std::size_t e = static_cast<std::size_t>(a.rank) * shard + v * 8;
+    float acc[8];
+    load8(a.data, a.count, e, acc);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[k] *= a.encode;
+    for (int q = 0; q < a.world; ++q) {
+      if (q == a.rank) continue;
+      WirePack<Wire> in;
+      in.word = static_cast<const uint4*>(ncclGetLocalPointer(a.window, static_cast<std::size_t>(q) * slot_bytes))[v];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] += WireOps<Wire>::widen(in.v[k]);
+    }
+    WirePack<Wire> out;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out.v[k] = WireOps<Wire>::narrow(acc[k]);
+    for (int step = 1; step < a.world; ++step) {
+      const int peer = (a.rank + step) % a.world;
+      static_cast<uint4*>(ncclGetLsaPointer(a.window, gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes,
+                                            peer))[v] = out.word;
+    }
+    float r[8];
+    bad += decode8(out, a.decode, e < a.count ? a.count - e : 0, r);
+    store8(a.data, a.count, e, r);
+  }
+  if (!meet(a, flags_offset, epoch, deadline)) return;
+
+  // 3. The others' shards, decoded from the all-gather inbox.
+  for (int q = 0; q < a.world; ++q) {
+    if (q == a.rank) continue;
+    const auto* inbox = static_cast<const uint4*>(
+        ncclGetLocalPointer(a.window, gather_offset + static_cast<std::size_t>(q) * slot_bytes));
+    for (std::size_t v = first; v < vectors; v += stride) {
+      const std::size_t e = static_cast<std::size_t>(q) * shard + v * 8;
+      WirePack<Wire> in;
+      in.word = inbox[v];
+      float r[8];
+      bad += decode8(in, a.decode, e < a.count ? a.count - e : 0, r);
+      store8(a.data, a.count, e, r);
+    }
+  }
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = epoch;
+
+  if (a.nonfinite != nullptr) {
+    for (int offset = 16; offset > 0; offset /= 2) bad += __shfl_down_sync(0xffffffffu, bad, offset);
+    if (threadIdx.x % 32 == 0 && bad != 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.nonfinite), static_cast<unsigned long long>(bad));
+    }
+  }
+}
+
+inline cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cudaStream_t stream) {
+  if (args.wire == DataType::kFloat16) {
+    compressed_reduce_kernel<__half><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args);
+  } else if (args.wire == DataType::kBFloat16) {
+    compressed_reduce_kernel<__nv_bfloat16><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args);
+  } else {
+    return cudaErrorInvalidValue;  // the workspace admits only these two
+  }
+  return cudaGetLastError();
+}
+
+/// Registers the launcher for the whole program (see kernel_hooks.hpp).
+inline const bool kCompressedReduceLauncherRegistered =
+    (compressed_reduce_launcher() = &launch_compressed_reduce, true);
+
+}  // namespace ncclkit::nccl::detail
