@@ -8,6 +8,10 @@
 //   per-tensor    one all_reduce per tensor, in place, reverse registration order, comm stream
 //   bucketed      FusedBuffer + GradientSync: every tensor marked ready in reverse order (as
 //                 backward would), then finish; default caps, plus one row per --bucket-mb
+//   tuned         bucketed, auto-tuned: TunedGradientSync with its default candidates (4 to
+//                 256 MiB and the whole buffer); its tuning steps run before the check, so the
+//                 row times the chosen plan in its steady state (no host waits); the tuning
+//                 is printed
 //   loose         the tensors in allocations of their own (not a fused buffer): GradientSync
 //                 over a staging buffer packs each bucket by one batched copy and unpacks it
 //                 in finish (default caps, plus one row per --bucket-mb cap)
@@ -51,6 +55,7 @@
 #include "ncclkit/compression/codec.hpp"
 #include "ncclkit/fusion/detail/backend_memory.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
+#include "ncclkit/fusion/tuned_sync.hpp"
 
 namespace ncclkit::bench::fusion_bench {
 
@@ -306,7 +311,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
                     backend.wait(done, compute);
                   }});
   // A GradientSync row's step: every tensor marked in reverse order (as backward would), then finish.
-  const auto sync_step = [&](GradientSync<B>* sync) {
+  const auto sync_step = [&](auto* sync) {
     return [&, sync] {
       for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) sync->mark_ready(Slot{i}, compute);
       sync->finish(compute);
@@ -319,6 +324,23 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
     rows.push_back({name + " (" + std::to_string(sync->plan().size()) + " buckets)", sync_step(sync)});
   };
   add_bucketed("bucketed", BucketOptions{});
+
+  // Auto-tuned: the tuning steps run now (collectives every rank issues alike), so the check
+  // and the timed steps see the chosen plan.
+  TunedGradientSync<B> tuned(buffer);
+  {
+    const auto step = sync_step(&tuned);
+    while (!tuned.tuning().done()) step();
+    const BucketCandidate& chosen = tuned.tuning().candidates[*tuned.tuning().chosen];
+    if (rank == 0) {
+      std::printf("# %s, bucketed, auto-tuned: %s; plan: %s\n", model.c_str(), tuned.tuning().describe().c_str(),
+                  tuned.plan().describe().c_str());
+    }
+    const std::string name = chosen.caps.bucket_bytes == kWholeBuffer
+                                 ? std::string("tuned whole")
+                                 : capped_name("tuned", static_cast<double>(chosen.caps.bucket_bytes) / (1 << 20));
+    rows.push_back({name + " (" + std::to_string(tuned.plan().size()) + " buckets)", step});
+  }
 
   // Loose tensors: an allocation per tensor, staged through a second fused buffer.
   FusedBuffer<B> staging(backend, layout);

@@ -1,17 +1,22 @@
 #pragma once
 /// What the fusion layer needs of a backend's memory beyond the `Backend` concept: moving a few
 /// bytes between the host and the backend's memory (the plan check at setup), a small
-/// allocation owned by RAII, and filling a range with zeros by stream-ordered copies.
+/// allocation owned by RAII, an all_gather of a few host words through it, and filling a range
+/// with zeros by stream-ordered copies.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
 #include <algorithm>  // std::min
 #include <cstddef>    // std::byte, std::size_t
+#include <cstdint>    // std::uint64_t
 #include <exception>  // std::exception
+#include <span>       // std::span
 #include <string>     // std::string
 #include <utility>    // std::exchange
+#include <vector>     // std::vector
 
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 
@@ -95,6 +100,25 @@ class Allocation {
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+/// All-gathers `mine` (the same number of words on every rank) through the backend's memory on
+/// `stream`, synchronising it: rank r's words are at [r * mine.size(), (r + 1) * mine.size()) of
+/// the result. A collective every rank must enter; for a few words at setup or while tuning, not
+/// for a hot path (it allocates and waits on the host).
+template <Backend B>
+std::vector<std::uint64_t> all_gather_words(B& backend, typename B::Stream stream,
+                                            std::span<const std::uint64_t> mine) {
+  const std::size_t bytes = mine.size_bytes();
+  std::vector<std::uint64_t> gathered(mine.size() * static_cast<std::size_t>(backend.size()));
+  Allocation<B> in(backend, bytes);
+  Allocation<B> out(backend, bytes * static_cast<std::size_t>(backend.size()));
+  copy_from_host(backend, in.data(), mine.data(), bytes, stream);
+  backend.all_gather(TensorView{in.data(), mine.size(), DataType::kUint64, B::memory_kind},
+                     TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, stream);
+  copy_to_host(backend, gathered.data(), out.data(), bytes * static_cast<std::size_t>(backend.size()), stream);
+  backend.synchronize(stream);
+  return gathered;
+}
 
 /// Fills `view` with zero bytes on `stream`: one copy from `zeros` (`zero_bytes` of zeros in the
 /// backend's memory), then copies of the part already zeroed onto the rest, doubling each time

@@ -16,7 +16,6 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/core/tensor.hpp"
 #include "ncclkit/fusion/detail/backend_memory.hpp"
 
 namespace ncclkit::fusion::detail {
@@ -70,17 +69,8 @@ void agree_on_plan(B& backend, typename B::Stream stream, std::uint64_t fingerpr
   constexpr std::size_t kWords = 4;
   const int ranks = backend.size();
   const auto w = settings.words();
-  const std::uint64_t mine[kWords] = {fingerprint, w[0], w[1], w[2]};
-  std::vector<std::uint64_t> gathered(kWords * static_cast<std::size_t>(ranks));
-  {
-    Allocation<B> in(backend, sizeof mine);
-    Allocation<B> out(backend, sizeof(std::uint64_t) * gathered.size());
-    copy_from_host(backend, in.data(), mine, sizeof mine, stream);
-    backend.all_gather(TensorView{in.data(), kWords, DataType::kUint64, B::memory_kind},
-                       TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, stream);
-    copy_to_host(backend, gathered.data(), out.data(), sizeof(std::uint64_t) * gathered.size(), stream);
-    backend.synchronize(stream);
-  }
+  const std::array<std::uint64_t, kWords> mine = {fingerprint, w[0], w[1], w[2]};
+  const std::vector<std::uint64_t> gathered = all_gather_words(backend, stream, mine);
   const auto at = [&](int rank, std::size_t word) { return gathered[kWords * static_cast<std::size_t>(rank) + word]; };
   for (int r = 1; r < ranks; ++r) {
     if (at(r, 1) != at(0, 1) || at(r, 2) != at(0, 2) || at(r, 3) != at(0, 3)) {
