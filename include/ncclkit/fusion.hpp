@@ -12,3 +12,4 @@
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/fusion/layout.hpp"
 #include "ncclkit/fusion/ready_tracker.hpp"
+#include "ncclkit/fusion/timeline.hpp"
