@@ -14,3 +14,4 @@
 #include "ncclkit/fusion/layout.hpp"
 #include "ncclkit/fusion/ready_tracker.hpp"
 #include "ncclkit/fusion/tuned_sync.hpp"
+#include "ncclkit/fusion/timeline.hpp"

@@ -3,8 +3,9 @@
 // compute stream, joined back by events; results equal a float64 average of every rank's
 // gradients on ResNet-50's real shapes, with the ready order shuffled differently on every rank:
 // float32, fp16 and bf16 compressed, loose tensors packed per bucket, a tensor never marked
-// reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32; the fused
-// compressed reduction (Communicator::compressed_all_reduce) on its own.
+// reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32; a timeline
+// with CUDA timing events placed on the host's clock; the fused compressed reduction
+// (Communicator::compressed_all_reduce) on its own.
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
@@ -13,6 +14,7 @@
 #include <cstdint>    // std::uint64_t
 #include <cstdlib>    // std::getenv
 #include <cstring>    // std::memcpy
+#include <map>        // std::map
 #include <random>     // std::mt19937_64, std::normal_distribution
 #include <string>     // std::string
 #include <vector>     // std::vector
@@ -23,6 +25,8 @@
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "support/model_shapes.hpp"
+#include "support/temp_dir.hpp"
+#include "support/timeline_check.hpp"
 
 namespace {
 
@@ -352,6 +356,56 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
         checker.expect(std::string(e.what()).find("not float16 or bfloat16") != std::string::npos, e.what());
       }
       return checker.finish("compressed_all_reduce");
+TEST_CASE(
+    "a timeline over NCCL: every bucket's all_reduce timed on the comm stream, after its launch, codec phases in "
+    "order") {
+  ncclkit_test::TempDir dir("nccl-timeline");
+  const std::string prefix = dir.path + "/nccl";
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [&](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "timeline"});
+      FusedBuffer<Communicator> grads(comm, ncclkit::testing::model_layout("resnet50"));
+      const FusedLayout& layout = grads.layout();
+      const std::string run = prefix + ".world" + std::to_string(world.world_size);
+      std::size_t buckets = 0, chunks = 0;
+      {
+        GradientSync<Communicator> sync(grads, BucketPlan::compute(layout, {.bucket_bytes = 16 << 20}),
+                                        {.codec = ncclkit::compression::Codec::kFloat16,
+                                         .timeline = ncclkit::fusion::TimelineOptions{.prefix = run, .max_steps = 3}});
+        checker.expect(sync.timeline() != nullptr, "the timeline is on");
+        buckets = sync.plan().size();
+        chunks = sync.stats().compressed_chunks;
+        const cudaStream_t compute = comm.default_stream();
+        for (int step = 0; step < 5; ++step) {
+          const std::vector<float> mine = gradients(layout, world.rank, step);
+          comm.copy_from_host(grads.data(DataType::kFloat32), mine.data(), mine.size() * sizeof(float), compute);
+          for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) sync.mark_ready(Slot{i}, compute);
+          sync.finish(compute);
+        }
+        comm.synchronize(compute);
+      }
+      const std::string file = run + ".rank" + std::to_string(world.rank) + ".json";
+      checker.expect(chunks == buckets, "one chunk a bucket");
+      const std::string problems =
+          trace_problems(file, {.rank = world.rank, .buckets = buckets, .steps = 3, .codec = true});
+      checker.expect(problems.empty(), file + ": " + problems);
+      // The anchor puts the GPU's times on the host's clock: no collective ends before the host
+      // issued it (50 us of slack for the anchor's own error).
+      std::map<std::pair<long, std::string>, double> launched;
+      for (const TraceEvent& e : read_trace(file, world.rank)) {
+        if (e.name.rfind("launch ", 0) == 0) launched[{e.step, e.name.substr(7)}] = e.ts;
+      }
+      for (const TraceEvent& e : read_trace(file, world.rank)) {
+        if (e.name.rfind("done ", 0) != 0) continue;
+        const double issued = launched[{e.step, e.name.substr(5)}];
+        checker.expect(e.ts + 50.0 >= issued, "step " + std::to_string(e.step) + " " + e.name + " at " +
+                                                  std::to_string(e.ts) + " us, before its launch at " +
+                                                  std::to_string(issued));
+        checker.expect(e.ts - issued < 10e6, e.name + " more than 10 s after its launch: the anchor is off");
+      }
+      return checker.finish("timeline over NCCL");
     });
   }
 }

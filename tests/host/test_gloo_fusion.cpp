@@ -1,7 +1,8 @@
 // Tests of the fusion layer over the Gloo backend in real processes (ncclkit/fusion/
 // gradient_sync.hpp with gloo::Communicator): bucketed results equal a float64 average of every
 // rank's gradients, with the ready order shuffled differently on every rank, at 2 and 4 ranks;
-// a tensor never marked ready is an error on every rank that names it, not a hang.
+// a tensor never marked ready is an error on every rank that names it, not a hang; each rank
+// writes its timeline, with the all_reduce of every bucket timed on the comm queue's worker.
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
@@ -13,6 +14,8 @@
 
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "support/gloo_testing.hpp"
+#include "support/temp_dir.hpp"
+#include "support/timeline_check.hpp"
 
 using ncclkit::DataType;
 using ncclkit::WorldInfo;
@@ -127,4 +130,36 @@ TEST_CASE("a tensor one rank never marks ready is an error on that rank naming i
                          },
                          {.timeout = std::chrono::seconds(30)});
   CHECK_MESSAGE(result.ok(), result.describe());
+}
+
+TEST_CASE(
+    "over Gloo each rank writes a timeline: buckets reduced on the comm queue's worker, casts on the caller's thread") {
+  ncclkit_test::TempDir dir("gloo-timeline");
+  const std::string prefix = dir.path + "/gloo";
+  const ncclkit::fusion::BucketOptions caps{.bucket_bytes = 256 << 10, .first_bucket_bytes = 64 << 10};
+  auto result = run_gloo(2, [&](Communicator& comm, const WorldInfo& world, Checker& check) {
+    FusedBuffer<Communicator> grads(comm, test_layout());
+    const FusedLayout& layout = grads.layout();
+    GradientSync<Communicator> sync(grads, BucketPlan::compute(layout, caps),
+                                    {.codec = ncclkit::compression::Codec::kFloat16,
+                                     .timeline = ncclkit::fusion::TimelineOptions{.prefix = prefix}});
+    check.expect(sync.timeline() != nullptr, "the timeline is on");
+    for (int step = 0; step < 3; ++step) {
+      for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
+        const Slot slot{i};
+        const auto values = gradient(world.rank, i, step, layout.count(slot));
+        std::copy(values.begin(), values.end(), grads.span<float>(slot).begin());
+        sync.mark_ready(slot, comm.default_stream());
+      }
+      sync.finish(comm.default_stream());
+    }
+  });
+  CHECK_MESSAGE(result.ok(), result.describe());
+  const std::size_t buckets = BucketPlan::compute(test_layout(), caps).size();
+  CHECK(buckets >= 3);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(ncclkit_test::trace_problems(prefix + ".rank" + std::to_string(rank) + ".json",
+                                       {.rank = rank, .buckets = buckets, .steps = 3, .codec = true}) == "");
+  }
 }

@@ -12,7 +12,9 @@
 // - Streams: the default stream runs work inline in the calling thread; the comm stream hands
 //   it to one worker thread per rank that runs it in order. Events and waits are real: an event
 //   recorded on the comm stream completes when the worker reaches it.
-// - Counters for tests: events made (create_event and one-off record), collectives issued.
+// - Timing events (TimedBackend): a marker keeps the steady_clock time at which it completed.
+// - Counters for tests: events made (create_event and one-off record), timing events made,
+//   collectives issued.
 
 #include <algorithm>           // std::max
 #include <atomic>              // std::atomic
@@ -210,7 +212,13 @@ class LoopbackMarker {
   void complete() {
     std::lock_guard lock(mutex_);
     done_ = true;
+    at_ = std::chrono::steady_clock::now();
     changed_.notify_all();
+  }
+  /// When it completed; only after wait_for returned true.
+  std::chrono::steady_clock::time_point completed_at() {
+    std::lock_guard lock(mutex_);
+    return at_;
   }
   bool wait_for(std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
@@ -221,6 +229,7 @@ class LoopbackMarker {
   std::mutex mutex_;
   std::condition_variable changed_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point at_{};
 };
 
 /// One rank's comm stream: a worker thread running tasks in submission order. After a task
@@ -296,6 +305,7 @@ class LoopbackEvent {
  private:
   friend class LoopbackBackend;
   std::shared_ptr<detail::LoopbackMarker> marker_;
+  bool timed_ = false;
 };
 
 /// One rank of a LoopbackWorld. Not thread-safe, like a communicator's issuing side.
@@ -322,9 +332,19 @@ class LoopbackBackend {
     ++events_created_;
     return Event{};
   }
+  Event create_timing_event() {
+    ++timing_events_created_;
+    Event event;
+    event.timed_ = true;
+    return event;
+  }
   void record(Event& event, Stream stream) {
     if (stream.queue == Stream::Queue::kInline) {
       event.marker_ = nullptr;  // inline work is done already
+      if (event.timed_) {
+        event.marker_ = std::make_shared<detail::LoopbackMarker>();
+        event.marker_->complete();
+      }
       return;
     }
     auto marker = std::make_shared<detail::LoopbackMarker>();
@@ -353,6 +373,19 @@ class LoopbackBackend {
     } else {
       queue_.submit(wait_marker);
     }
+  }
+  /// Waits (bounded) for both, then the time between their completions.
+  double elapsed_ms(const Event& start, const Event& end) {
+    if (!start.timed_ || !end.timed_ || !start.marker_ || !end.marker_) {
+      throw ConfigError("LoopbackBackend::elapsed_ms: both events must be timing events, recorded");
+    }
+    const auto timeout = 2 * world_->timeout() + std::chrono::seconds(1);
+    if (!start.marker_->wait_for(timeout) || !end.marker_->wait_for(timeout)) {
+      throw TimeoutError("LoopbackBackend::elapsed_ms: an event did not complete in time");
+    }
+    queue_.rethrow();
+    return std::chrono::duration<double, std::milli>(end.marker_->completed_at() - start.marker_->completed_at())
+        .count();
   }
   void synchronize(Stream stream) {
     if (stream.queue == Stream::Queue::kComm) {
@@ -472,6 +505,8 @@ class LoopbackBackend {
 
   /// Events made so far (create_event and one-off record(stream)).
   std::size_t events_created() const { return events_created_.load(); }
+  /// Timing events made so far (create_timing_event).
+  std::size_t timing_events_created() const { return timing_events_created_.load(); }
   /// Collectives issued so far (counted when the call is made, before it runs).
   std::size_t collectives_issued() const { return issued_.load(); }
   /// Makes the next collective throw CommError(`what`) when it is issued (a failure drill).
@@ -512,6 +547,7 @@ class LoopbackBackend {
   int rank_;
   std::uint64_t sequence_ = 0;
   std::atomic<std::size_t> events_created_{0};
+  std::atomic<std::size_t> timing_events_created_{0};
   std::atomic<std::size_t> issued_{0};
   std::atomic<long> allocations_{0};
   std::string fail_next_;
@@ -526,6 +562,7 @@ class LoopbackBackend {
 static_assert(Backend<LoopbackBackend>);
 static_assert(CodecBackend<LoopbackBackend>);
 static_assert(CompressedReduceBackend<LoopbackBackend>);
+static_assert(TimedBackend<LoopbackBackend>);
 
 /// Runs `body(rank)` for ranks 0..n-1 on n threads and returns what each threw (null where it
 /// returned): tests check every rank's outcome, not only the first failure.

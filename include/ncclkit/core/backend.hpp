@@ -125,4 +125,21 @@ concept CompressedReduceBackend = CodecBackend<B> &&
   backend.compressed_all_reduce(workspace, data, factor, factor, nonfinite, stream);
 };
 
+/// What a timeline (fusion/timeline.hpp) needs of a backend to show when work ran on its
+/// streams, not only when the host issued it (both communicators and the loop-back fake of the
+/// tests model it); optional: a timeline over a backend without it shows host times alone.
+///   - `create_timing_event()`: an `Event` like `create_event()`'s, recorded and waited for the
+///     same way, that also keeps when the work it marks was done. Costlier to record than a
+///     plain event (NCCL: a CUDA event without cudaEventDisableTiming; Gloo: a task of the
+///     comm queue that reads the clock), so made only where a timeline asks for it.
+///   - `elapsed_ms(start, end)`: milliseconds from `start` to `end`, two timing events that
+///     have been recorded (negative when `end` came first). Blocks the host until both are
+///     done, bounded as `synchronize` is, and throws as it does when the work failed.
+template <class B>
+concept TimedBackend = Backend<B> &&
+    requires(B& backend, const typename B::Event& start, const typename B::Event& end) {
+  { backend.create_timing_event() } -> std::same_as<typename B::Event>;
+  { backend.elapsed_ms(start, end) } -> std::same_as<double>;
+};
+
 }  // namespace ncclkit

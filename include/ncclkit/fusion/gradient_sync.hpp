@@ -21,6 +21,12 @@
 /// event: encoding bucket k+1 overlaps reducing bucket k, and decoding bucket k overlaps
 /// reducing bucket k+1. A high-priority comm stream (nccl::Options::stream_priority) keeps
 /// NCCL's kernels ahead of the casts.
+///
+/// Seeing it: with NCCLKIT_TIMELINE=prefix (or GradientSyncOptions::timeline) each rank writes a
+/// Chrome trace of its first steps (fusion/timeline.hpp): buckets ready, launched and done, and
+/// the pack, encode, all_reduce, decode and unpack work on the streams. On device backends the
+/// same phases are NVTX ranges (domain "ncclkit") for Nsight Systems, where nvtx3 is on the
+/// include path.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -30,6 +36,7 @@
 #include <cstddef>      // std::size_t, std::byte
 #include <cstdint>      // std::uint64_t
 #include <exception>    // std::exception
+#include <memory>       // std::unique_ptr
 #include <optional>     // std::optional
 #include <span>         // std::span
 #include <string>       // std::string, std::to_string
@@ -38,6 +45,7 @@
 #include <vector>       // std::vector
 
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/detail/nvtx.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -46,9 +54,11 @@
 #include "ncclkit/fusion/detail/backend_memory.hpp"
 #include "ncclkit/fusion/detail/pieces.hpp"
 #include "ncclkit/fusion/detail/plan_agreement.hpp"
+#include "ncclkit/fusion/detail/sync_timeline.hpp"
 #include "ncclkit/fusion/fused_buffer.hpp"
 #include "ncclkit/fusion/layout.hpp"
 #include "ncclkit/fusion/ready_tracker.hpp"
+#include "ncclkit/fusion/timeline.hpp"
 
 namespace ncclkit::fusion {
 
@@ -94,6 +104,12 @@ struct GradientSyncOptions {
   /// 16-bit all-reduce, cast. The two paths round differently in the last bit, each the same
   /// on every rank. `fused_transfer()` says which one runs.
   bool fused_transfer = true;
+
+  /// A Chrome trace of the first steps (fusion/timeline.hpp): nullopt (default) takes it from
+  /// the environment (NCCLKIT_TIMELINE, NCCLKIT_TIMELINE_STEPS; off when unset); a value turns it
+  /// on, or off whatever the environment says when its prefix is empty. Need not be the same
+  /// on every rank. Off, it costs nothing: no events, no allocations.
+  std::optional<TimelineOptions> timeline = std::nullopt;
 };
 
 /// What the last finished step did.
@@ -221,6 +237,7 @@ class GradientSync {
     }
     // The zeros must be in place before any other stream copies from them.
     backend_->synchronize(comm_);
+    start_timeline();  // the comm stream is idle now: where the timeline's anchor goes
     if (options_.check_plan && backend_->size() > 1) {
       detail::agree_on_plan(*backend_, comm_, p.fingerprint(), settings(),
                             "ncclkit: GradientSync on rank " + std::to_string(backend_->rank()), p.describe());
@@ -255,13 +272,18 @@ class GradientSync {
   /// `finish`, `finish` itself included) may still have buckets queued that write into the
   /// buffer: the destructor waits for them on the comm stream, bounded by the backend's timeout,
   /// so that the buffer can be freed after it.
+  ///
+  /// With a timeline, it also reads the last finished step's timings (waiting for its work) and
+  /// writes the file (a warning, not an exception, when it cannot).
   ~GradientSync() {
-    if (!step_in_flight_.on) return;
-    try {
-      backend_->synchronize(comm_);
-    } catch (const std::exception& e) {
-      log_warn(std::string("GradientSync: the buckets of an unfinished step failed: ") + e.what());
+    if (step_in_flight_.on) {
+      try {
+        backend_->synchronize(comm_);
+      } catch (const std::exception& e) {
+        log_warn(std::string("GradientSync: the buckets of an unfinished step failed: ") + e.what());
+      }
     }
+    if (timeline_) timeline_->flush();
   }
 
   /// Records that `slot`'s gradient has been written by work issued on `stream` (the compute
@@ -270,6 +292,7 @@ class GradientSync {
   void mark_ready(Slot slot, Stream stream) {
     throw_if_failed();
     const BucketRange range = tracker_.mark_ready(slot);
+    if (timeline_) timeline_->on_mark(stream);
     if (const auto bucket = tracker_.plan().bucket_of(slot); bucket && --pending_[*bucket] == 0) {
       timings_[*bucket].ready = Clock::now();
     }
@@ -288,7 +311,9 @@ class GradientSync {
   /// `finish` again); with kReduceAsZeros they are filled with zeros on `stream` first, then
   /// reduced with the rest.
   void finish(Stream stream) {
+    const Nvtx range("GradientSync.finish", stats_.steps);
     throw_if_failed();
+    if (timeline_) timeline_->on_finish_begin(stream);
     const std::size_t launched_before = tracker_.launched();
     FinishResult result = tracker_.finish();  // kError and tensors missing: throws, the step goes on
     const auto now = Clock::now();
@@ -321,6 +346,7 @@ class GradientSync {
     last_timings_.swap(timings_);
     pending_ = initial_pending_;
     tracker_.reset();
+    if (timeline_) timeline_->on_finish_end(std::span<const BucketTiming>(last_timings_));
   }
   void finish() { finish(backend_->default_stream()); }
 
@@ -357,9 +383,20 @@ class GradientSync {
     }
   }
 
+  /// The timeline being recorded, or null when it is off (or its file could not be written).
+  const Timeline* timeline() const { return timeline_ ? &timeline_->trace() : nullptr; }
+  /// Writes the timeline now, with every finished step (it waits for the last one's work);
+  /// nothing when it is off. The file is also written when the last recorded step finishes and
+  /// at destruction. A failure to write is a warning (core/log.hpp), never an exception.
+  void flush_timeline() {
+    if (timeline_) timeline_->flush();
+  }
+
  private:
   using Clock = std::chrono::steady_clock;
   using CopyBatch = typename detail::CopyBatchOf<B>::type;
+  using Nvtx = ncclkit::detail::NvtxRangeIf<B::memory_kind == MemoryKind::kDevice>;
+  using Phase = detail::Phase;
   static constexpr std::size_t kZeroBytes = 4096;
 
   /// `plan`, once it is known to fit `buffer`'s layout and the options and backend can run it.
@@ -496,11 +533,18 @@ class GradientSync {
   }
   void launch_unchecked(BucketRange range, Stream stream) {
     if (range.empty()) return;
+    const Nvtx nvtx("GradientSync.launch", range.first);
     bool plain = false;
     for (std::size_t b : range) {
       if constexpr (CodecBackend<B>) {
-        if (has_loose(b)) backend_->copy_batch(pack_[b], stream);
+        if (has_loose(b)) {
+          const Nvtx pack("GradientSync.pack", b);
+          mark(Phase::kPack, b, false, stream);
+          backend_->copy_batch(pack_[b], stream);
+          mark(Phase::kPack, b, true, stream);
+        }
       }
+      mark(Phase::kReady, b, false, stream);
       plain = plain || !pieces_.pieces[pieces_.first[b]].encoded;
     }
     if (plain) {
@@ -522,19 +566,29 @@ class GradientSync {
               backend_->record(encoded_events_[i], stream);
               backend_->wait(encoded_events_[i], comm_);
             }
+            // On the timeline as the piece's reduction: encode and decode happen inside it.
+            mark(Phase::kReduce, i, false, comm_);
             backend_->compressed_all_reduce(*compressed_, piece_view(piece), factors_.encode, factors_.decode,
                                             counter(i), comm_);
           }
         } else if (piece.encoded) {
           if constexpr (CodecBackend<B>) {
-            backend_->cast(piece_view(piece), wire_view(piece), factors_.encode, nullptr, stream);
+            {
+              const Nvtx encode("GradientSync.encode", i);
+              mark(Phase::kEncode, i, false, stream);
+              backend_->cast(piece_view(piece), wire_view(piece), factors_.encode, nullptr, stream);
+              mark(Phase::kEncode, i, true, stream);
+            }
             backend_->record(encoded_events_[i], stream);
             backend_->wait(encoded_events_[i], comm_);
+            mark(Phase::kReduce, i, false, comm_);
             backend_->all_reduce(wire_view(piece), wire_view(piece), ReduceOp::kSum, comm_);
           }
         } else {
+          mark(Phase::kReduce, i, false, comm_);
           backend_->all_reduce(piece_view(piece), piece_view(piece), options_.op, comm_);
         }
+        mark(Phase::kReduce, i, true, comm_);
         if (!reduced_events_.empty()) backend_->record(reduced_events_[i], comm_);
       }
     }
@@ -554,7 +608,9 @@ class GradientSync {
         const detail::Piece& piece = pieces_.pieces[i];
         if (!piece.encoded) continue;
         backend_->wait(reduced_events_[i], stream);
+        mark(Phase::kCount, i, false, stream);
         backend_->cast(wire_view(piece), wire_view(piece), 1.0, counter(i), stream);
+        mark(Phase::kCount, i, true, stream);
       }
       read_counters(stream);
     }
@@ -570,7 +626,9 @@ class GradientSync {
           // The float32 gradients are untouched so far: reduce them as they are.
           backend_->record(encoded_events_[i], stream);
           backend_->wait(encoded_events_[i], comm_);
+          mark(Phase::kRerun, i, false, comm_);
           backend_->all_reduce(piece_view(piece), piece_view(piece), options_.op, comm_);
+          mark(Phase::kRerun, i, true, comm_);
           backend_->record(reduced_events_[i], comm_);
           backend_->wait(reduced_events_[i], stream);
           // The chunk's count is now that of its float32 result (a pass that leaves it as it is).
@@ -581,10 +639,18 @@ class GradientSync {
           continue;
         }
         if (!options_.rerun_nonfinite) backend_->wait(reduced_events_[i], stream);
+        const Nvtx decode("GradientSync.decode", i);
+        mark(Phase::kDecode, i, false, stream);
         backend_->cast(wire_view(piece), piece_view(piece), factors_.decode,
                        options_.rerun_nonfinite ? nullptr : counter(i), stream);
+        mark(Phase::kDecode, i, true, stream);
       }
-      if (has_loose(b)) backend_->copy_batch(unpack_[b], stream);
+      if (has_loose(b)) {
+        const Nvtx unpack("GradientSync.unpack", b);
+        mark(Phase::kUnpack, b, false, stream);
+        backend_->copy_batch(unpack_[b], stream);
+        mark(Phase::kUnpack, b, true, stream);
+      }
     }
   }
 
@@ -594,6 +660,28 @@ class GradientSync {
     detail::copy_to_host(*backend_, host_counts_.data(), counters_.data(), host_counts_.size() * sizeof(std::uint64_t),
                          stream);
     backend_->synchronize(stream);
+  }
+
+  /// Brackets work for the timeline (nothing when it is off).
+  void mark(Phase phase, std::size_t index, bool end, Stream stream) {
+    if (timeline_) timeline_->mark(phase, index, end, stream);
+  }
+
+  /// Makes the timeline the options or the environment ask for, and records its anchor on the
+  /// comm stream, which must be idle.
+  void start_timeline() {
+    const std::optional<TimelineOptions> wanted = options_.timeline ? options_.timeline : timeline_options_from_env();
+    if (!wanted || wanted->prefix.empty()) return;
+    std::string label = "GradientSync (" + std::to_string(tracker_.plan().size()) + " buckets";
+    if (options_.codec != compression::Codec::kNone) label += ", " + std::string(compression::name_of(options_.codec));
+    if (has_any_loose()) label += ", loose tensors";
+    timeline_ = detail::SyncTimeline<B>::make(*backend_, *wanted, tracker_.plan(), pieces_, has_any_loose(),
+                                              options_.rerun_nonfinite, label + ")");
+    if (timeline_) timeline_->anchor(comm_);
+  }
+  bool has_any_loose() const {
+    if constexpr (CodecBackend<B>) return !pack_.empty();
+    return false;
   }
 
   detail::SyncSettings settings() const {
@@ -633,6 +721,8 @@ class GradientSync {
   /// The fused kernel's workspace, where the backend runs it (GradientSyncOptions::fused_transfer).
   using CompressedWorkspace = typename detail::CompressedReduceOf<B>::type;
   std::optional<CompressedWorkspace> compressed_;
+
+  std::unique_ptr<detail::SyncTimeline<B>> timeline_;  // null when off
 
   std::string failure_;  // what a failed launch threw; the sync is unusable once set
   /// Whether buckets may be queued that the destructor must wait for: set by a launch, cleared

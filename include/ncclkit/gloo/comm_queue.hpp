@@ -18,6 +18,7 @@
 /// by the work queued ahead of them. The worker thread starts with the first task.
 
 #include <algorithm>           // std::max
+#include <chrono>              // std::chrono::steady_clock
 #include <condition_variable>  // std::condition_variable
 #include <cstddef>             // std::size_t
 #include <cstdint>             // std::uint64_t
@@ -68,6 +69,12 @@ struct QueueState {
   }
 };
 
+/// When the work a timing event marks was done: written once, by the thread that reached the
+/// event (the worker, or the caller for the inline queue), before the event completes.
+struct EventTime {
+  std::chrono::steady_clock::time_point at{};
+};
+
 }  // namespace detail
 
 /// A point in a communicator's work order: all work submitted to a queue before `record()`.
@@ -76,7 +83,14 @@ struct QueueState {
 class Event {
  public:
   Event() = default;
-  Event(std::shared_ptr<detail::QueueState> state, std::uint64_t ticket) : state_(std::move(state)), ticket_(ticket) {}
+  Event(std::shared_ptr<detail::QueueState> state, std::uint64_t ticket, std::shared_ptr<detail::EventTime> time = {})
+      : state_(std::move(state)), ticket_(ticket), time_(std::move(time)) {}
+  /// A complete timing event that was reached at `at` (inline work, done when it is recorded).
+  static Event reached_at(std::chrono::steady_clock::time_point at) {
+    auto time = std::make_shared<detail::EventTime>();
+    time->at = at;
+    return Event({}, 0, std::move(time));
+  }
 
   /// Whether the work has finished (successfully or not). Never blocks, never throws.
   bool query() const {
@@ -96,9 +110,23 @@ class Event {
   bool belongs_to(const detail::QueueState* state) const { return state_.get() == state; }
   std::uint64_t ticket() const { return ticket_; }
 
+  /// Whether this is a timing event (Communicator::create_timing_event), which keeps when the
+  /// work it marks was done.
+  bool timed() const { return time_ != nullptr; }
+  /// Waits for the work (rethrowing its failure), then says when it was done. ConfigError for
+  /// an event that is not a timing event.
+  std::chrono::steady_clock::time_point done_at() const {
+    if (!time_) {
+      throw ConfigError("gloo::Event::done_at: not a timing event; make it with Communicator::create_timing_event()");
+    }
+    wait();
+    return time_->at;
+  }
+
  private:
   std::shared_ptr<detail::QueueState> state_;
   std::uint64_t ticket_ = 0;
+  std::shared_ptr<detail::EventTime> time_;  // timing events only
 };
 
 /// One worker thread running submitted tasks in order. Move-only in spirit (not copyable, not
@@ -138,6 +166,14 @@ class CommQueue {
   Event record() const {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return Event(state_, state_->submitted);
+  }
+
+  /// A timing event for everything submitted so far: a task that reads the clock when the worker
+  /// reaches it (after everything before it), so the event knows when that was.
+  Event record_timed() {
+    auto time = std::make_shared<detail::EventTime>();
+    const std::uint64_t ticket = submit([time] { time->at = std::chrono::steady_clock::now(); });
+    return Event(state_, ticket, std::move(time));
   }
 
   /// Blocks until everything submitted so far has finished; rethrows the queue's failure.

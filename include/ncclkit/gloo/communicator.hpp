@@ -44,7 +44,7 @@
 
 #include <algorithm>    // std::max
 #include <atomic>       // std::atomic_ref
-#include <chrono>       // std::chrono::milliseconds
+#include <chrono>       // std::chrono::milliseconds, std::chrono::steady_clock
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint8_t, std::uint64_t
 #include <cstring>      // std::memcpy
@@ -176,10 +176,29 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   /// A reusable event, complete until it is first recorded.
   Event create_event() const { return Event{}; }
 
+  /// A reusable timing event (TimedBackend): recorded like any event, it also keeps when the
+  /// work it marks was done, read by `elapsed_ms`. Each record of one costs an allocation, and on
+  /// the comm stream a task of the worker that reads the clock.
+  Event create_timing_event() const { return Event::reached_at(std::chrono::steady_clock::now()); }
+
   /// Marks in `event` the work issued so far on `stream`, forgetting what it marked before
-  /// (inline work is done already: the event becomes complete). Allocates nothing.
+  /// (inline work is done already: the event becomes complete). Allocates nothing, except for a
+  /// timing event.
   void record(Event& event, Stream stream) {
+    if (event.timed()) {
+      event = stream.queue == Stream::Queue::kInline ? Event::reached_at(std::chrono::steady_clock::now())
+                                                     : state().queue->record_timed();
+      return;
+    }
     event = stream.queue == Stream::Queue::kInline ? Event{} : state().queue->record();
+  }
+
+  /// Milliseconds from timing event `start` to `end` (TimedBackend): waits until both are done,
+  /// rethrowing a failure of the work before them. ConfigError for events that are not timing
+  /// events.
+  double elapsed_ms(const Event& start, const Event& end) const {
+    const auto from = start.done_at();
+    return std::chrono::duration<double, std::milli>(end.done_at() - from).count();
   }
 
   /// An event for the work issued so far on `stream`: create_event() and record() in one.
@@ -648,5 +667,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 
 static_assert(Backend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::Backend");
 static_assert(CodecBackend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::CodecBackend");
+static_assert(TimedBackend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::TimedBackend");
 
 }  // namespace ncclkit::gloo

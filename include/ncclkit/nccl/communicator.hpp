@@ -176,6 +176,20 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     throw_if_failed();
     event.record(stream.resolve(core().default_stream));  // Event::record finds its GPU's legacy stream
   }
+  /// A reusable event that keeps a GPU timestamp (TimedBackend): a CUDA event without
+  /// cudaEventDisableTiming, for `elapsed_ms`. Costlier to record than create_event()'s.
+  Event create_timing_event() { return Event(core().device, true); }
+  /// Milliseconds from timing event `start` to `end`, both recorded (cudaEventElapsedTime's
+  /// resolution, about 0.5 us). Waits on the host until both are done, as `synchronize` does:
+  /// CommError when the communicator failed, TimeoutError after the timeout + 5 s.
+  double elapsed_ms(const Event& start, const Event& end) {
+    auto& c = core();
+    detail::RelaxedCaptureMode relaxed;
+    const auto deadline = detail::Clock::now() + c.options.timeout + std::chrono::seconds(5);
+    c.watchdog.wait_event(start.get(), deadline, "elapsed_ms");
+    c.watchdog.wait_event(end.get(), deadline, "elapsed_ms");
+    return static_cast<double>(end.elapsed_ms_since(start));
+  }
   /// A new event marking the work issued so far on `stream` (one-off use; loops re-record one
   /// event from create_event() instead).
   Event record(StreamArg stream = {}) {
@@ -708,5 +722,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 static_assert(Backend<Communicator>, "nccl::Communicator must model ncclkit::Backend");
 static_assert(CodecBackend<Communicator>, "nccl::Communicator must model ncclkit::CodecBackend");
 static_assert(CompressedReduceBackend<Communicator>, "nccl::Communicator must model ncclkit::CompressedReduceBackend");
+static_assert(TimedBackend<Communicator>, "nccl::Communicator must model ncclkit::TimedBackend");
 
 }  // namespace ncclkit::nccl

@@ -15,11 +15,11 @@
 
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/detail/nvtx.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/check_exchange.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
-#include "ncclkit/nccl/detail/nvtx.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/stream.hpp"
 
@@ -90,7 +90,7 @@ void issue(CommCore& core, const char* operation, std::size_t bytes, const CallS
   // In a group, without waiting for the report: a member with ops queued holds its abort
   // (and so its report) back until the group's end (Watchdog::handle_failure).
   core.watchdog.throw_if_failed(!grouped);
-  NvtxRange range(operation);
+  ncclkit::detail::NvtxRange range(operation);
   // Only for the legacy default stream, which names a stream per device: NCCL's launch and
   // the completion event must find it on this communicator's GPU.
   std::optional<DeviceGuard> on_device;
