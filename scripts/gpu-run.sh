@@ -93,7 +93,7 @@ run_all() {
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
     echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"  # host speed differs between machines
     echo "NCCL: $(ls /lib/x86_64-linux-gnu/libnccl.so.* /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | tr '\n' ' ')"
-    echo "NCCL used: ${torch_nccl:+$torch_nccl/libnccl.so.2 (PyTorch's)}${torch_nccl:-the system's}"
+    if [[ -n "$torch_nccl" ]]; then echo "NCCL used: PyTorch's, $torch_nccl/libnccl.so.2"; else echo "NCCL used: the system's"; fi
   } >>"$summary" 2>&1
   nvidia-smi topo -m >"$logs/topology.txt" 2>&1
 
