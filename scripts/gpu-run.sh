@@ -174,6 +174,10 @@ run_all() {
     --tool memcheck --report-api-errors no --error-exitcode 1 "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
   CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 240 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
     --codec-bucket-mb 50,100 --codec-chunks 2,4,8 --csv "$data/fusion_nccl_p$n.csv"
+  # Timelines (NCCLKIT_TIMELINE) of the ResNet-50 rows: one Chrome trace per row and rank, in data/.
+  mkdir -p "$data/timeline"
+  NCCLKIT_TIMELINE="$data/timeline/resnet50" NCCLKIT_TIMELINE_STEPS=4 CUDA_VISIBLE_DEVICES=$all phase fusion-timeline 120 \
+    "$bin/fusion_nccl" -p "$n" --model resnet50 -n 3 -w 1 -R 1 --codec fp16 --codec-chunks 2
   CUDA_VISIBLE_DEVICES=$all phase symmetric-windows 120 "$bin/bench_symmetric_windows" --iters 30 0.5 2 8 25 100 --gpt2
   CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" --nprocs "$n" \
     -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p$n.csv"

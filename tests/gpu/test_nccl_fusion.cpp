@@ -356,6 +356,10 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
         checker.expect(std::string(e.what()).find("not float16 or bfloat16") != std::string::npos, e.what());
       }
       return checker.finish("compressed_all_reduce");
+    });
+  }
+}
+
 TEST_CASE(
     "a timeline over NCCL: every bucket's all_reduce timed on the comm stream, after its launch, codec phases in "
     "order") {
