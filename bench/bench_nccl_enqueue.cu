@@ -247,7 +247,7 @@ int run_rank(const ncclkit::WorldInfo& world, const Settings& settings) {
                      {}});
 #endif
     parts.push_back(
-        {"NVTX range (no profiler attached)", 1, [&] { ncclkit::nccl::detail::NvtxRange range("bench"); }, {}, {}});
+        {"NVTX range (no profiler attached)", 1, [&] { ncclkit::detail::NvtxRange range("bench"); }, {}, {}});
     // Host-only steps of the issue path, for hosts where they are not cheap.
     volatile std::int64_t sink = 0;
     parts.push_back({"steady_clock::now", 1, [&] { sink = Clock::now().time_since_epoch().count(); }, {}, {}});

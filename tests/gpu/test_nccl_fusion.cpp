@@ -315,6 +315,45 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
           comm.synchronize(s);
           for (std::uint64_t h : gathered) checker.expect(h == gathered[0], what + "ranks hold different bits");
         }
+        // Back to back on one stream, no host wait between: the window and the barrier counts
+        // carry from one call to the next, whatever the counts.
+        {
+          const std::size_t counts[] = {kCapacity, 13, kCapacity - 7, 1};
+          std::vector<ncclkit::fusion::detail::Allocation<Communicator>> buffers;
+          std::vector<std::vector<double>> want(4);
+          for (std::size_t k = 0; k < 4; ++k) {
+            buffers.emplace_back(comm, counts[k] * sizeof(float));
+            std::vector<float> values(counts[k]);
+            want[k].assign(counts[k], 0.0);
+            for (int r = 0; r < world.world_size; ++r) {
+              for (std::size_t j = 0; j < counts[k]; ++j) {
+                const float v = static_cast<float>(((j * 7 + k * 3 + static_cast<std::size_t>(r) * 5) % 29)) * 1e-4f;
+                if (r == world.rank) values[j] = v;
+                want[k][j] += static_cast<double>(v) / world.world_size;
+              }
+            }
+            comm.copy_from_host(buffers.back().data(), values.data(), counts[k] * sizeof(float), s);
+          }
+          for (std::size_t k = 0; k < 4; ++k) {
+            comm.compressed_all_reduce(
+                *workspace,
+                ncclkit::TensorView{buffers[k].data(), counts[k], DataType::kFloat32, ncclkit::MemoryKind::kDevice},
+                1.0 / world.world_size, 1.0, nullptr, s);
+          }
+          for (std::size_t k = 0; k < 4; ++k) {
+            std::vector<float> out(counts[k]);
+            comm.copy_to_host(out.data(), buffers[k].data(), counts[k] * sizeof(float), s);
+            comm.synchronize(s);
+            double error = 0, norm = 0;
+            for (std::size_t j = 0; j < counts[k]; ++j) {
+              error += (out[j] - want[k][j]) * (out[j] - want[k][j]);
+              norm += want[k][j] * want[k][j];
+            }
+            checker.expect(norm == 0 || std::sqrt(error / norm) <= bound,
+                           "back to back, call " + std::to_string(k) + ": norm-relative error " +
+                               std::to_string(norm == 0 ? 0.0 : std::sqrt(error / norm)));
+          }
+        }
         // Overflow: 60000 on every rank sums past fp16's 65504 with encode 1 (two ranks and up);
         // every rank counts all 5 such values, its own shard's and the others'.
         if (wire == DataType::kFloat16) {
@@ -372,42 +411,50 @@ TEST_CASE(
       Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "timeline"});
       FusedBuffer<Communicator> grads(comm, ncclkit::testing::model_layout("resnet50"));
       const FusedLayout& layout = grads.layout();
-      const std::string run = prefix + ".world" + std::to_string(world.world_size);
-      std::size_t buckets = 0, chunks = 0;
-      {
-        GradientSync<Communicator> sync(grads, BucketPlan::compute(layout, {.bucket_bytes = 16 << 20}),
-                                        {.codec = ncclkit::compression::Codec::kFloat16,
-                                         .timeline = ncclkit::fusion::TimelineOptions{.prefix = run, .max_steps = 3}});
-        checker.expect(sync.timeline() != nullptr, "the timeline is on");
-        buckets = sync.plan().size();
-        chunks = sync.stats().compressed_chunks;
-        const cudaStream_t compute = comm.default_stream();
-        for (int step = 0; step < 5; ++step) {
-          const std::vector<float> mine = gradients(layout, world.rank, step);
-          comm.copy_from_host(grads.data(DataType::kFloat32), mine.data(), mine.size() * sizeof(float), compute);
-          for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) sync.mark_ready(Slot{i}, compute);
-          sync.finish(compute);
+      // Both ways of compressing: the fused kernel (where it runs) shows as the reduction alone.
+      for (const bool fused : {true, false}) {
+        const std::string run = prefix + ".world" + std::to_string(world.world_size) + (fused ? ".fused" : "");
+        std::size_t buckets = 0, chunks = 0;
+        bool fused_ran = false;
+        {
+          GradientSync<Communicator> sync(
+              grads, BucketPlan::compute(layout, {.bucket_bytes = 16 << 20}),
+              {.codec = ncclkit::compression::Codec::kFloat16,
+               .fused_transfer = fused,
+               .timeline = ncclkit::fusion::TimelineOptions{.prefix = run, .max_steps = 3}});
+          fused_ran = sync.fused_transfer();
+          checker.expect(sync.timeline() != nullptr, "the timeline is on");
+          buckets = sync.plan().size();
+          chunks = sync.stats().compressed_chunks;
+          const cudaStream_t compute = comm.default_stream();
+          for (int step = 0; step < 5; ++step) {
+            const std::vector<float> mine = gradients(layout, world.rank, step);
+            comm.copy_from_host(grads.data(DataType::kFloat32), mine.data(), mine.size() * sizeof(float), compute);
+            for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;)
+              sync.mark_ready(Slot{i}, compute);
+            sync.finish(compute);
+          }
+          comm.synchronize(compute);
         }
-        comm.synchronize(compute);
-      }
-      const std::string file = run + ".rank" + std::to_string(world.rank) + ".json";
-      checker.expect(chunks == buckets, "one chunk a bucket");
-      const std::string problems =
-          trace_problems(file, {.rank = world.rank, .buckets = buckets, .steps = 3, .codec = true});
-      checker.expect(problems.empty(), file + ": " + problems);
-      // The anchor puts the GPU's times on the host's clock: no collective ends before the host
-      // issued it (50 us of slack for the anchor's own error).
-      std::map<std::pair<long, std::string>, double> launched;
-      for (const TraceEvent& e : read_trace(file, world.rank)) {
-        if (e.name.rfind("launch ", 0) == 0) launched[{e.step, e.name.substr(7)}] = e.ts;
-      }
-      for (const TraceEvent& e : read_trace(file, world.rank)) {
-        if (e.name.rfind("done ", 0) != 0) continue;
-        const double issued = launched[{e.step, e.name.substr(5)}];
-        checker.expect(e.ts + 50.0 >= issued, "step " + std::to_string(e.step) + " " + e.name + " at " +
-                                                  std::to_string(e.ts) + " us, before its launch at " +
-                                                  std::to_string(issued));
-        checker.expect(e.ts - issued < 10e6, e.name + " more than 10 s after its launch: the anchor is off");
+        const std::string file = run + ".rank" + std::to_string(world.rank) + ".json";
+        checker.expect(chunks == buckets, "one chunk a bucket");
+        const std::string problems =
+            trace_problems(file, {.rank = world.rank, .buckets = buckets, .steps = 3, .codec = !fused_ran});
+        checker.expect(problems.empty(), file + ": " + problems);
+        // The anchor puts the GPU's times on the host's clock: no collective ends before the host
+        // issued it (50 us of slack for the anchor's own error).
+        std::map<std::pair<long, std::string>, double> launched;
+        for (const TraceEvent& e : read_trace(file, world.rank)) {
+          if (e.name.rfind("launch ", 0) == 0) launched[{e.step, e.name.substr(7)}] = e.ts;
+        }
+        for (const TraceEvent& e : read_trace(file, world.rank)) {
+          if (e.name.rfind("done ", 0) != 0) continue;
+          const double issued = launched[{e.step, e.name.substr(5)}];
+          checker.expect(e.ts + 50.0 >= issued, "step " + std::to_string(e.step) + " " + e.name + " at " +
+                                                    std::to_string(e.ts) + " us, before its launch at " +
+                                                    std::to_string(issued));
+          checker.expect(e.ts - issued < 10e6, e.name + " more than 10 s after its launch: the anchor is off");
+        }
       }
       return checker.finish("timeline over NCCL");
     });

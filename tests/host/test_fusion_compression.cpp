@@ -281,6 +281,33 @@ TEST_CASE("fused transfer: one compressed reduction per chunk, no separate casts
   for (const auto& e : errors) CHECK(message_of(e) == "");
 }
 
+TEST_CASE("fused transfer: a layout aligned to less than 16 bytes runs the separate casts") {
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    backend.allow_compressed_reduce(true);
+    FusedLayout layout;
+    layout.add("a", {3}, DataType::kFloat32);  // 12, 20 and 28 bytes: whatever their order, the
+    layout.add("b", {5}, DataType::kFloat32);  // second tensor starts off a 16-byte boundary
+    layout.add("c", {7}, DataType::kFloat32);
+    layout.finalize({.alignment = 4});
+    Buffer buffer(backend, std::move(layout));
+    // One bucket per tensor.
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 4, .first_bucket_bytes = 4}),
+              {.codec = Codec::kFloat16});
+    CHECK(sync.plan().size() == 3);
+    CHECK(!sync.fused_transfer());
+    CHECK(backend.compressed_reduces_prepared() == 0);
+    for (const char* name : {"a", "b", "c"}) {
+      for (float& v : buffer.span<float>(name)) v = 0.5f;
+      sync.mark_ready(name);
+    }
+    sync.finish();
+    for (const char* name : {"a", "b", "c"}) CHECK(buffer.span<float>(name)[2] == 0.5f);
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
 TEST_CASE("fused transfer counts fp16 overflow on every rank alike") {
   LoopbackWorld world(2);
   std::vector<std::uint64_t> counts(2);

@@ -483,8 +483,11 @@ class LoopbackBackend {
   }
   void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,
                              std::uint64_t* nonfinite, Stream stream) {
-    if (data.dtype != DataType::kFloat32 || data.count > workspace.capacity) {
-      throw ConfigError("LoopbackBackend::compressed_all_reduce: float32 data of at most the prepared count");
+    // The NCCL kernel's conditions: float32, at most the prepared count, 16-byte aligned.
+    if (data.dtype != DataType::kFloat32 || data.count > workspace.capacity ||
+        reinterpret_cast<std::uintptr_t>(data.data) % 16 != 0) {
+      throw ConfigError(
+          "LoopbackBackend::compressed_all_reduce: float32 data of at most the prepared count, 16-byte aligned");
     }
     ++compressed_reduces_;
     const TensorView wire{workspace.wire.data(), data.count, workspace.type, memory_kind};

@@ -214,7 +214,12 @@ class GradientSync {
     pieces_ = detail::cut_pieces(p, compress, compression::wire_type(options_.codec), options_.chunk_bytes);
     stats_.compressed_chunks = pieces_.encoded;
     if (compress) factors_ = compression::factors(backend_->size(), options_.op == ReduceOp::kAvg, options_.prescale);
-    const bool try_fused = compress && pieces_.encoded != 0 && options_.fused_transfer && !options_.rerun_nonfinite;
+    bool try_fused = compress && pieces_.encoded != 0 && options_.fused_transfer && !options_.rerun_nonfinite;
+    for (const detail::Piece& piece : pieces_.pieces) {
+      // The kernel moves 16-byte words: a layout aligned more loosely (LayoutOptions) runs the
+      // separate casts. The layout is the same on every rank, so is this decision.
+      if (piece.encoded && reinterpret_cast<std::uintptr_t>(piece_view(piece).data) % 16 != 0) try_fused = false;
+    }
     (void)try_fused;  // used only where the backend can run the fused kernel
 
     // Seed of zeros, for kReduceAsZeros, the padding and the non-finite counters.
@@ -226,9 +231,13 @@ class GradientSync {
     if constexpr (CodecBackend<B>) {
       if (!loose.empty()) prepare_loose(loose);
       if (compress) {
-        counters_ = detail::Allocation<B>(*backend_, pieces_.pieces.size() * sizeof(std::uint64_t));
-        // Zero once: with the fused kernel only the compressed pieces' counters are reset per step.
-        detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), comm_);
+        // Two sets, for steps of even and odd number: nonfinite() reads the last finished step's
+        // while the next step's fused kernels count into the other.
+        counters_ = detail::Allocation<B>(*backend_, 2 * pieces_.pieces.size() * sizeof(std::uint64_t));
+        // Zeroed once: with the fused kernel only the compressed pieces' counters are reset per step.
+        detail::zero_fill(*backend_,
+                          TensorView{counters_.data(), 2 * pieces_.pieces.size(), DataType::kUint64, B::memory_kind},
+                          zeros_.data(), zeros_.bytes(), comm_);
         for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) encoded_events_.push_back(backend_->create_event());
       }
       if (compress || !pack_.empty()) {
@@ -251,8 +260,9 @@ class GradientSync {
         }
         compressed_ = backend_->prepare_compressed_reduce(largest, compression::wire_type(options_.codec));
         if (!compressed_) {
+          const std::string why = backend_->compressed_reduce_unavailable();
           log_info("ncclkit: GradientSync: compression runs as separate casts around a 16-bit all-reduce: " +
-                   backend_->compressed_reduce_unavailable());
+                   (why.empty() ? std::string("another rank cannot run the fused kernel") : why));
         }
       }
     }
@@ -358,7 +368,9 @@ class GradientSync {
   /// the device's counters.
   std::uint64_t nonfinite() {
     if (pieces_.encoded == 0 || stats_.steps == 0) return 0;
-    read_counters(finish_stream_);
+    // The finished step's set: the step being built (if any) counts into the other one.
+    read_counters(finish_stream_, reinterpret_cast<const std::uint64_t*>(counters_.data()) +
+                                      ((stats_.steps - 1) % 2) * pieces_.pieces.size());
     std::uint64_t total = 0;
     for (std::uint64_t n : host_counts_) total += n;
     return total;
@@ -444,10 +456,15 @@ class GradientSync {
     return TensorView{wire_.data() + piece.wire_begin_bytes, piece.count, compression::wire_type(options_.codec),
                       B::memory_kind};
   }
+  /// The counters of the step being built (two sets, alternating by step).
+  std::size_t counter_offset() const { return (stats_.steps % 2) * pieces_.pieces.size(); }
   TensorView counters_view() const {
-    return TensorView{counters_.data(), pieces_.pieces.size(), DataType::kUint64, B::memory_kind};
+    return TensorView{counter(0), pieces_.pieces.size(), DataType::kUint64, B::memory_kind};
   }
-  std::uint64_t* counter(std::size_t piece) const { return reinterpret_cast<std::uint64_t*>(counters_.data()) + piece; }
+
+  std::uint64_t* counter(std::size_t piece) const {
+    return reinterpret_cast<std::uint64_t*>(counters_.data()) + counter_offset() + piece;
+  }
   /// Where `slot`'s gradient is written by the caller: its loose tensor, or its view.
   TensorView loose_view(Slot slot) const {
     const DataType type = layout_.dtype(slot);
@@ -612,7 +629,7 @@ class GradientSync {
         backend_->cast(wire_view(piece), wire_view(piece), 1.0, counter(i), stream);
         mark(Phase::kCount, i, true, stream);
       }
-      read_counters(stream);
+      read_counters(stream, counter(0));
     }
     for (std::size_t b = 0; b < pieces_.first.size() - 1; ++b) {
       for (std::size_t i = pieces_.first[b]; i < pieces_.first[b + 1]; ++i) {
@@ -654,11 +671,10 @@ class GradientSync {
     }
   }
 
-  /// Copies the per-piece counters to host_counts_, synchronising `stream`.
-  void read_counters(Stream stream) {
+  /// Copies one set of per-piece counters to host_counts_, synchronising `stream`.
+  void read_counters(Stream stream, const std::uint64_t* from) {
     host_counts_.assign(pieces_.pieces.size(), 0);
-    detail::copy_to_host(*backend_, host_counts_.data(), counters_.data(), host_counts_.size() * sizeof(std::uint64_t),
-                         stream);
+    detail::copy_to_host(*backend_, host_counts_.data(), from, host_counts_.size() * sizeof(std::uint64_t), stream);
     backend_->synchronize(stream);
   }
 

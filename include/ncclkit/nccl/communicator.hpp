@@ -62,15 +62,16 @@
 #include <cuda_runtime_api.h>  // cudaStream_t, cudaStreamLegacy, cudaMalloc, cudaMemcpyAsync
 #include <nccl.h>              // ncclComm_t and the collectives
 
-#include <chrono>    // std::chrono
-#include <cstddef>   // std::size_t
-#include <cstdint>   // std::uint64_t
-#include <memory>    // std::unique_ptr, std::shared_ptr
-#include <optional>  // std::optional
-#include <span>      // std::span
-#include <string>    // std::string
-#include <utility>   // std::move
-#include <vector>    // std::vector
+#include <algorithm>  // std::clamp, std::min, std::max
+#include <chrono>     // std::chrono
+#include <cstddef>    // std::size_t
+#include <cstdint>    // std::uint64_t
+#include <memory>     // std::unique_ptr, std::shared_ptr
+#include <optional>   // std::optional
+#include <span>       // std::span
+#include <string>     // std::string
+#include <utility>    // std::move
+#include <vector>     // std::vector
 
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
@@ -78,6 +79,7 @@
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
 #include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/nccl/compressed_reduce.hpp"
@@ -586,19 +588,75 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
   using CompressedReduce = nccl::CompressedReduce;
 
-  /// Why prepare_compressed_reduce gives none on this communicator, or empty where it can run:
-  /// it needs every rank's GPU to reach every other's memory (one node, NVLink or PCIe peer
-  /// access), NCCL of the very version ncclkit was built against (2.28 or later, for its
-  /// device API), and ncclkit's kernels. NCCLKIT_COMPRESSED_REDUCE=0 turns it off. The same
-  /// answer on every rank.
-  std::string compressed_reduce_unavailable() { return CompressedReduce::unavailable(core()); }
+  /// Why prepare_compressed_reduce gives none on this rank, or empty where it can run: it
+  /// needs every rank's GPU in reach of every other's memory (one node, NVLink or PCIe peer
+  /// access), NCCL 2.28 at build time and the very same version at run time (the kernel reads
+  /// NCCL's window structure as its headers lay it out), and ncclkit's kernels.
+  /// NCCLKIT_COMPRESSED_REDUCE=0 turns it off. prepare_compressed_reduce runs it only where
+  /// every rank can.
+  std::string compressed_reduce_unavailable() {
+    int lsa_rank = 0;
+    return CompressedReduce::local_verdict(core(), lsa_rank);
+  }
   /// A workspace for compressed_all_reduce of up to `max_count` float32 values that cross in
-  /// `wire` (float16 or bfloat16), or none where it cannot run. A collective (it registers a
-  /// symmetric window and ends in a barrier): every rank calls it, with the same arguments.
+  /// `wire` (float16 or bfloat16), or none, on every rank alike, where any rank cannot run it.
+  /// A collective: every rank calls it with the same arguments (compared: a ConfigError on every
+  /// rank when they differ); it all-gathers each rank's verdict, registers a symmetric window and
+  /// ends in a barrier. The kernel gets the fewest blocks any rank asked for.
   std::optional<CompressedReduce> prepare_compressed_reduce(std::size_t max_count, DataType wire) {
     throw_if_failed();
-    if (!CompressedReduce::unavailable(core()).empty()) return std::nullopt;
-    CompressedReduce workspace = CompressedReduce::create(core(), max_count, wire);
+    auto& c = core();
+    if (wire != DataType::kFloat16 && wire != DataType::kBFloat16) {
+      throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": wire type " +
+                        std::string(name_of(wire)) + " is not float16 or bfloat16");
+    }
+    int lsa_rank = 0;
+    const bool able = CompressedReduce::local_verdict(c, lsa_rank).empty();
+    int sms = 1;
+    {
+      DeviceGuard guard(c.device);
+      NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c.device));
+    }
+    // One block per SM reaches NVLink's bandwidth at 512 threads (docs/performance.md); more
+    // than two per SM could leave partners of a barrier waiting for a place on the GPU.
+    const auto blocks = std::clamp<std::int64_t>(env_int("NCCLKIT_COMPRESSED_REDUCE_BLOCKS").value_or(sms), 1, 2 * sms);
+    const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
+                                   static_cast<std::uint64_t>(wire)};
+    std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(size()));
+    {
+      void* in = allocate(sizeof mine);
+      void* out = allocate(all.size() * sizeof(std::uint64_t));
+      try {
+        copy_from_host(in, mine, sizeof mine, comm_stream());
+        all_gather(TensorView{in, 4, DataType::kUint64, MemoryKind::kDevice},
+                   TensorView{out, all.size(), DataType::kUint64, MemoryKind::kDevice}, comm_stream());
+        copy_to_host(all.data(), out, all.size() * sizeof(std::uint64_t), comm_stream());
+        synchronize(comm_stream());
+      } catch (...) {
+        deallocate(in);
+        deallocate(out);
+        throw;
+      }
+      deallocate(in);
+      deallocate(out);
+    }
+    bool everyone = true;
+    std::int64_t fewest = blocks;
+    for (int r = 0; r < size(); ++r) {
+      const std::uint64_t* theirs = &all[4 * static_cast<std::size_t>(r)];
+      if (theirs[2] != max_count || theirs[3] != static_cast<std::uint64_t>(wire)) {
+        throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": rank " + std::to_string(r) +
+                          " asked for " + std::to_string(theirs[2]) + " values of " +
+                          std::string(name_of(static_cast<DataType>(theirs[3]))) + ", this rank for " +
+                          std::to_string(max_count) + " of " + std::string(name_of(wire)) +
+                          "; every rank must give the same arguments");
+      }
+      everyone = everyone && theirs[0] == 1;
+      fewest = std::min<std::int64_t>(fewest, static_cast<std::int64_t>(theirs[1]));
+    }
+    if (!everyone) return std::nullopt;
+    CompressedReduce workspace =
+        CompressedReduce::create(c, std::max<std::size_t>(max_count, 1), wire, static_cast<int>(fewest), lsa_rank);
     barrier(comm_stream());
     return workspace;
   }

@@ -6,9 +6,15 @@
 /// compressed_reduce_unavailable): the caller then casts around an ordinary all-reduce.
 ///
 /// It holds a symmetric window (ncclMemAlloc'd, registered with NCCL_WIN_COLL_SYMMETRIC: a
-/// collective), twice the 16-bit size of the largest call plus barrier flags, and per-block
-/// barrier counts. Destroy it before its communicator, on every rank (deregistering is a
-/// collective too); after a failure of the communicator it only frees its memory.
+/// collective), twice the 16-bit size of the largest call plus barrier flags, per-block
+/// barrier counts, and a flag in mapped host memory that a kernel raises when it gave up
+/// waiting for a peer. Calls on one workspace must be ordered (one stream, or streams joined
+/// by events). Destroy it before its communicator, on every rank: deregistering is a
+/// collective too (bounded like every NCCL call of the communicator); after a failure of the
+/// communicator, or after a kernel gave up, it only frees its memory.
+///
+/// Needs NCCL 2.28 (its device API) at build time; with older headers the workspace exists
+/// but prepare_compressed_reduce always returns none.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -16,12 +22,12 @@
 #include <dlfcn.h>  // dlsym: ncclTeamLsa is not in every NCCL 2.28 library
 #include <nccl.h>
 
-#include <algorithm>  // std::clamp
-#include <chrono>     // std::chrono
-#include <cstddef>    // std::size_t
-#include <cstdint>    // std::uint32_t, std::uintptr_t
-#include <string>     // std::string
-#include <utility>    // std::exchange
+#include <chrono>   // std::chrono
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint32_t, std::uintptr_t
+#include <mutex>    // std::unique_lock
+#include <string>   // std::string
+#include <utility>  // std::exchange
 
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
@@ -32,6 +38,12 @@
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/detail/issue.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define NCCLKIT_NCCL_DEVICE_API 1
+#else
+#define NCCLKIT_NCCL_DEVICE_API 0
+#endif
 
 namespace ncclkit::nccl {
 
@@ -48,13 +60,15 @@ class CompressedReduce {
       window_ = std::exchange(other.window_, nullptr);
       memory_ = std::exchange(other.memory_, nullptr);
       epochs_ = std::exchange(other.epochs_, nullptr);
+      gave_up_ = std::exchange(other.gave_up_, nullptr);
+      done_ = std::exchange(other.done_, nullptr);
+      used_ = std::exchange(other.used_, false);
       window_bytes_ = other.window_bytes_;
       capacity_ = other.capacity_;
       slot_ = other.slot_;
       blocks_ = other.blocks_;
       lsa_rank_ = other.lsa_rank_;
       wire_ = other.wire_;
-      last_stream_ = other.last_stream_;
     }
     return *this;
   }
@@ -68,19 +82,26 @@ class CompressedReduce {
   DataType wire() const { return wire_; }
   /// Bytes of the symmetric window.
   std::size_t window_bytes() const { return window_bytes_; }
-  /// Blocks of the kernel (one per SM by default; NCCLKIT_COMPRESSED_REDUCE_BLOCKS).
+  /// Blocks of the kernel: the fewest any rank asked for (one per SM by default;
+  /// NCCLKIT_COMPRESSED_REDUCE_BLOCKS).
   int blocks() const { return blocks_; }
 
  private:
   friend class Communicator;
 
-  /// Why the fused path cannot run on `core`'s communicator, or empty where it can. The same
-  /// on every rank: ranks agree on NCCL's version at init, and the LSA team is symmetric.
-  static std::string unavailable(detail::CommCore& core) {
+  /// Why this rank cannot run the fused kernel, or empty where it can (then `lsa_rank` is
+  /// its rank in the team of GPUs that reach each other's memory). Ranks may differ (the
+  /// environment is per process): prepare_compressed_reduce compares their verdicts.
+  static std::string local_verdict(detail::CommCore& core, int& lsa_rank) {
     if (detail::compressed_reduce_launcher() == nullptr) {
       return "the kernel is missing: include ncclkit/nccl/kernels.cuh in a file compiled by nvcc";
     }
     if (env_int("NCCLKIT_COMPRESSED_REDUCE").value_or(1) == 0) return "NCCLKIT_COMPRESSED_REDUCE=0";
+#if !NCCLKIT_NCCL_DEVICE_API
+    (void)core;
+    (void)lsa_rank;
+    return "ncclkit was built against NCCL " + std::to_string(NCCL_VERSION_CODE) + "; it needs NCCL 2.28's device API";
+#else
     int version = 0;
     if (ncclGetVersion(&version) != ncclSuccess || version != NCCL_VERSION_CODE) {
       // The kernel reads NCCL's window structure as this build's nccl_device.h lays it out.
@@ -91,45 +112,58 @@ class CompressedReduce {
       int ranks, rank, stride;
     };
     using TeamLsa = Team (*)(ncclComm_t);
+    // Found where libnccl was loaded globally (the usual link); a libnccl opened privately
+    // (RTLD_LOCAL, inside a Python extension) is not found, and the separate casts run.
     const auto team_lsa = reinterpret_cast<TeamLsa>(dlsym(RTLD_DEFAULT, "ncclTeamLsa"));
     if (team_lsa == nullptr) return "this NCCL library has no device API (ncclTeamLsa)";
-    ncclComm_t comm = core.handle().comm;
-    if (comm == nullptr) return "the communicator was aborted";
-    const Team team = team_lsa(comm);
+    std::unique_lock lock(core.handle().mutex);  // the watchdog aborts under this lock
+    if (core.handle().aborted || core.handle().comm == nullptr) return "the communicator was aborted";
+    const Team team = team_lsa(core.handle().comm);
+    lock.unlock();
     if (team.ranks != core.size) {
       return "only " + std::to_string(team.ranks) + " of " + std::to_string(core.size) +
              " ranks reach each other's memory (NVLink or PCIe peer access); it needs all";
     }
+    lsa_rank = team.rank;
     return {};
+#endif
   }
 
   /// Allocates and registers the window (a collective), zeroed; the caller then holds a
   /// barrier, so that no rank's first call raises a flag that a peer's zeroing would erase.
-  static CompressedReduce create(detail::CommCore& core, std::size_t max_count, DataType wire) {
-    if (wire != DataType::kFloat16 && wire != DataType::kBFloat16) {
-      throw ConfigError("ncclkit prepare_compressed_reduce on " + core.who() + ": wire type " +
-                        std::string(name_of(wire)) + " is not float16 or bfloat16");
-    }
+  static CompressedReduce create(detail::CommCore& core, std::size_t max_count, DataType wire, int blocks,
+                                 int lsa_rank) {
     CompressedReduce w;
+#if NCCLKIT_NCCL_DEVICE_API
     DeviceGuard guard(core.device);
-    int sms = 0;
-    NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, core.device));
-    // One block per SM reaches NVLink's bandwidth at 512 threads (docs/performance.md); more
-    // than two per SM could leave partners of a barrier waiting for a place on the GPU.
-    w.blocks_ = static_cast<int>(
-        std::clamp<std::int64_t>(env_int("NCCLKIT_COMPRESSED_REDUCE_BLOCKS").value_or(sms), 1, 2 * sms));
-    w.lsa_rank_ = core.rank;
+    w.blocks_ = blocks;
+    w.lsa_rank_ = lsa_rank;
     w.wire_ = wire;
-    w.capacity_ = std::max<std::size_t>(max_count, 1);
+    w.capacity_ = max_count;
     w.slot_ = shard_of(w.capacity_, core.size);
     const std::size_t flags = static_cast<std::size_t>(w.blocks_) * static_cast<std::size_t>(core.size) * 4;
     w.window_bytes_ = round_up(2 * static_cast<std::size_t>(core.size) * w.slot_ * size_of(wire) + flags, 4096);
     w.core_ = &core;
-    NCCLKIT_CUDA_CHECK(cudaMalloc(&w.epochs_, (static_cast<std::size_t>(w.blocks_) + 1) * sizeof(std::uint32_t)));
-    NCCLKIT_CUDA_CHECK(cudaMemset(w.epochs_, 0, (static_cast<std::size_t>(w.blocks_) + 1) * sizeof(std::uint32_t)));
+    const std::size_t epoch_bytes = static_cast<std::size_t>(w.blocks_) * sizeof(std::uint32_t);
+    NCCLKIT_CUDA_CHECK(cudaMalloc(&w.epochs_, epoch_bytes));
+    NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&w.gave_up_), sizeof(int), cudaHostAllocMapped));
+    *w.gave_up_ = 0;
+    NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&w.done_, cudaEventDisableTiming));
     NCCLKIT_NCCL_CHECK(ncclMemAlloc(&w.memory_, w.window_bytes_));
-    NCCLKIT_CUDA_CHECK(cudaMemset(w.memory_, 0, w.window_bytes_));
-    NCCLKIT_CUDA_CHECK(cudaDeviceSynchronize());
+    {
+      // On a stream of its own: waiting for the device, or for the comm stream, could wait
+      // for collectives of this or another communicator.
+      cudaStream_t s = nullptr;
+      NCCLKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      const cudaError_t zeroed = [&] {
+        cudaError_t e = cudaMemsetAsync(w.epochs_, 0, epoch_bytes, s);
+        if (e == cudaSuccess) e = cudaMemsetAsync(w.memory_, 0, w.window_bytes_, s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+        return e;
+      }();
+      (void)cudaStreamDestroy(s);
+      NCCLKIT_CUDA_CHECK(zeroed);
+    }
     detail::CallStream stream;
     stream.stream = core.comm_stream;
     ncclWindow_t window = nullptr;
@@ -137,6 +171,9 @@ class CompressedReduce {
       return ncclCommWindowRegister(comm, w.memory_, w.window_bytes_, &window, NCCL_WIN_COLL_SYMMETRIC);
     });
     w.window_ = window;
+#else
+    (void)core, (void)max_count, (void)wire, (void)blocks, (void)lsa_rank;
+#endif
     return w;
   }
 
@@ -150,6 +187,12 @@ class CompressedReduce {
                   " the CompressedReduce was prepared for");
     }
     if (reinterpret_cast<std::uintptr_t>(data.data) % 16 != 0) call.misuse("data is not 16-byte aligned");
+    if (*static_cast<volatile int*>(gave_up_) != 0) {
+      // A kernel stopped waiting for a peer: its data, and the barrier counts, are not whole.
+      call.core().watchdog.request_failure(
+          "a compressed_all_reduce gave up waiting for a peer (dead or stopped) after the timeout");
+      call.core().watchdog.throw_failure();
+    }
     if (data.count == 0) return;
     call.buffer("data", data);
     detail::CompressedReduceArgs args{};
@@ -163,7 +206,7 @@ class CompressedReduce {
     args.decode = static_cast<float>(decode);
     args.nonfinite = nonfinite;
     args.epochs = epochs_;
-    args.timed_out = reinterpret_cast<int*>(epochs_ + blocks_);
+    NCCLKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&args.gave_up), gave_up_, 0));
     args.rank = lsa_rank_;
     args.world = call.core().size;
     args.blocks = blocks_;
@@ -173,10 +216,14 @@ class CompressedReduce {
         std::chrono::duration_cast<std::chrono::nanoseconds>(call.core().options.timeout + std::chrono::seconds(1))
             .count());
     const auto launcher = detail::compressed_reduce_launcher();
-    last_stream_ = call.stream().stream;
     detail::issue(call.core(), call.operation(), data.bytes(), call.stream(), [&](ncclComm_t, cudaStream_t s) {
       return launcher(args, s) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
     });
+    if (!call.stream().capturing) {
+      DeviceGuard guard(call.core().device);
+      NCCLKIT_CUDA_CHECK(cudaEventRecord(done_, call.stream().stream));
+      used_ = true;
+    }
   }
 
   /// Elements per rank: an even split, rounded up to whole 16-byte words of 16-bit values.
@@ -186,43 +233,55 @@ class CompressedReduce {
   static std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
 
   /// Waits for the last call's kernel, deregisters the window (skipped once the communicator
-  /// failed: its abort released the registration) and frees the memory.
+  /// failed, its abort having released the registration, or a kernel gave up) and frees the
+  /// memory.
   void release() noexcept {
     if (core_ == nullptr) return;
     detail::CommCore& core = *std::exchange(core_, nullptr);
+#if NCCLKIT_NCCL_DEVICE_API
     try {
       DeviceGuard guard(core.device);
-      // The kernel gives up by itself at the communicator's timeout, so this wait is bounded.
-      if (last_stream_ != nullptr) (void)cudaStreamSynchronize(last_stream_);
-      if (window_ != nullptr && !core.watchdog.failed()) {
+      // The kernel gives up by itself a second after the communicator's timeout, so this
+      // wait is bounded.
+      if (used_) (void)cudaEventSynchronize(done_);
+      const bool gave_up = gave_up_ != nullptr && *static_cast<volatile int*>(gave_up_) != 0;
+      if (window_ != nullptr && !core.watchdog.failed() && !gave_up) {
         detail::CallStream stream;
         stream.stream = core.comm_stream;
-        detail::issue(core, "compressed_reduce_deregister", 0, stream,
-                      [&](ncclComm_t comm, cudaStream_t) { return ncclCommWindowDeregister(comm, window_); });
+        detail::issue(core, "compressed_reduce_deregister", 0, stream, [&](ncclComm_t comm, cudaStream_t) {
+          return ncclCommWindowDeregister(comm, static_cast<ncclWindow_t>(window_));
+        });
       }
     } catch (const std::exception& e) {
       log_warn(std::string("ncclkit: CompressedReduce: deregistering its window failed: ") + e.what());
     }
     DeviceGuard guard(core.device);
     if (memory_ != nullptr) (void)ncclMemFree(memory_);
+#endif
     if (epochs_ != nullptr) (void)cudaFree(epochs_);
+    if (gave_up_ != nullptr) (void)cudaFreeHost(gave_up_);
+    if (done_ != nullptr) (void)cudaEventDestroy(done_);
     window_ = nullptr;
     memory_ = nullptr;
     epochs_ = nullptr;
+    gave_up_ = nullptr;
+    done_ = nullptr;
+    used_ = false;
   }
 
   detail::CommCore* core_ = nullptr;
-  ncclWindow_t window_ = nullptr;
+  void* window_ = nullptr;  // an ncclWindow_t (NCCL 2.27 and later)
   void* memory_ = nullptr;
-  /// Device memory: `blocks_` barrier counts, then one int set by a block that timed out.
-  std::uint32_t* epochs_ = nullptr;
+  std::uint32_t* epochs_ = nullptr;  // device memory: each block's barrier count
+  int* gave_up_ = nullptr;           // mapped host memory: set by a kernel that stopped waiting
+  cudaEvent_t done_ = nullptr;       // recorded after each call: what release() waits for
+  bool used_ = false;
   std::size_t window_bytes_ = 0;
   std::size_t capacity_ = 0;
   std::size_t slot_ = 0;  // 16-bit values per rank's shard at capacity; a multiple of 8
   int blocks_ = 0;
   int lsa_rank_ = 0;
   DataType wire_ = DataType::kFloat16;
-  cudaStream_t last_stream_ = nullptr;
 };
 
 }  // namespace ncclkit::nccl

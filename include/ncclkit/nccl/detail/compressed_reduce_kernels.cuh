@@ -19,19 +19,24 @@
 /// Between the phases, block b of every rank meets block b of every other at a barrier of
 /// flags in the window; word v of an inbox slot is always handled by the same block (a
 /// grid-stride loop over a grid of fixed size, slots of fixed size), so those pairwise
-/// barriers order every access, also from one call to the next. A barrier gives up after `timeout_ns` (a peer
-/// that died or never launched): the block sets `timed_out` and returns, so the kernel never
-/// spins forever. The communicator's watchdog, whose deadline comes first, reports the
-/// failure.
+/// barriers order every access, also from one call to the next; every rank runs the same grid
+/// (prepare_compressed_reduce agrees on it). A barrier gives up after `timeout_ns` (a peer that
+/// died or never launched): the block raises `gave_up` (mapped host memory, which the next call
+/// and the workspace's destructor read), adds one to the non-finite count (the result is not
+/// whole) and returns, so the kernel never spins forever. The communicator's watchdog, whose
+/// deadline comes first, reports the failure.
 
 #if !defined(__CUDACC__)
 #error "ncclkit/nccl/detail/compressed_reduce_kernels.cuh holds CUDA kernels: include it only from nvcc"
 #endif
 
-#include <cuda/atomic>  // cuda::atomic_ref
-#include <cuda_bf16.h>  // __nv_bfloat16
-#include <cuda_fp16.h>  // __half
 #include <nccl.h>
+
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)  // the device API; older NCCL: no fused kernel
+
+#include <cuda/atomic>    // cuda::atomic_ref
+#include <cuda_bf16.h>    // __nv_bfloat16
+#include <cuda_fp16.h>    // __half
 #include <nccl_device.h>  // ncclGetLsaPointer, ncclGetLocalPointer
 
 #include <cstddef>  // std::size_t
@@ -71,12 +76,13 @@ __device__ inline std::uint64_t global_ns() {
 __device__ inline std::uint32_t* barrier_flag(const CompressedReduceArgs& a, std::size_t flags_offset, int from,
                                               int at) {
   const std::size_t offset = flags_offset + (static_cast<std::size_t>(blockIdx.x) * a.world + from) * 4;
-  return static_cast<std::uint32_t*>(at == a.rank ? ncclGetLocalPointer(a.window, offset)
-                                                  : ncclGetLsaPointer(a.window, offset, at));
+  const auto window = static_cast<ncclWindow_t>(a.window);
+  return static_cast<std::uint32_t*>(at == a.rank ? ncclGetLocalPointer(window, offset)
+                                                  : ncclGetLsaPointer(window, offset, at));
 }
 
 /// Block b of this rank meets block b of every other rank. False when a peer did not come
-/// within the deadline (then `timed_out` is set).
+/// within the deadline (then `gave_up` is raised).
 __device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_offset, std::uint32_t& epoch,
                             std::uint64_t deadline) {
   __syncthreads();  // the block's stores come before the flag (cumulativity of the release)
@@ -95,7 +101,9 @@ __device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_off
         if (static_cast<std::int32_t>(flag.load(cuda::memory_order_acquire) - epoch) >= 0) break;
         if (spins % 1024 == 1023 && global_ns() > deadline) {
           ok = 0;
-          atomicExch(a.timed_out, 1);
+          *static_cast<volatile int*>(a.gave_up) = 1;
+          __threadfence_system();
+          if (a.nonfinite != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.nonfinite), 1ull);
           break;
         }
       }
@@ -138,6 +146,7 @@ __device__ inline unsigned decode8(const WirePack<Wire>& pack, float decode, std
 
 template <class Wire>
 __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_kernel(CompressedReduceArgs a) {
+  const auto window = static_cast<ncclWindow_t>(a.window);
   const std::size_t vectors = a.shard / 8;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -152,7 +161,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
   // 1. The others' shards, encoded, into their reduce-scatter inbox, slot `rank`.
   for (int step = 1; step < a.world; ++step) {
     const int peer = (a.rank + step) % a.world;
-    auto* inbox = static_cast<uint4*>(ncclGetLsaPointer(a.window, static_cast<std::size_t>(a.rank) * slot_bytes, peer));
+    auto* inbox = static_cast<uint4*>(ncclGetLsaPointer(window, static_cast<std::size_t>(a.rank) * slot_bytes, peer));
     for (std::size_t v = first; v < vectors; v += stride) {
       float x[8];
       load8(a.data, a.count, static_cast<std::size_t>(peer) * shard + v * 8, x);
@@ -174,7 +183,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
     for (int q = 0; q < a.world; ++q) {
       if (q == a.rank) continue;
       WirePack<Wire> in;
-      in.word = static_cast<const uint4*>(ncclGetLocalPointer(a.window, static_cast<std::size_t>(q) * slot_bytes))[v];
+      in.word = static_cast<const uint4*>(ncclGetLocalPointer(window, static_cast<std::size_t>(q) * slot_bytes))[v];
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] += WireOps<Wire>::widen(in.v[k]);
     }
@@ -183,8 +192,8 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
     for (int k = 0; k < 8; ++k) out.v[k] = WireOps<Wire>::narrow(acc[k]);
     for (int step = 1; step < a.world; ++step) {
       const int peer = (a.rank + step) % a.world;
-      static_cast<uint4*>(ncclGetLsaPointer(a.window, gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes,
-                                            peer))[v] = out.word;
+      static_cast<uint4*>(
+          ncclGetLsaPointer(window, gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes, peer))[v] = out.word;
     }
     float r[8];
     bad += decode8(out, a.decode, e < a.count ? a.count - e : 0, r);
@@ -196,7 +205,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
   for (int q = 0; q < a.world; ++q) {
     if (q == a.rank) continue;
     const auto* inbox = static_cast<const uint4*>(
-        ncclGetLocalPointer(a.window, gather_offset + static_cast<std::size_t>(q) * slot_bytes));
+        ncclGetLocalPointer(window, gather_offset + static_cast<std::size_t>(q) * slot_bytes));
     for (std::size_t v = first; v < vectors; v += stride) {
       const std::size_t e = static_cast<std::size_t>(q) * shard + v * 8;
       WirePack<Wire> in;
@@ -232,3 +241,5 @@ inline const bool kCompressedReduceLauncherRegistered =
     (compressed_reduce_launcher() = &launch_compressed_reduce, true);
 
 }  // namespace ncclkit::nccl::detail
+
+#endif  // NCCL 2.28

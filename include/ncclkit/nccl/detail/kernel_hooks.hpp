@@ -5,7 +5,6 @@
 /// hooks for the whole program.
 
 #include <cuda_runtime_api.h>  // cudaStream_t
-#include <nccl.h>              // ncclWindow_t
 
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint64_t
@@ -60,7 +59,7 @@ inline CopyBatchLauncher& copy_batch_launcher() {
 /// (r + 1) * shard); shard <= slot, both multiples of 8. `epochs` (device memory, `blocks`
 /// values) carry each block's barrier count from one call to the next.
 struct CompressedReduceArgs {
-  ncclWindow_t window;
+  void* window;  // an ncclWindow_t (NCCL 2.28's device API)
   float* data;
   std::size_t count;
   std::size_t slot;   // wire values per rank in each inbox (fixed by the workspace)
@@ -70,7 +69,7 @@ struct CompressedReduceArgs {
   float decode;
   std::uint64_t* nonfinite;  // null, or a counter in device memory
   std::uint32_t* epochs;
-  int* timed_out;  // device memory: set to 1 by a block that gave up waiting for a peer
+  int* gave_up;  // mapped host memory: set to 1 by a block that stopped waiting for a peer
   int rank;        // in the LSA team (every rank of the communicator)
   int world;
   int blocks;
