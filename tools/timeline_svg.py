@@ -72,7 +72,8 @@ def main():
            f'<text x="10" y="16" font-size="13">{escape(args.title)}</text>']
     for i, key in enumerate(rows):
         y = 28 + i * ROW
-        name = f'{ranks.get(key[0], "rank " + str(key[0]))}, {lanes.get(key, "lane " + str(key[1]))}'
+        rank = " ".join(ranks.get(key[0], "rank " + str(key[0])).split(" ")[:2])  # "rank 0", no label
+        name = f'{rank}, {lanes.get(key, "lane " + str(key[1]))}'
         out.append(f'<text x="6" y="{y + 15}">{escape(name)}</text>')
         out.append(f'<line x1="{LABEL}" y1="{y + ROW}" x2="{WIDTH - 10}" y2="{y + ROW}" stroke="#eeeeee"/>')
     row_of = {key: i for i, key in enumerate(rows)}
