@@ -13,6 +13,7 @@
 #include <vector>     // std::vector
 
 #include "ncclkit/fusion/gradient_sync.hpp"
+#include "support/fusion_reference.hpp"
 #include "support/gloo_testing.hpp"
 #include "support/temp_dir.hpp"
 #include "support/timeline_check.hpp"
@@ -77,21 +78,7 @@ TEST_CASE("bucketed gradients over Gloo equal the float64 average, in every rank
           sync.mark_ready(slot, comm.default_stream());
         }
         sync.finish(comm.default_stream());
-        double error = 0, norm = 0;
-        for (std::uint32_t i = 0; i < layout.size(); ++i) {
-          const Slot slot{i};
-          std::vector<double> reference(layout.count(slot), 0.0);
-          for (int r = 0; r < world.world_size; ++r) {
-            const auto values = gradient(r, i, step, layout.count(slot));
-            for (std::size_t j = 0; j < values.size(); ++j) reference[j] += values[j] / world.world_size;
-          }
-          const auto out = grads.span<float>(slot);
-          for (std::size_t j = 0; j < reference.size(); ++j) {
-            error += (out[j] - reference[j]) * (out[j] - reference[j]);
-            norm += reference[j] * reference[j];
-          }
-        }
-        const double relative = std::sqrt(error / norm);
+        const double relative = ncclkit::testing::error_against_average(grads, world.world_size, step, gradient);
         check.expect(relative <= 1e-6,
                      "step " + std::to_string(step) + ": norm-relative error " + std::to_string(relative) + " > 1e-6");
         check.expect(sync.stats().launched_before_finish == sync.stats().buckets,

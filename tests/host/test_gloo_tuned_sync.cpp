@@ -16,6 +16,7 @@
 #include "ncclkit/fusion/detail/backend_memory.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
 #include "ncclkit/fusion/tuned_sync.hpp"
+#include "support/fusion_reference.hpp"
 #include "support/gloo_testing.hpp"
 
 using ncclkit::DataType;
@@ -77,21 +78,8 @@ TEST_CASE("tuning over Gloo with each process's own clock: exact averages, one p
         sync.mark_ready(slot, comm.default_stream());
       }
       sync.finish(comm.default_stream());
-      double error = 0, norm = 0;
-      for (std::uint32_t i = 0; i < layout.size(); ++i) {
-        const Slot slot{i};
-        std::vector<double> reference(layout.count(slot), 0.0);
-        for (int r = 0; r < world.world_size; ++r) {
-          const auto values = tuned_gloo_gradient(r, i, step, layout.count(slot));
-          for (std::size_t j = 0; j < values.size(); ++j) reference[j] += values[j] / world.world_size;
-        }
-        const auto out = grads.span<float>(slot);
-        for (std::size_t j = 0; j < reference.size(); ++j) {
-          error += (out[j] - reference[j]) * (out[j] - reference[j]);
-          norm += reference[j] * reference[j];
-        }
-      }
-      const double relative = std::sqrt(error / norm);
+      const double relative =
+          ncclkit::testing::error_against_average(grads, world.world_size, step, tuned_gloo_gradient);
       check.expect(relative <= 1e-6,
                    "step " + std::to_string(step) + ": norm-relative error " + std::to_string(relative) + " > 1e-6");
       check.expect(sync.tuning().done() == (step >= 3 * 3 - 1), "tuning ends after 3 candidates x 3 steps");

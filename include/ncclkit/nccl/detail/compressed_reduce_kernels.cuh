@@ -42,22 +42,10 @@
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint32_t, std::uint64_t
 
+#include "ncclkit/nccl/detail/codec_kernels.cuh"  // Convert: the casts' rounding, shared
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
 
 namespace ncclkit::nccl::detail {
-
-template <class Wire>
-struct WireOps;
-template <>
-struct WireOps<__half> {
-  __device__ static __half narrow(float v) { return __float2half_rn(v); }
-  __device__ static float widen(__half v) { return __half2float(v); }
-};
-template <>
-struct WireOps<__nv_bfloat16> {
-  __device__ static __nv_bfloat16 narrow(float v) { return __float2bfloat16_rn(v); }
-  __device__ static float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
-};
 
 /// Eight wire values in one 16-byte word.
 template <class Wire>
@@ -137,7 +125,7 @@ __device__ inline unsigned decode8(const WirePack<Wire>& pack, float decode, std
   unsigned bad = 0;
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const float w = WireOps<Wire>::widen(pack.v[k]);
+    const float w = Convert<Wire>::widen(pack.v[k]);
     bad += (k < valid && !isfinite(w)) ? 1u : 0u;
     out[k] = w * decode;
   }
@@ -167,7 +155,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
       load8(a.data, a.count, static_cast<std::size_t>(peer) * shard + v * 8, x);
       WirePack<Wire> pack;
 #pragma unroll
-      for (int k = 0; k < 8; ++k) pack.v[k] = WireOps<Wire>::narrow(x[k] * a.encode);
+      for (int k = 0; k < 8; ++k) pack.v[k] = Convert<Wire>::narrow(x[k] * a.encode);
       inbox[v] = pack.word;
     }
   }
@@ -185,11 +173,11 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
       WirePack<Wire> in;
       in.word = static_cast<const uint4*>(ncclGetLocalPointer(window, static_cast<std::size_t>(q) * slot_bytes))[v];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] += WireOps<Wire>::widen(in.v[k]);
+      for (int k = 0; k < 8; ++k) acc[k] += Convert<Wire>::widen(in.v[k]);
     }
     WirePack<Wire> out;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) out.v[k] = WireOps<Wire>::narrow(acc[k]);
+    for (int k = 0; k < 8; ++k) out.v[k] = Convert<Wire>::narrow(acc[k]);
     for (int step = 1; step < a.world; ++step) {
       const int peer = (a.rank + step) % a.world;
       static_cast<uint4*>(
