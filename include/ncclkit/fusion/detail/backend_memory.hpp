@@ -112,11 +112,21 @@ std::vector<std::uint64_t> all_gather_words(B& backend, typename B::Stream strea
   std::vector<std::uint64_t> gathered(mine.size() * static_cast<std::size_t>(backend.size()));
   Allocation<B> in(backend, bytes);
   Allocation<B> out(backend, bytes * static_cast<std::size_t>(backend.size()));
-  copy_from_host(backend, in.data(), mine.data(), bytes, stream);
-  backend.all_gather(TensorView{in.data(), mine.size(), DataType::kUint64, B::memory_kind},
-                     TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, stream);
-  copy_to_host(backend, gathered.data(), out.data(), bytes * static_cast<std::size_t>(backend.size()), stream);
-  backend.synchronize(stream);
+  try {
+    copy_from_host(backend, in.data(), mine.data(), bytes, stream);
+    backend.all_gather(TensorView{in.data(), mine.size(), DataType::kUint64, B::memory_kind},
+                       TensorView{out.data(), gathered.size(), DataType::kUint64, B::memory_kind}, stream);
+    copy_to_host(backend, gathered.data(), out.data(), bytes * static_cast<std::size_t>(backend.size()), stream);
+    backend.synchronize(stream);
+  } catch (...) {
+    // The copy queued before a failed call may still run: let the stream pass it before the
+    // buffers go (bounded as synchronize is; its own failure says nothing new).
+    try {
+      backend.synchronize(stream);
+    } catch (...) {
+    }
+    throw;
+  }
   return gathered;
 }
 
