@@ -22,6 +22,7 @@
 #include <utility>    // std::move
 #include <vector>     // std::vector
 
+#include "ncclkit/core/detail/align.hpp"
 #include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
@@ -110,7 +111,7 @@ class BucketPlan {
       const DataType type = layout.dtype(slot);
       Open& o = open[static_cast<std::size_t>(type)];
       const std::size_t begin = layout.offset_bytes(slot);
-      const std::size_t end = align_up(begin + layout.bytes(slot), layout.alignment_of(type));
+      const std::size_t end = ncclkit::detail::align_up(begin + layout.bytes(slot), layout.alignment_of(type));
       const std::size_t cap = o.closed == 0 ? options.first_bucket_bytes : options.bucket_bytes;
       if (!o.bucket.slots.empty() && end - o.bucket.begin_bytes > cap) close(o);
       if (o.bucket.slots.empty()) o.bucket = Bucket{type, begin, end, {}};
@@ -203,8 +204,6 @@ class BucketPlan {
     }
   }
 
-  static std::size_t align_up(std::size_t value, std::size_t align) { return (value + align - 1) & ~(align - 1); }
-
   const Tensor& tensor(Slot slot) const {
     if (slot.index >= tensors_.size()) {
       throw ConfigError("ncclkit: BucketPlan: slot " + std::to_string(slot.index) + " is out of range (" +
@@ -295,7 +294,7 @@ inline BucketPlan BucketPlan::parse(std::span<const std::byte> bytes, const Fuse
     }
     const Slot last = bucket.slots.empty() ? Slot{} : bucket.slots.back();
     if (bucket.slots.empty() ||
-        align_up(layout.offset_bytes(last) + layout.bytes(last), layout.alignment_of(type)) != end) {
+        ncclkit::detail::align_up(layout.offset_bytes(last) + layout.bytes(last), layout.alignment_of(type)) != end) {
       throw in.error(field, range + " does not end where a tensor ends; buckets never split a tensor");
     }
     next_begin[t] = end;

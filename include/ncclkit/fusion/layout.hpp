@@ -26,6 +26,7 @@
 #include <utility>           // std::move
 #include <vector>            // std::vector
 
+#include "ncclkit/core/detail/align.hpp"
 #include "ncclkit/core/dtype.hpp"
 
 namespace ncclkit::fusion {
@@ -128,7 +129,7 @@ class FusedLayout {
                           " allocation overflows std::size_t at tensor \"" + entry.name + "\"");
       }
       offsets[i] = cursor[type];
-      cursor[type] = align_up(cursor[type] + bytes, align);
+      cursor[type] = ncclkit::detail::align_up(cursor[type] + bytes, align);
       order[type].push_back(Slot{static_cast<std::uint32_t>(i)});
     }
     for (std::size_t i = 0; i < slots_.size(); ++i) slots_[i].offset_bytes = offsets[i];
@@ -213,8 +214,6 @@ class FusedLayout {
     DataType dtype = DataType::kFloat32;
     std::size_t offset_bytes = 0;
   };
-
-  static std::size_t align_up(std::size_t value, std::size_t align) { return (value + align - 1) & ~(align - 1); }
 
   const Entry& entry(Slot slot) const {
     if (slot.index >= slots_.size()) {
