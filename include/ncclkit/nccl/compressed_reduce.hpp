@@ -29,6 +29,7 @@
 #include <string>   // std::string
 #include <utility>  // std::exchange
 
+#include "ncclkit/core/detail/align.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/log.hpp"
@@ -61,6 +62,7 @@ class CompressedReduce {
       memory_ = std::exchange(other.memory_, nullptr);
       epochs_ = std::exchange(other.epochs_, nullptr);
       gave_up_ = std::exchange(other.gave_up_, nullptr);
+      gave_up_device_ = std::exchange(other.gave_up_device_, nullptr);
       done_ = std::exchange(other.done_, nullptr);
       used_ = std::exchange(other.used_, false);
       window_bytes_ = other.window_bytes_;
@@ -142,12 +144,14 @@ class CompressedReduce {
     w.capacity_ = max_count;
     w.slot_ = shard_of(w.capacity_, core.size);
     const std::size_t flags = static_cast<std::size_t>(w.blocks_) * static_cast<std::size_t>(core.size) * 4;
-    w.window_bytes_ = round_up(2 * static_cast<std::size_t>(core.size) * w.slot_ * size_of(wire) + flags, 4096);
+    w.window_bytes_ =
+        ncclkit::detail::align_up(2 * static_cast<std::size_t>(core.size) * w.slot_ * size_of(wire) + flags, 4096);
     w.core_ = &core;
     const std::size_t epoch_bytes = static_cast<std::size_t>(w.blocks_) * sizeof(std::uint32_t);
     NCCLKIT_CUDA_CHECK(cudaMalloc(&w.epochs_, epoch_bytes));
     NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&w.gave_up_), sizeof(int), cudaHostAllocMapped));
     *w.gave_up_ = 0;
+    NCCLKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&w.gave_up_device_), w.gave_up_, 0));
     NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&w.done_, cudaEventDisableTiming));
     NCCLKIT_NCCL_CHECK(ncclMemAlloc(&w.memory_, w.window_bytes_));
     {
@@ -206,7 +210,7 @@ class CompressedReduce {
     args.decode = static_cast<float>(decode);
     args.nonfinite = nonfinite;
     args.epochs = epochs_;
-    NCCLKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&args.gave_up), gave_up_, 0));
+    args.gave_up = gave_up_device_;
     args.rank = lsa_rank_;
     args.world = call.core().size;
     args.blocks = blocks_;
@@ -228,9 +232,9 @@ class CompressedReduce {
 
   /// Elements per rank: an even split, rounded up to whole 16-byte words of 16-bit values.
   static std::size_t shard_of(std::size_t count, int world) {
-    return round_up((count + static_cast<std::size_t>(world) - 1) / static_cast<std::size_t>(world), 8);
+    return ncclkit::detail::align_up((count + static_cast<std::size_t>(world) - 1) / static_cast<std::size_t>(world),
+                                     8);
   }
-  static std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
 
   /// Waits for the last call's kernel, deregisters the window (skipped once the communicator
   /// failed, its abort having released the registration, or a kernel gave up) and frees the
@@ -265,6 +269,7 @@ class CompressedReduce {
     memory_ = nullptr;
     epochs_ = nullptr;
     gave_up_ = nullptr;
+    gave_up_device_ = nullptr;
     done_ = nullptr;
     used_ = false;
   }
@@ -274,6 +279,7 @@ class CompressedReduce {
   void* memory_ = nullptr;
   std::uint32_t* epochs_ = nullptr;  // device memory: each block's barrier count
   int* gave_up_ = nullptr;           // mapped host memory: set by a kernel that stopped waiting
+  int* gave_up_device_ = nullptr;    // the same flag as the kernel addresses it
   cudaEvent_t done_ = nullptr;       // recorded after each call: what release() waits for
   bool used_ = false;
   std::size_t window_bytes_ = 0;
