@@ -53,7 +53,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/compression/codec.hpp"
-#include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/fusion/tuned_sync.hpp"
 
@@ -344,7 +344,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
 
   // Loose tensors: an allocation per tensor, staged through a second fused buffer.
   FusedBuffer<B> staging(backend, layout);
-  std::vector<fusion::detail::Allocation<B>> own;
+  std::vector<ncclkit::detail::Allocation<B>> own;
   std::vector<void*> loose(layout.size(), nullptr);
   for (std::uint32_t i = 0; i < layout.size(); ++i) {
     if (layout.bytes(Slot{i}) == 0) continue;
@@ -411,10 +411,10 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
 
   // For reference, not a way to synchronise gradients: the 16-bit all_reduce alone (what a codec
   // row would cost with free casts). Not checked.
-  fusion::detail::Allocation<B> wire16;
+  ncclkit::detail::Allocation<B> wire16;
   if (!options.codecs.empty()) {
     const std::size_t count = bytes / sizeof(float);
-    wire16 = fusion::detail::Allocation<B>(backend, count * 2);
+    wire16 = ncclkit::detail::Allocation<B>(backend, count * 2);
     Row row{"fp16 all_reduce alone", [&, count] {
               const TensorView wire{wire16.data(), count, DataType::kFloat16, B::memory_kind};
               backend.record(ready, compute);

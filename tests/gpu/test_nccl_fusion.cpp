@@ -21,7 +21,7 @@
 
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/compression/codec.hpp"
-#include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "support/model_shapes.hpp"
@@ -79,7 +79,7 @@ int check_resnet(const WorldInfo& world, const std::shared_ptr<Store>& store, co
   Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fusion"});
   FusedBuffer<Communicator> grads(comm, ncclkit::testing::model_layout("resnet50"));
   const FusedLayout& layout = grads.layout();
-  std::vector<ncclkit::fusion::detail::Allocation<Communicator>> own;
+  std::vector<ncclkit::detail::Allocation<Communicator>> own;
   std::vector<void*> loose;
   if (c.loose) {
     loose.assign(layout.size(), nullptr);
@@ -260,9 +260,9 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
       for (const DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
         auto workspace = comm.prepare_compressed_reduce(kCapacity, wire);
         if (!checker.expect(workspace.has_value(), "a workspace where it can run")) break;
-        ncclkit::fusion::detail::Allocation<Communicator> data(comm, kCapacity * sizeof(float));
-        ncclkit::fusion::detail::Allocation<Communicator> count(comm, sizeof(std::uint64_t));
-        ncclkit::fusion::detail::Allocation<Communicator> hashes(comm, sizeof(std::uint64_t) * world.world_size);
+        ncclkit::detail::Allocation<Communicator> data(comm, kCapacity * sizeof(float));
+        ncclkit::detail::Allocation<Communicator> count(comm, sizeof(std::uint64_t));
+        ncclkit::detail::Allocation<Communicator> hashes(comm, sizeof(std::uint64_t) * world.world_size);
         const cudaStream_t s = comm.default_stream();
         const double bound = wire == DataType::kFloat16 ? 1e-3 : 5e-3;
         const std::size_t odd = static_cast<std::size_t>(world.world_size) - 1;
@@ -319,7 +319,7 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
         // carry from one call to the next, whatever the counts.
         {
           const std::size_t counts[] = {kCapacity, 13, kCapacity - 7, 1};
-          std::vector<ncclkit::fusion::detail::Allocation<Communicator>> buffers;
+          std::vector<ncclkit::detail::Allocation<Communicator>> buffers;
           std::vector<std::vector<double>> want(4);
           for (std::size_t k = 0; k < 4; ++k) {
             buffers.emplace_back(comm, counts[k] * sizeof(float));

@@ -13,7 +13,7 @@
 #include <string>     // std::string
 #include <vector>     // std::vector
 
-#include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
 #include "ncclkit/fusion/tuned_sync.hpp"
 #include "support/fusion_reference.hpp"
@@ -91,7 +91,7 @@ TEST_CASE("tuning over Gloo with each process's own clock: exact averages, one p
                        sync.tuning().describe());
     }
     const std::array<std::uint64_t, 2> mine = {sync.tuning().chosen.value_or(99), history};
-    const auto all = ncclkit::fusion::detail::all_gather_words(comm, comm.comm_stream(), std::span(mine));
+    const auto all = ncclkit::detail::all_gather_words(comm, comm.comm_stream(), std::span(mine));
     check.expect(all[0] == all[2] && all[1] == all[3],
                  "both ranks chose candidate " + std::to_string(all[0]) + " and ran the same plans at every step");
   });

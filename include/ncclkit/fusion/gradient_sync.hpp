@@ -51,7 +51,7 @@
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/compression/codec.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
-#include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/detail/pieces.hpp"
 #include "ncclkit/fusion/detail/plan_agreement.hpp"
 #include "ncclkit/fusion/detail/sync_timeline.hpp"
@@ -224,8 +224,8 @@ class GradientSync {
 
     // Seed of zeros, for kReduceAsZeros, the padding and the non-finite counters.
     static const std::byte kZeros[kZeroBytes] = {};
-    zeros_ = detail::Allocation<B>(*backend_, kZeroBytes);
-    detail::copy_from_host(*backend_, zeros_.data(), kZeros, kZeroBytes, comm_);
+    zeros_ = ncclkit::detail::Allocation<B>(*backend_, kZeroBytes);
+    ncclkit::detail::copy_from_host(*backend_, zeros_.data(), kZeros, kZeroBytes, comm_);
     zero_padding();
 
     if constexpr (CodecBackend<B>) {
@@ -233,11 +233,11 @@ class GradientSync {
       if (compress) {
         // Two sets, for steps of even and odd number: nonfinite() reads the last finished step's
         // while the next step's fused kernels count into the other.
-        counters_ = detail::Allocation<B>(*backend_, 2 * pieces_.pieces.size() * sizeof(std::uint64_t));
+        counters_ = ncclkit::detail::Allocation<B>(*backend_, 2 * pieces_.pieces.size() * sizeof(std::uint64_t));
         // Zeroed once: with the fused kernel only the compressed pieces' counters are reset per step.
-        detail::zero_fill(*backend_,
-                          TensorView{counters_.data(), 2 * pieces_.pieces.size(), DataType::kUint64, B::memory_kind},
-                          zeros_.data(), zeros_.bytes(), comm_);
+        ncclkit::detail::zero_fill(
+            *backend_, TensorView{counters_.data(), 2 * pieces_.pieces.size(), DataType::kUint64, B::memory_kind},
+            zeros_.data(), zeros_.bytes(), comm_);
         for (std::size_t i = 0; i < pieces_.pieces.size(); ++i) encoded_events_.push_back(backend_->create_event());
       }
       if (compress || !pack_.empty()) {
@@ -267,7 +267,7 @@ class GradientSync {
       }
     }
     if constexpr (CodecBackend<B>) {
-      if (compress && !fused_transfer()) wire_ = detail::Allocation<B>(*backend_, pieces_.wire_bytes);
+      if (compress && !fused_transfer()) wire_ = ncclkit::detail::Allocation<B>(*backend_, pieces_.wire_bytes);
     }
   }
 
@@ -334,7 +334,7 @@ class GradientSync {
     try {
       step_in_flight_.on = step_in_flight_.on || !result.launch.empty();
       for (Slot slot : result.zeroed) {
-        detail::zero_fill(*backend_, loose_view(slot), zeros_.data(), zeros_.bytes(), stream);
+        ncclkit::detail::zero_fill(*backend_, loose_view(slot), zeros_.data(), zeros_.bytes(), stream);
       }
       launch_unchecked(result.launch, stream);
       if constexpr (CodecBackend<B>) {
@@ -484,7 +484,7 @@ class GradientSync {
         if (to > from) {
           const TensorView bytes{base_[static_cast<std::size_t>(type)] + from, to - from, DataType::kUint8,
                                  B::memory_kind};
-          detail::zero_fill(*backend_, bytes, zeros_.data(), zeros_.bytes(), comm_);
+          ncclkit::detail::zero_fill(*backend_, bytes, zeros_.data(), zeros_.bytes(), comm_);
         }
       };
       for (Slot slot : layout_.order(type)) {
@@ -577,8 +577,8 @@ class GradientSync {
         if (piece.encoded && fused_transfer()) {
           if constexpr (CompressedReduceBackend<B>) {
             // Counted on the comm stream, where the kernel adds to it; complete_on only waits.
-            detail::zero_fill(*backend_, TensorView{counter(i), 1, DataType::kUint64, B::memory_kind}, zeros_.data(),
-                              zeros_.bytes(), comm_);
+            ncclkit::detail::zero_fill(*backend_, TensorView{counter(i), 1, DataType::kUint64, B::memory_kind},
+                                       zeros_.data(), zeros_.bytes(), comm_);
             if (i == pieces_.first[b]) {
               backend_->record(encoded_events_[i], stream);
               backend_->wait(encoded_events_[i], comm_);
@@ -617,7 +617,7 @@ class GradientSync {
   void complete_on(Stream stream) requires CodecBackend<B> {
     const bool compress = pieces_.encoded != 0;
     if (compress && !fused_transfer())
-      detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), stream);
+      ncclkit::detail::zero_fill(*backend_, counters_view(), zeros_.data(), zeros_.bytes(), stream);
     if (compress && options_.rerun_nonfinite) {
       // Count first (a pass over the 16-bit results that leaves them as they are), read the
       // counts on the host: every rank sees the same ones and reruns the same chunks.
@@ -649,8 +649,8 @@ class GradientSync {
           backend_->record(reduced_events_[i], comm_);
           backend_->wait(reduced_events_[i], stream);
           // The chunk's count is now that of its float32 result (a pass that leaves it as it is).
-          detail::zero_fill(*backend_, TensorView{counter(i), 1, DataType::kUint64, B::memory_kind}, zeros_.data(),
-                            zeros_.bytes(), stream);
+          ncclkit::detail::zero_fill(*backend_, TensorView{counter(i), 1, DataType::kUint64, B::memory_kind},
+                                     zeros_.data(), zeros_.bytes(), stream);
           backend_->cast(piece_view(piece), piece_view(piece), 1.0, counter(i), stream);
           ++stats_.rerun_chunks;
           continue;
@@ -674,7 +674,8 @@ class GradientSync {
   /// Copies one set of per-piece counters to host_counts_, synchronising `stream`.
   void read_counters(Stream stream, const std::uint64_t* from) {
     host_counts_.assign(pieces_.pieces.size(), 0);
-    detail::copy_to_host(*backend_, host_counts_.data(), from, host_counts_.size() * sizeof(std::uint64_t), stream);
+    ncclkit::detail::copy_to_host(*backend_, host_counts_.data(), from, host_counts_.size() * sizeof(std::uint64_t),
+                                  stream);
     backend_->synchronize(stream);
   }
 
@@ -717,9 +718,9 @@ class GradientSync {
   Options options_;
   Stream comm_;
   Stream finish_stream_{};
-  Event done_event_;                 // recorded on the comm stream after a step's last bucket
-  std::vector<Event> ready_events_;  // per bucket; a launch of several buckets uses its first's
-  detail::Allocation<B> zeros_;      // kZeroBytes of zeros
+  Event done_event_;                      // recorded on the comm stream after a step's last bucket
+  std::vector<Event> ready_events_;       // per bucket; a launch of several buckets uses its first's
+  ncclkit::detail::Allocation<B> zeros_;  // kZeroBytes of zeros
   GradientSyncStats stats_;
   std::vector<std::uint32_t> initial_pending_;  // non-empty tensors per bucket
   std::vector<std::uint32_t> pending_;          // of those, not marked yet this step
@@ -729,11 +730,11 @@ class GradientSync {
   // Compression: the 16-bit wire buffer, its pieces and per-piece events and counters.
   detail::Pieces pieces_;
   compression::CodecFactors factors_;
-  detail::Allocation<B> wire_;
-  detail::Allocation<B> counters_;          // a std::uint64_t per piece, in the backend's memory
-  std::vector<std::uint64_t> host_counts_;  // the counters, as last read
-  std::vector<Event> encoded_events_;       // per piece: encoded on the compute stream
-  std::vector<Event> reduced_events_;       // per piece: reduced on the comm stream (decode, unpack)
+  ncclkit::detail::Allocation<B> wire_;
+  ncclkit::detail::Allocation<B> counters_;  // a std::uint64_t per piece, in the backend's memory
+  std::vector<std::uint64_t> host_counts_;   // the counters, as last read
+  std::vector<Event> encoded_events_;        // per piece: encoded on the compute stream
+  std::vector<Event> reduced_events_;        // per piece: reduced on the comm stream (decode, unpack)
   /// The fused kernel's workspace, where the backend runs it (GradientSyncOptions::fused_transfer).
   using CompressedWorkspace = typename detail::CompressedReduceOf<B>::type;
   std::optional<CompressedWorkspace> compressed_;

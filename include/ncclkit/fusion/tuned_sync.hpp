@@ -46,7 +46,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/byte_format.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
-#include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/detail/bucket_tuning.hpp"
 #include "ncclkit/fusion/fused_buffer.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
@@ -349,7 +349,7 @@ class TunedGradientSync {
       if (!c.same_plan_as) mine[i] = static_cast<std::uint64_t>(c.median.count());
     }
     const std::vector<std::uint64_t> gathered =
-        backend_->size() > 1 ? detail::all_gather_words(*backend_, sync_->comm_stream(), mine) : mine;
+        backend_->size() > 1 ? ncclkit::detail::all_gather_words(*backend_, sync_->comm_stream(), mine) : mine;
     const detail::Choice choice = detail::choose(gathered, count);
     for (std::size_t i = 0; i < count; ++i) {
       if (choice.slowest[i] != detail::kNotMeasured) {
@@ -365,7 +365,7 @@ class TunedGradientSync {
   void agree_on_tuning() {
     const auto mine = detail::tuning_words(options_.candidates, options_.warmup_steps, options_.measured_steps);
     const auto stream = options_.sync.comm_stream.value_or(backend_->comm_stream());
-    const std::vector<std::uint64_t> all = detail::all_gather_words(*backend_, stream, mine);
+    const std::vector<std::uint64_t> all = ncclkit::detail::all_gather_words(*backend_, stream, mine);
     for (int r = 1; r < backend_->size(); ++r) {
       const std::size_t at = static_cast<std::size_t>(r) * mine.size();
       if (all[at] == all[0] && all[at + 1] == all[1] && all[at + 2] == all[2]) continue;

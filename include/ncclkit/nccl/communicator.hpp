@@ -63,6 +63,7 @@
 #include <nccl.h>              // ncclComm_t and the collectives
 
 #include <algorithm>  // std::clamp, std::min, std::max
+#include <array>      // std::array
 #include <chrono>     // std::chrono
 #include <cstddef>    // std::size_t
 #include <cstdint>    // std::uint64_t
@@ -76,6 +77,7 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -620,26 +622,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     // One block per SM reaches NVLink's bandwidth at 512 threads (docs/performance.md); more
     // than two per SM could leave partners of a barrier waiting for a place on the GPU.
     const auto blocks = std::clamp<std::int64_t>(env_int("NCCLKIT_COMPRESSED_REDUCE_BLOCKS").value_or(sms), 1, 2 * sms);
-    const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
-                                   static_cast<std::uint64_t>(wire)};
-    std::vector<std::uint64_t> all(4 * static_cast<std::size_t>(size()));
-    {
-      void* in = allocate(sizeof mine);
-      void* out = allocate(all.size() * sizeof(std::uint64_t));
-      try {
-        copy_from_host(in, mine, sizeof mine, comm_stream());
-        all_gather(TensorView{in, 4, DataType::kUint64, MemoryKind::kDevice},
-                   TensorView{out, all.size(), DataType::kUint64, MemoryKind::kDevice}, comm_stream());
-        copy_to_host(all.data(), out, all.size() * sizeof(std::uint64_t), comm_stream());
-        synchronize(comm_stream());
-      } catch (...) {
-        deallocate(in);
-        deallocate(out);
-        throw;
-      }
-      deallocate(in);
-      deallocate(out);
-    }
+    const std::array<std::uint64_t, 4> mine = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
+                                               static_cast<std::uint64_t>(wire)};
+    const std::vector<std::uint64_t> all = ncclkit::detail::all_gather_words(*this, comm_stream(), mine);
     bool everyone = true;
     std::int64_t fewest = blocks;
     for (int r = 0; r < size(); ++r) {

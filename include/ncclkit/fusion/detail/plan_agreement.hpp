@@ -16,7 +16,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/fusion/detail/backend_memory.hpp"
+#include "ncclkit/core/detail/backend_memory.hpp"
 
 namespace ncclkit::fusion::detail {
 
@@ -70,7 +70,7 @@ void agree_on_plan(B& backend, typename B::Stream stream, std::uint64_t fingerpr
   const int ranks = backend.size();
   const auto w = settings.words();
   const std::array<std::uint64_t, kWords> mine = {fingerprint, w[0], w[1], w[2]};
-  const std::vector<std::uint64_t> gathered = all_gather_words(backend, stream, mine);
+  const std::vector<std::uint64_t> gathered = ncclkit::detail::all_gather_words(backend, stream, mine);
   const auto at = [&](int rank, std::size_t word) { return gathered[kWords * static_cast<std::size_t>(rank) + word]; };
   for (int r = 1; r < ranks; ++r) {
     if (at(r, 1) != at(0, 1) || at(r, 2) != at(0, 2) || at(r, 3) != at(0, 3)) {

@@ -1,8 +1,8 @@
 #pragma once
-/// What the fusion layer needs of a backend's memory beyond the `Backend` concept: moving a few
-/// bytes between the host and the backend's memory (the plan check at setup), a small
-/// allocation owned by RAII, an all_gather of a few host words through it, and filling a range
-/// with zeros by stream-ordered copies.
+/// What generic code (the fusion layer, a communicator's own setup) needs of a backend's memory
+/// beyond the `Backend` concept: moving a few bytes between the host and the backend's memory,
+/// a small allocation owned by RAII, an all_gather of a few host words through it (checks and
+/// agreements at setup), and filling a range with zeros by stream-ordered copies.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -20,7 +20,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 
-namespace ncclkit::fusion::detail {
+namespace ncclkit::detail {
 
 /// A backend that can copy between host memory and its own, stream-ordered:
 /// `copy_from_host(to, host_from, bytes, stream)` and `copy_to_host(host_to, from, bytes, stream)`
@@ -148,4 +148,4 @@ void zero_fill(B& backend, TensorView view, const std::byte* zeros, std::size_t 
   }
 }
 
-}  // namespace ncclkit::fusion::detail
+}  // namespace ncclkit::detail
