@@ -63,7 +63,6 @@
 #include <nccl.h>              // ncclComm_t and the collectives
 
 #include <algorithm>  // std::clamp, std::min, std::max
-#include <array>      // std::array
 #include <chrono>     // std::chrono
 #include <cstddef>    // std::size_t
 #include <cstdint>    // std::uint64_t
@@ -622,9 +621,10 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     // One block per SM reaches NVLink's bandwidth at 512 threads (docs/performance.md); more
     // than two per SM could leave partners of a barrier waiting for a place on the GPU.
     const auto blocks = std::clamp<std::int64_t>(env_int("NCCLKIT_COMPRESSED_REDUCE_BLOCKS").value_or(sms), 1, 2 * sms);
-    const std::array<std::uint64_t, 4> mine = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
-                                               static_cast<std::uint64_t>(wire)};
-    const std::vector<std::uint64_t> all = ncclkit::detail::all_gather_words(*this, comm_stream(), mine);
+    const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
+                                   static_cast<std::uint64_t>(wire)};
+    const std::vector<std::uint64_t> all =
+        ncclkit::detail::all_gather_words(*this, comm_stream(), std::span<const std::uint64_t>(mine));
     bool everyone = true;
     std::int64_t fewest = blocks;
     for (int r = 0; r < size(); ++r) {
