@@ -6,6 +6,8 @@
 //
 // Rows (per model):
 //   per-tensor    one all_reduce per tensor, in place, reverse registration order, comm stream
+//   per-tensor, grouped  the same in one group of collectives (NCCL: ncclGroupStart/End, one
+//                 launch), where the backend has groups
 //   bucketed      FusedBuffer + GradientSync: every tensor marked ready in reverse order (as
 //                 backward would), then finish; default caps, plus one row per --bucket-mb
 //   tuned         bucketed, auto-tuned: TunedGradientSync with its default candidates (4 to
@@ -14,7 +16,10 @@
 //                 is printed
 //   loose         the tensors in allocations of their own (not a fused buffer): GradientSync
 //                 over a staging buffer packs each bucket by one batched copy and unpacks it
-//                 in finish (default caps, plus one row per --bucket-mb cap)
+//                 in finish (default caps, plus one row per --bucket-mb cap, plus the cap
+//                 auto-tuned as for "tuned"); a tensor alone in its bucket is reduced in place
+//   pack+unpack alone  for reference: one batched copy of every loose tensor into the staging
+//                 buffer and one back, no collective
 //   flat          one all_reduce over the whole fused buffer (the bytes bucketed reduces)
 //   fp16, bf16    GradientSync with a codec, float32 in and out, casts included: buckets of the
 //                 default caps (and one row per --codec-bucket-mb) and the whole buffer as one
@@ -75,6 +80,7 @@ struct Options {
   std::vector<std::string> codecs = {"fp16", "bf16"};  ///< --codec
   std::vector<double> codec_bucket_mb;                 ///< --codec-bucket-mb
   std::vector<int> codec_chunks = {4};                 ///< --codec-chunks
+  std::vector<std::string> rows;                       ///< --rows (empty: all)
 };
 
 inline void usage(const char* tool) {
@@ -97,6 +103,7 @@ inline void usage(const char* tool) {
       "      --codec LIST      compressed rows for these codecs: fp16, bf16 or none (default fp16,bf16)\n"
       "      --codec-bucket-mb LIST  extra compressed rows with these bucket caps in MiB\n"
       "      --codec-chunks LIST     compressed rows over the whole buffer as one bucket in N chunks (default 4)\n"
+      "      --rows LIST       check and time only the rows whose names start with one of these (and flat)\n"
       "Shapes come from bench/data/<model>.shapes.txt (next to the source tree, else under the working folder).\n",
       tool);
 }
@@ -182,6 +189,8 @@ inline bool parse(int argc, char** argv, const char* tool, Options& options) {
       for (const std::string& item : split(value())) {
         options.codec_chunks.push_back(static_cast<int>(parse_int(flag, item, 1, 1024)));
       }
+    } else if (flag == "--rows") {
+      options.rows = split(value());
     } else {
       throw ConfigError("unknown flag '" + flag + "' (see --help)");
     }
@@ -282,6 +291,13 @@ inline std::string capped_name(const char* what, double mb) {
   return name;
 }
 
+/// How a backend groups collectives into one launch, where it can: fusion_nccl specialises
+/// this for NCCL (a GroupGuard); the "per-tensor, grouped" row exists only where it is.
+template <class B>
+struct CollectiveGroup {
+  static constexpr bool available = false;
+};
+
 /// Step clock of a backend: `Clock clock(backend, steps)`, `clock.start(i, stream)`,
 /// `clock.stop(i, stream)`, and after `backend.synchronize(stream)`, `clock.ms(i)`.
 template <Backend B, class Clock>
@@ -310,6 +326,23 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
                     backend.record(done, comm);
                     backend.wait(done, compute);
                   }});
+  if constexpr (CollectiveGroup<B>::available) {
+    // The same collectives in one group (one launch): loose tensors reduced where they are.
+    rows.push_back({"per-tensor, grouped", [&] {
+                      backend.record(ready, compute);
+                      backend.wait(ready, comm);
+                      {
+                        typename CollectiveGroup<B>::Guard group;
+                        for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {
+                          const TensorView view = buffer.view(Slot{i});
+                          if (view.count > 0) backend.all_reduce(view, view, ReduceOp::kAvg, comm);
+                        }
+                        group.end();
+                      }
+                      backend.record(done, comm);
+                      backend.wait(done, compute);
+                    }});
+  }
   // A GradientSync row's step: every tensor marked in reverse order (as backward would), then finish.
   const auto sync_step = [&](auto* sync) {
     return [&, sync] {
@@ -351,29 +384,71 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
     own.emplace_back(backend, layout.bytes(Slot{i}));
     loose[i] = own.back().data();
   }
+  // The check writes the gradients into the loose tensors and reads the results from them.
+  const auto write_loose = [&](const std::vector<float>& host) {
+    for (std::uint32_t i = 0; i < layout.size(); ++i) {
+      if (loose[i] == nullptr) continue;
+      backend.copy_from_host(loose[i], host.data() + layout.offset_elements(Slot{i}), layout.bytes(Slot{i}), compute);
+    }
+  };
+  const auto read_loose = [&](std::vector<float>& host) {
+    std::fill(host.begin(), host.end(), 0.0f);
+    for (std::uint32_t i = 0; i < layout.size(); ++i) {
+      if (loose[i] == nullptr) continue;
+      backend.copy_to_host(host.data() + layout.offset_elements(Slot{i}), loose[i], layout.bytes(Slot{i}), compute);
+    }
+  };
   const auto add_loose = [&](const std::string& name, BucketOptions caps) {
     syncs.push_back(std::make_unique<GradientSync<B>>(staging, BucketPlan::compute(layout, caps), loose));
     GradientSync<B>* sync = syncs.back().get();
     Row row{name + " (" + std::to_string(sync->plan().size()) + " buckets)", sync_step(sync)};
-    row.write = [&](const std::vector<float>& host) {
-      for (std::uint32_t i = 0; i < layout.size(); ++i) {
-        if (loose[i] == nullptr) continue;
-        backend.copy_from_host(loose[i], host.data() + layout.offset_elements(Slot{i}), layout.bytes(Slot{i}), compute);
-      }
-    };
-    row.read = [&](std::vector<float>& host) {
-      std::fill(host.begin(), host.end(), 0.0f);
-      for (std::uint32_t i = 0; i < layout.size(); ++i) {
-        if (loose[i] == nullptr) continue;
-        backend.copy_to_host(host.data() + layout.offset_elements(Slot{i}), loose[i], layout.bytes(Slot{i}), compute);
-      }
-    };
+    row.write = write_loose;
+    row.read = read_loose;
     rows.push_back(std::move(row));
   };
   add_loose("loose", BucketOptions{});
   for (double mb : options.bucket_mb) {
     add_bucketed(capped_name("bucketed", mb), capped(mb));
     add_loose(capped_name("loose", mb), capped(mb));
+  }
+  TunedGradientSync<B> tuned_loose(staging, loose);
+  {
+    const auto step = sync_step(&tuned_loose);
+    while (!tuned_loose.tuning().done()) step();
+    const BucketCandidate& chosen = tuned_loose.tuning().candidates[*tuned_loose.tuning().chosen];
+    if (rank == 0) {
+      std::printf("# %s, loose, auto-tuned: %s; plan: %s\n", model.c_str(), tuned_loose.tuning().describe().c_str(),
+                  tuned_loose.plan().describe().c_str());
+    }
+    const std::string name =
+        chosen.caps.bucket_bytes == kWholeBuffer
+            ? std::string("loose tuned whole")
+            : capped_name("loose tuned", static_cast<double>(chosen.caps.bucket_bytes) / (1 << 20));
+    Row row{name + " (" + std::to_string(tuned_loose.plan().size()) + " buckets)", step};
+    row.write = write_loose;
+    row.read = read_loose;
+    rows.push_back(std::move(row));
+  }
+  using CopyBatch = typename fusion::detail::CopyBatchOf<B>::type;
+  CopyBatch pack_all;
+  CopyBatch unpack_all;
+  if constexpr (CodecBackend<B>) {
+    // For reference: what packing and unpacking every loose tensor costs with no collective beside.
+    std::vector<CopyItem> in;
+    std::vector<CopyItem> out;
+    for (std::uint32_t i = 0; i < layout.size(); ++i) {
+      if (loose[i] == nullptr) continue;
+      in.push_back({staging.view(Slot{i}).data, loose[i], layout.bytes(Slot{i})});
+      out.push_back({loose[i], staging.view(Slot{i}).data, layout.bytes(Slot{i})});
+    }
+    pack_all = backend.prepare_copies(in);
+    unpack_all = backend.prepare_copies(out);
+    Row copies{"pack+unpack alone", [&] {
+                 backend.copy_batch(pack_all, compute);
+                 backend.copy_batch(unpack_all, compute);
+               }};
+    copies.bound = -1;
+    rows.push_back(std::move(copies));
   }
   rows.push_back({"flat", [&] {
                     const TensorView all = buffer.all(DataType::kFloat32);
@@ -453,6 +528,16 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
       beside.bound = -1;
       rows.push_back(std::move(beside));
     }
+  }
+
+  if (!options.rows.empty()) {
+    std::erase_if(rows, [&](const Row& row) {
+      if (row.name == "flat") return false;
+      for (const std::string& prefix : options.rows) {
+        if (row.name.starts_with(prefix)) return false;
+      }
+      return true;
+    });
   }
 
   // Correctness first: every row reduces these gradients once and must give the average.

@@ -23,6 +23,13 @@
 
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/nccl/communicator.hpp"
+#include "ncclkit/nccl/group.hpp"
+
+template <>
+struct ncclkit::bench::fusion_bench::CollectiveGroup<ncclkit::nccl::Communicator> {
+  static constexpr bool available = true;
+  using Guard = ncclkit::nccl::GroupGuard;
+};
 
 namespace {
 

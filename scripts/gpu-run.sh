@@ -174,6 +174,15 @@ run_all() {
     --tool memcheck --report-api-errors no --error-exitcode 1 "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
   CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 240 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
     --codec-bucket-mb 50,100 --codec-chunks 2,4,8 --csv "$data/fusion_nccl_p$n.csv"
+  # Loose tensors against the batched copy's shape: blocks per SM (NCCLKIT_COPY_BLOCKS_PER_SM;
+  # 0, the default: one short-lived block a chunk) and chunk size (NCCLKIT_COPY_CHUNK_KB).
+  local shape c k
+  for shape in 4:64 0:64 0:16 0:32 0:128; do
+    c=${shape%:*} k=${shape#*:}
+    NCCLKIT_COPY_BLOCKS_PER_SM=$c NCCLKIT_COPY_CHUNK_KB=$k CUDA_VISIBLE_DEVICES=$all phase loose-copies-p$n-c$c-k$k 150 \
+      "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 100 --codec none --rows "loose 100,loose tuned,pack,bucketed" \
+      --csv "$data/loose_copies_p${n}_c${c}_k$k.csv"
+  done
   # Timelines (NCCLKIT_TIMELINE) of the ResNet-50 rows: one Chrome trace per row and rank, in data/.
   mkdir -p "$data/timeline"
   NCCLKIT_TIMELINE="$data/timeline/resnet50" NCCLKIT_TIMELINE_STEPS=4 CUDA_VISIBLE_DEVICES=$all phase fusion-timeline 120 \

@@ -34,6 +34,7 @@ using namespace ncclkit_test;
 using ncclkit::DataType;
 using ncclkit::Store;
 using ncclkit::WorldInfo;
+using ncclkit::fusion::BucketOptions;
 using ncclkit::fusion::BucketPlan;
 using ncclkit::fusion::FusedBuffer;
 using ncclkit::fusion::FusedLayout;
@@ -63,6 +64,7 @@ struct Case {
   bool leave_one = false;  // never mark one tensor: kReduceAsZeros reduces it as zeros
   double bound = 1e-6;
   bool fused = true;  // GradientSyncOptions::fused_transfer
+  BucketOptions caps{};
 };
 
 // Whether the fused compressed reduction must run here: where the GPU run script found the NCCL
@@ -89,7 +91,13 @@ int check_resnet(const WorldInfo& world, const std::shared_ptr<Store>& store, co
     }
   }
   const Slot left{7};
-  GradientSync<Communicator> sync(grads, BucketPlan::compute(layout), loose,
+  const BucketPlan plan = BucketPlan::compute(layout, c.caps);
+  if (c.caps.bucket_bytes == (4u << 20)) {
+    const auto b = plan.bucket_of(Slot{159});
+    checker.expect(layout.name(Slot{159}) == "fc.weight" && b && plan[*b].slots.size() == 1,
+                   "fc.weight has a bucket of its own");
+  }
+  GradientSync<Communicator> sync(grads, plan, loose,
                                   {.missing = c.leave_one ? MissingTensors::kReduceAsZeros : MissingTensors::kError,
                                    .codec = c.codec,
                                    .fused_transfer = c.fused});
@@ -181,7 +189,7 @@ TEST_CASE("fp16 and bf16 compressed buckets over NCCL are within 1e-3 and 5e-3 o
   }
 }
 
-TEST_CASE("loose tensors over NCCL, packed per bucket; a tensor never marked is reduced as zeros") {
+TEST_CASE("loose tensors over NCCL, packed per bucket or alone in place; a tensor never marked is reduced as zeros") {
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
@@ -189,7 +197,10 @@ TEST_CASE("loose tensors over NCCL, packed per bucket; a tensor never marked is 
       const int zeros = check_resnet(world, store, {.loose = true, .leave_one = true});
       const int both =
           check_resnet(world, store, {.codec = ncclkit::compression::Codec::kFloat16, .loose = true, .bound = 1e-3});
-      return loose != 0 ? loose : (zeros != 0 ? zeros : both);
+      // 4 MiB buckets: fc.weight (slot 159, loose, 7.8 MiB) has a bucket of its own and is
+      // reduced where it lives, with no pack or unpack.
+      const int in_place = check_resnet(world, store, {.loose = true, .caps = {.bucket_bytes = 4 << 20}});
+      return loose != 0 ? loose : (zeros != 0 ? zeros : (both != 0 ? both : in_place));
     });
   }
 }

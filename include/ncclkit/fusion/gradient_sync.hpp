@@ -163,7 +163,9 @@ struct CopyBatchOf<B> {
 /// Loose tensors: given a pointer per slot (`loose`; null for a tensor that lives in the
 /// buffer), the buffer is a staging area: a bucket's loose gradients are packed into it by
 /// one batched copy on the compute stream when the bucket launches, and unpacked by one
-/// batched copy in `finish` (a CodecBackend's copy_batch: one kernel on GPUs).
+/// batched copy in `finish` (a CodecBackend's copy_batch: one kernel on GPUs). A loose tensor
+/// alone in its bucket (one larger than the cap, say) and not compressed is reduced where it
+/// lives, with no copies.
 ///
 /// The buffer's memory and the backend must outlive this object (moving the FusedBuffer is
 /// fine: its allocations stay where they are). Not thread-safe: hooks that fire on several
@@ -450,6 +452,9 @@ class GradientSync {
     return TensorView{base_[static_cast<std::size_t>(type)] + begin_bytes, count, type, B::memory_kind};
   }
   TensorView piece_view(const detail::Piece& piece) const {
+    if (!direct_.empty() && direct_[piece.bucket] != nullptr) {
+      return TensorView{direct_[piece.bucket], piece.count, tracker_.plan()[piece.bucket].dtype, B::memory_kind};
+    }
     return range_view(tracker_.plan()[piece.bucket].dtype, piece.begin_bytes, piece.count);
   }
   TensorView wire_view(const detail::Piece& piece) const {
@@ -496,14 +501,23 @@ class GradientSync {
   }
 
   /// One pack batch (loose → buffer) and one unpack batch per bucket that has loose tensors
-  /// (empty batches for the others); none at all when no bucket has any.
+  /// (empty batches for the others); none at all when no bucket has any. A bucket whose only
+  /// tensor is loose and whose piece is not encoded needs neither: it is reduced in place.
   void prepare_loose(std::span<void* const> loose) {
     loose_.assign(loose.begin(), loose.end());
     const BucketPlan& p = tracker_.plan();
     pack_.resize(p.size());
     unpack_.resize(p.size());
+    direct_.assign(p.size(), nullptr);
     bool any = false;
+    bool any_direct = false;
     for (std::size_t b = 0; b < p.size(); ++b) {
+      if (p[b].slots.size() == 1 && loose_[p[b].slots[0].index] != nullptr &&
+          !pieces_.pieces[pieces_.first[b]].encoded) {
+        direct_[b] = loose_[p[b].slots[0].index];
+        any_direct = true;
+        continue;
+      }
       std::vector<CopyItem> in;
       std::vector<CopyItem> out;
       for (Slot slot : p[b].slots) {
@@ -522,6 +536,7 @@ class GradientSync {
       pack_.clear();
       unpack_.clear();
     }
+    if (!any_direct) direct_.clear();
   }
   /// Whether bucket `b` has loose tensors to pack and unpack.
   bool has_loose(std::size_t b) const requires CodecBackend<B> { return !pack_.empty() && pack_[b].size() != 0; }
@@ -754,10 +769,12 @@ class GradientSync {
     }
   } step_in_flight_;
 
-  // Loose tensors: the user's pointers by slot, and per bucket the batches that move them.
+  // Loose tensors: the user's pointers by slot, per bucket the batches that move them, and per
+  // bucket the loose tensor it reduces in place (null for the others).
   std::vector<void*> loose_;
   std::vector<CopyBatch> pack_;  // per bucket, or none at all
   std::vector<CopyBatch> unpack_;
+  std::vector<void*> direct_;  // per bucket, or none at all
 };
 
 }  // namespace ncclkit::fusion

@@ -552,16 +552,18 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
       throw ConfigError("ncclkit prepare_copies on " + core().who() + ": " + problem);
     }
     std::vector<detail::DeviceCopy> table;
+    const std::uint64_t chunk_bytes = detail::copy_chunk_bytes();
     std::uint64_t chunks = 0;
     std::uint64_t bytes = 0;
     for (const CopyItem& item : items) {
       if (item.bytes == 0) continue;
       table.push_back({item.to, item.from, item.bytes, chunks});
-      chunks += (item.bytes + detail::kCopyChunkBytes - 1) / detail::kCopyChunkBytes;
+      chunks += (item.bytes + chunk_bytes - 1) / chunk_bytes;
       bytes += item.bytes;
     }
     CopyBatch batch;
     batch.device_ = core().device;
+    batch.chunk_bytes_ = chunk_bytes;
     if (table.empty()) return batch;
     batch.table_ = static_cast<detail::DeviceCopy*>(allocate(table.size() * sizeof(detail::DeviceCopy)));
     batch.count_ = table.size();
@@ -582,7 +584,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     }
     const auto launcher = kernel_launcher(detail::copy_batch_launcher(), "copy_batch");
     DeviceGuard guard(core().device);
-    launcher(batch.table_, batch.count_, batch.chunks_, call.stream().stream);
+    launcher(batch.table_, batch.count_, batch.chunks_, batch.chunk_bytes_, call.stream().stream);
   }
 
   // ---- compression fused into the transfer (the CompressedReduceBackend concept) -----------

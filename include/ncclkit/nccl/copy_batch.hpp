@@ -29,6 +29,7 @@ class CopyBatch {
         count_(std::exchange(other.count_, 0)),
         chunks_(std::exchange(other.chunks_, 0)),
         bytes_(std::exchange(other.bytes_, 0)),
+        chunk_bytes_(other.chunk_bytes_),
         device_(other.device_) {}
   CopyBatch& operator=(CopyBatch&& other) noexcept {
     if (this != &other) {
@@ -37,6 +38,7 @@ class CopyBatch {
       count_ = std::exchange(other.count_, 0);
       chunks_ = std::exchange(other.chunks_, 0);
       bytes_ = std::exchange(other.bytes_, 0);
+      chunk_bytes_ = other.chunk_bytes_;
       device_ = other.device_;
     }
     return *this;
@@ -65,6 +67,7 @@ class CopyBatch {
   std::size_t count_ = 0;
   std::uint64_t chunks_ = 0;
   std::uint64_t bytes_ = 0;
+  std::uint64_t chunk_bytes_ = 0;
   int device_ = 0;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
-/// How `GradientSync` cuts a plan's buckets into the pieces it reduces: one piece per bucket,
-/// except that a compressed bucket (float32, with a codec) is cut into chunks of at most
+/// How `GradientSync` cuts a plan's buckets into the pieces it reduces: one piece per bucket
+/// (for a bucket of one tensor, just that tensor's elements), except that a compressed bucket (float32, with a codec) is cut into chunks of at most
 /// `chunk_bytes` so that encoding one chunk overlaps reducing the one before. Compressed
 /// pieces also get a range of the 16-bit wire buffer. Pure arithmetic.
 
@@ -76,7 +76,11 @@ inline Pieces cut_pieces(const BucketPlan& plan, bool compress, DataType wire, s
     result.first.push_back(result.pieces.size());
     const bool encoded = compress && bucket.dtype == DataType::kFloat32 && bucket.count() > 0;
     if (!encoded) {
-      result.pieces.push_back({b, bucket.begin_bytes, bucket.count(), false, 0});
+      // A bucket of one tensor reduces just that tensor, not the alignment padding after it:
+      // then a loose tensor alone in its bucket is reduced where it lives (no staging), with
+      // the same count as a rank whose tensor is in the buffer.
+      const std::size_t count = bucket.slots.size() == 1 ? plan.count(bucket.slots[0]) : bucket.count();
+      result.pieces.push_back({b, bucket.begin_bytes, count, false, 0});
       continue;
     }
     const std::size_t count = bucket.count();

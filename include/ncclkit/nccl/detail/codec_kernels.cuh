@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>         // __half
 #include <cuda_runtime_api.h>  // cudaStream_t
 
+#include <algorithm>    // std::min
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint64_t, std::uintptr_t
 #include <cstdlib>      // std::getenv, std::strtol
@@ -198,16 +199,27 @@ inline void launch_cast(const void* in, DataType in_type, void* out, DataType ou
 
 // ---- copy_batch -------------------------------------------------------------
 
+inline constexpr int kCopyUnroll = 4;
+
 /// Moves `bytes` from `from` to `to` with the block's threads, in the widest words both
-/// addresses allow.
+/// addresses allow; aligned runs load kCopyUnroll words per thread before storing them, so that
+/// a few blocks per SM keep enough loads in flight to fill HBM.
 __device__ inline void block_copy(unsigned char* to, const unsigned char* from, std::size_t bytes) {
   const auto address = reinterpret_cast<std::uintptr_t>(to) | reinterpret_cast<std::uintptr_t>(from);
   std::size_t done = 0;
   if (address % 16 == 0) {
     const std::size_t words = bytes / 16;
-    for (std::size_t i = threadIdx.x; i < words; i += blockDim.x) {
-      reinterpret_cast<uint4*>(to)[i] = reinterpret_cast<const uint4*>(from)[i];
+    auto* out = reinterpret_cast<uint4*>(to);
+    const auto* in = reinterpret_cast<const uint4*>(from);
+    std::size_t i = threadIdx.x;
+    for (; i + (kCopyUnroll - 1) * blockDim.x < words; i += kCopyUnroll * blockDim.x) {
+      uint4 v[kCopyUnroll];
+#pragma unroll
+      for (int u = 0; u < kCopyUnroll; ++u) v[u] = in[i + u * blockDim.x];
+#pragma unroll
+      for (int u = 0; u < kCopyUnroll; ++u) out[i + u * blockDim.x] = v[u];
     }
+    for (; i < words; i += blockDim.x) out[i] = in[i];
     done = words * 16;
   } else if (address % 4 == 0) {
     const std::size_t words = bytes / 4;
@@ -219,10 +231,24 @@ __device__ inline void block_copy(unsigned char* to, const unsigned char* from, 
   for (std::size_t i = done + threadIdx.x; i < bytes; i += blockDim.x) to[i] = from[i];
 }
 
-/// Each block takes chunks of kCopyChunkBytes (grid-stride) and finds its copy by binary
+/// Cap on the batched copy's blocks per SM, 0 for none: one short-lived block per chunk, so
+/// that an SM frees up within a chunk's time for a NCCL kernel of the high-priority comm
+/// stream (a capped grid of blocks that loop over chunks holds its SMs to the end; measured in
+/// docs/performance.md). NCCLKIT_COPY_BLOCKS_PER_SM (0 to 8) overrides it.
+inline unsigned copy_blocks_per_sm() {
+  static const unsigned blocks = [] {
+    const char* text = std::getenv("NCCLKIT_COPY_BLOCKS_PER_SM");
+    const long value = text != nullptr ? std::strtol(text, nullptr, 10) : -1;
+    return value >= 0 && value <= 8 ? static_cast<unsigned>(value) : 0u;
+  }();
+  return blocks;
+}
+
+/// Each block takes chunks of `chunk_bytes` (grid-stride) and finds its copy by binary
 /// search over the table's first chunks, so one huge copy and hundreds of tiny ones share
 /// the grid evenly.
-__global__ void copy_batch_kernel(const DeviceCopy* items, std::size_t count, std::uint64_t chunks) {
+__global__ void copy_batch_kernel(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
+                                  std::uint64_t chunk_bytes) {
   for (std::uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     std::size_t lo = 0;
     std::size_t hi = count - 1;
@@ -235,18 +261,21 @@ __global__ void copy_batch_kernel(const DeviceCopy* items, std::size_t count, st
       }
     }
     const DeviceCopy item = items[lo];
-    const std::uint64_t begin = (chunk - item.first_chunk) * kCopyChunkBytes;
+    const std::uint64_t begin = (chunk - item.first_chunk) * chunk_bytes;
     const std::uint64_t rest = item.bytes - begin;
     block_copy(static_cast<unsigned char*>(item.to) + begin, static_cast<const unsigned char*>(item.from) + begin,
-               rest < kCopyChunkBytes ? rest : kCopyChunkBytes);
+               rest < chunk_bytes ? rest : chunk_bytes);
   }
 }
 
-inline void launch_copy_batch(const DeviceCopy* items, std::size_t count, std::uint64_t chunks, cudaStream_t stream) {
+inline void launch_copy_batch(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
+                              std::uint64_t chunk_bytes, cudaStream_t stream) {
   if (count == 0 || chunks == 0) return;
-  // One block a chunk, capped as the cast is.
-  const unsigned grid = capped_grid(static_cast<std::size_t>(chunks) * kCodecBlock, kCodecBlock, codec_blocks_per_sm());
-  copy_batch_kernel<<<grid, kCodecBlock, 0, stream>>>(items, count, chunks);
+  // One block a chunk, capped at copy_blocks_per_sm() per SM (0: no cap).
+  const unsigned per_sm = copy_blocks_per_sm();
+  const unsigned grid = per_sm == 0 ? static_cast<unsigned>(std::min<std::uint64_t>(chunks, 0x7fffffffu))
+                                    : capped_grid(static_cast<std::size_t>(chunks) * kCodecBlock, kCodecBlock, per_sm);
+  copy_batch_kernel<<<grid, kCodecBlock, 0, stream>>>(items, count, chunks, chunk_bytes);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
 

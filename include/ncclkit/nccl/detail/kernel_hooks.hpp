@@ -8,6 +8,7 @@
 
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint64_t
+#include <cstdlib>  // std::getenv, std::strtol
 
 #include "ncclkit/core/dtype.hpp"
 
@@ -32,11 +33,21 @@ inline CastLauncher& cast_launcher() {
   return launcher;
 }
 
-/// Bytes of one copy that one block of the batched copy kernel moves at a time.
-inline constexpr std::uint64_t kCopyChunkBytes = 64 * 1024;
+/// Bytes of one copy that one block of the batched copy kernel moves at a time: 16 KiB, one
+/// pass of a 256-thread block's unrolled loop, so that blocks are short and the grid has
+/// many (the fastest of 16 to 128 KiB beside NCCL, docs/performance.md).
+/// NCCLKIT_COPY_CHUNK_KB (4 to 1024, a power of two) overrides it, read once per process.
+inline std::uint64_t copy_chunk_bytes() {
+  static const std::uint64_t bytes = [] {
+    const char* text = std::getenv("NCCLKIT_COPY_CHUNK_KB");
+    const long kb = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
+    return kb >= 4 && kb <= 1024 && (kb & (kb - 1)) == 0 ? static_cast<std::uint64_t>(kb) * 1024 : 16u * 1024;
+  }();
+  return bytes;
+}
 
 /// One entry of a batched copy's table in device memory: the copy, and the index of its first
-/// chunk in the batch (chunks of kCopyChunkBytes, numbered across the batch).
+/// chunk in the batch (chunks of the batch's chunk size, numbered across the batch).
 struct DeviceCopy {
   void* to;
   const void* from;
@@ -44,9 +55,10 @@ struct DeviceCopy {
   std::uint64_t first_chunk;
 };
 
-/// Runs `count` copies (none empty) of a table in device memory, `chunks` chunks in all.
+/// Runs `count` copies (none empty) of a table in device memory, `chunks` chunks of
+/// `chunk_bytes` in all.
 using CopyBatchLauncher = void (*)(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
-                                   cudaStream_t stream);
+                                   std::uint64_t chunk_bytes, cudaStream_t stream);
 inline CopyBatchLauncher& copy_batch_launcher() {
   static CopyBatchLauncher launcher = nullptr;
   return launcher;
@@ -70,7 +82,7 @@ struct CompressedReduceArgs {
   std::uint64_t* nonfinite;  // null, or a counter in device memory
   std::uint32_t* epochs;
   int* gave_up;  // mapped host memory: set to 1 by a block that stopped waiting for a peer
-  int rank;        // in the LSA team (every rank of the communicator)
+  int rank;      // in the LSA team (every rank of the communicator)
   int world;
   int blocks;
   std::uint64_t timeout_ns;
