@@ -178,7 +178,7 @@ inline void check_synchronised(int ranks, const std::function<FusedLayout()>& ma
 
 inline FusedLayout awkward_layout() {
   FusedLayout layout;
-  layout.add("embedding", {300000, 4}, DataType::kFloat32);  // one huge tensor: 4.6 MiB
+  layout.add("embedding", {100000, 4}, DataType::kFloat32);  // one huge tensor: 1.5 MiB
   layout.add("empty.first", {0}, DataType::kFloat32);
   for (int i = 0; i < 300; ++i) {
     const DataType type = i % 7 == 0    ? DataType::kBFloat16
