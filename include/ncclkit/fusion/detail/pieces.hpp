@@ -1,8 +1,9 @@
 #pragma once
 /// How `GradientSync` cuts a plan's buckets into the pieces it reduces: one piece per bucket
-/// (for a bucket of one tensor, just that tensor's elements), except that a compressed bucket (float32, with a codec) is cut into chunks of at most
-/// `chunk_bytes` so that encoding one chunk overlaps reducing the one before. Compressed
-/// pieces also get a range of the 16-bit wire buffer. Pure arithmetic.
+/// (for a bucket of one tensor, just that tensor's elements), except that a compressed bucket
+/// (float32, with a codec) is cut into chunks of at most `chunk_bytes` so that encoding one
+/// chunk overlaps reducing the one before. Compressed pieces also get a range of the 16-bit
+/// wire buffer. Pure arithmetic.
 
 #include <cstddef>  // std::size_t
 #include <vector>   // std::vector

@@ -18,12 +18,14 @@
 
 #include <algorithm>    // std::min
 #include <cstddef>      // std::size_t
-#include <cstdint>      // std::uint64_t, std::uintptr_t
+#include <cstdint>      // std::int64_t, std::uint64_t, std::uintptr_t
 #include <cstdlib>      // std::getenv, std::strtol
+#include <optional>     // std::optional
 #include <string>       // std::to_string
 #include <type_traits>  // std::conditional_t, std::is_same_v
 
 #include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
@@ -234,12 +236,17 @@ __device__ inline void block_copy(unsigned char* to, const unsigned char* from, 
 /// Cap on the batched copy's blocks per SM, 0 for none: one short-lived block per chunk, so
 /// that an SM frees up within a chunk's time for a NCCL kernel of the high-priority comm
 /// stream (a capped grid of blocks that loop over chunks holds its SMs to the end; measured in
-/// docs/performance.md). NCCLKIT_COPY_BLOCKS_PER_SM (0 to 8) overrides it.
+/// docs/performance.md). NCCLKIT_COPY_BLOCKS_PER_SM (0 to 8) overrides it; another value is
+/// a ConfigError naming it.
 inline unsigned copy_blocks_per_sm() {
   static const unsigned blocks = [] {
-    const char* text = std::getenv("NCCLKIT_COPY_BLOCKS_PER_SM");
-    const long value = text != nullptr ? std::strtol(text, nullptr, 10) : -1;
-    return value >= 0 && value <= 8 ? static_cast<unsigned>(value) : 0u;
+    const std::optional<std::int64_t> value = env_int("NCCLKIT_COPY_BLOCKS_PER_SM");
+    if (!value) return 0u;
+    if (*value < 0 || *value > 8) {
+      throw ConfigError("environment variable NCCLKIT_COPY_BLOCKS_PER_SM=" + std::to_string(*value) +
+                        " is out of range: 0 (one block per chunk) to 8 blocks per SM; set one, or unset it for 0");
+    }
+    return static_cast<unsigned>(*value);
   }();
   return blocks;
 }

@@ -6,11 +6,14 @@
 
 #include <cuda_runtime_api.h>  // cudaStream_t
 
-#include <cstddef>  // std::size_t
-#include <cstdint>  // std::uint64_t
-#include <cstdlib>  // std::getenv, std::strtol
+#include <cstddef>   // std::size_t
+#include <cstdint>   // std::int64_t, std::uint64_t
+#include <optional>  // std::optional
+#include <string>    // std::to_string
 
 #include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/error.hpp"
 
 namespace ncclkit::nccl::detail {
 
@@ -36,12 +39,18 @@ inline CastLauncher& cast_launcher() {
 /// Bytes of one copy that one block of the batched copy kernel moves at a time: 16 KiB, one
 /// pass of a 256-thread block's unrolled loop, so that blocks are short and the grid has
 /// many (the fastest of 16 to 128 KiB beside NCCL, docs/performance.md).
-/// NCCLKIT_COPY_CHUNK_KB (4 to 1024, a power of two) overrides it, read once per process.
+/// NCCLKIT_COPY_CHUNK_KB (4 to 1024, a power of two) overrides it, read once per process;
+/// another value is a ConfigError naming it.
 inline std::uint64_t copy_chunk_bytes() {
   static const std::uint64_t bytes = [] {
-    const char* text = std::getenv("NCCLKIT_COPY_CHUNK_KB");
-    const long kb = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
-    return kb >= 4 && kb <= 1024 && (kb & (kb - 1)) == 0 ? static_cast<std::uint64_t>(kb) * 1024 : 16u * 1024;
+    const std::optional<std::int64_t> kb = env_int("NCCLKIT_COPY_CHUNK_KB");
+    if (!kb) return std::uint64_t{16} << 10;
+    if (*kb < 4 || *kb > 1024 || (*kb & (*kb - 1)) != 0) {
+      throw ConfigError("environment variable NCCLKIT_COPY_CHUNK_KB=" + std::to_string(*kb) +
+                        " is not a power of two from 4 to 1024 (KiB per block of the batched copy); set one, or "
+                        "unset it for 16");
+    }
+    return static_cast<std::uint64_t>(*kb) << 10;
   }();
   return bytes;
 }
