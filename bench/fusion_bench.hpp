@@ -290,6 +290,14 @@ inline std::string capped_name(const char* what, double mb) {
   std::snprintf(name, sizeof name, "%s %g MiB", what, mb);
   return name;
 }
+/// A tuned row's name after the candidate it chose: "<what> 64 MiB", "<what> whole" (the
+/// whole buffer after a first bucket), "<what> one bucket".
+inline std::string tuned_name(const char* what, const fusion::BucketOptions& caps) {
+  if (caps.bucket_bytes != fusion::kWholeBuffer) {
+    return capped_name(what, static_cast<double>(caps.bucket_bytes) / (1 << 20));
+  }
+  return std::string(what) + (caps.first_bucket_bytes == fusion::kWholeBuffer ? " one bucket" : " whole");
+}
 
 /// How a backend groups collectives into one launch, where it can: fusion_nccl specialises
 /// this for NCCL (a GroupGuard); the "per-tensor, grouped" row exists only where it is.
@@ -369,10 +377,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
       std::printf("# %s, bucketed, auto-tuned: %s; plan: %s\n", model.c_str(), tuned.tuning().describe().c_str(),
                   tuned.plan().describe().c_str());
     }
-    const std::string name = chosen.caps.bucket_bytes == kWholeBuffer
-                                 ? std::string("tuned whole")
-                                 : capped_name("tuned", static_cast<double>(chosen.caps.bucket_bytes) / (1 << 20));
-    rows.push_back({name + " (" + std::to_string(tuned.plan().size()) + " buckets)", step});
+    rows.push_back({tuned_name("tuned", chosen.caps) + " (" + std::to_string(tuned.plan().size()) + " buckets)", step});
   }
 
   // Loose tensors: an allocation per tensor, staged through a second fused buffer.
@@ -420,11 +425,8 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
       std::printf("# %s, loose, auto-tuned: %s; plan: %s\n", model.c_str(), tuned_loose.tuning().describe().c_str(),
                   tuned_loose.plan().describe().c_str());
     }
-    const std::string name =
-        chosen.caps.bucket_bytes == kWholeBuffer
-            ? std::string("loose tuned whole")
-            : capped_name("loose tuned", static_cast<double>(chosen.caps.bucket_bytes) / (1 << 20));
-    Row row{name + " (" + std::to_string(tuned_loose.plan().size()) + " buckets)", step};
+    Row row{tuned_name("loose tuned", chosen.caps) + " (" + std::to_string(tuned_loose.plan().size()) + " buckets)",
+            step};
     row.write = write_loose;
     row.read = read_loose;
     rows.push_back(std::move(row));

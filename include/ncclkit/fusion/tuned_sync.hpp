@@ -61,13 +61,16 @@ inline constexpr std::size_t kWholeBuffer = std::numeric_limits<std::size_t>::ma
 
 /// The candidates `TunedSyncOptions` tries by default: caps of 4, 16, 25 (DDP's default, so
 /// tuning never settles on something slower than it measured), 64 and 256 MiB, and the whole
-/// buffer; the first bucket 1 MiB in each. Roughly a factor of 4 apart, since step times
-/// change slowly with the cap; smaller caps rarely pay, since a 1 MiB all-reduce runs at a
-/// quarter of the bandwidth of a 16 MiB one and the small first bucket already starts early.
+/// buffer, the first bucket 1 MiB in each; then one bucket per element type (no first
+/// bucket: the flat all-reduce itself, fastest where backward leaves nothing to overlap).
+/// Roughly a factor of 4 apart, since step times change slowly with the cap; smaller caps
+/// rarely pay, since a 1 MiB all-reduce runs at a quarter of the bandwidth of a 16 MiB one and
+/// the small first bucket already starts early.
 inline std::vector<BucketOptions> default_bucket_candidates() {
   std::vector<BucketOptions> candidates;
   for (std::size_t mib : {4, 16, 25, 64, 256}) candidates.push_back({.bucket_bytes = mib << 20});
   candidates.push_back({.bucket_bytes = kWholeBuffer});
+  candidates.push_back({.bucket_bytes = kWholeBuffer, .first_bucket_bytes = kWholeBuffer});
   return candidates;
 }
 
@@ -123,7 +126,8 @@ struct BucketTuning {
   /// whole buffer after 24 steps" (slowest rank's medians once done, this rank's before).
   std::string describe() const {
     const auto cap = [](const BucketCandidate& c) {
-      return c.caps.bucket_bytes == kWholeBuffer ? std::string("whole buffer") : format_bytes(c.caps.bucket_bytes);
+      if (c.caps.bucket_bytes != kWholeBuffer) return format_bytes(c.caps.bucket_bytes);
+      return std::string(c.caps.first_bucket_bytes == kWholeBuffer ? "one bucket" : "whole buffer");
     };
     std::string text;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
