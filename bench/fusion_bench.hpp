@@ -11,7 +11,7 @@
 //   bucketed      FusedBuffer + GradientSync: every tensor marked ready in reverse order (as
 //                 backward would), then finish; default caps, plus one row per --bucket-mb
 //   tuned         bucketed, auto-tuned: TunedGradientSync with its default candidates (4 to
-//                 256 MiB and the whole buffer); its tuning steps run before the check, so the
+//                 256 MiB, the whole buffer, one bucket); its tuning steps run before the check, so the
 //                 row times the chosen plan in its steady state (no host waits); the tuning
 //                 is printed
 //   loose         the tensors in allocations of their own (not a fused buffer): GradientSync
