@@ -367,18 +367,19 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   add_bucketed("bucketed", BucketOptions{});
 
   // Auto-tuned: the tuning steps run now (collectives every rank issues alike), so the check
-  // and the timed steps see the chosen plan.
-  TunedGradientSync<B> tuned(buffer);
-  {
-    const auto step = sync_step(&tuned);
-    while (!tuned.tuning().done()) step();
-    const BucketCandidate& chosen = tuned.tuning().candidates[*tuned.tuning().chosen];
+  // and the timed steps see the chosen plan. `kind` names the rows ("bucketed", "loose").
+  const auto tuned_row = [&](TunedGradientSync<B>& sync, const char* kind, const char* name) {
+    const auto step = sync_step(&sync);
+    while (!sync.tuning().done()) step();
+    const BucketCandidate& chosen = sync.tuning().candidates[*sync.tuning().chosen];
     if (rank == 0) {
-      std::printf("# %s, bucketed, auto-tuned: %s; plan: %s\n", model.c_str(), tuned.tuning().describe().c_str(),
-                  tuned.plan().describe().c_str());
+      std::printf("# %s, %s, auto-tuned: %s; plan: %s\n", model.c_str(), kind, sync.tuning().describe().c_str(),
+                  sync.plan().describe().c_str());
     }
-    rows.push_back({tuned_name("tuned", chosen.caps) + " (" + std::to_string(tuned.plan().size()) + " buckets)", step});
-  }
+    return Row{tuned_name(name, chosen.caps) + " (" + std::to_string(sync.plan().size()) + " buckets)", step};
+  };
+  TunedGradientSync<B> tuned(buffer);
+  rows.push_back(tuned_row(tuned, "bucketed", "tuned"));
 
   // Loose tensors: an allocation per tensor, staged through a second fused buffer.
   FusedBuffer<B> staging(backend, layout);
@@ -418,15 +419,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
   }
   TunedGradientSync<B> tuned_loose(staging, loose);
   {
-    const auto step = sync_step(&tuned_loose);
-    while (!tuned_loose.tuning().done()) step();
-    const BucketCandidate& chosen = tuned_loose.tuning().candidates[*tuned_loose.tuning().chosen];
-    if (rank == 0) {
-      std::printf("# %s, loose, auto-tuned: %s; plan: %s\n", model.c_str(), tuned_loose.tuning().describe().c_str(),
-                  tuned_loose.plan().describe().c_str());
-    }
-    Row row{tuned_name("loose tuned", chosen.caps) + " (" + std::to_string(tuned_loose.plan().size()) + " buckets)",
-            step};
+    Row row = tuned_row(tuned_loose, "loose", "loose tuned");
     row.write = write_loose;
     row.read = read_loose;
     rows.push_back(std::move(row));
