@@ -13,6 +13,7 @@
 
 #include <array>             // std::array
 #include <bit>               // std::has_single_bit
+#include <compare>           // std::strong_ordering
 #include <cstddef>           // std::size_t
 #include <cstdint>           // std::int64_t, std::uint32_t
 #include <functional>        // std::less<> (heterogeneous lookup by name)
@@ -35,7 +36,10 @@ namespace ncclkit::fusion {
 /// copy and compare; valid for the layout that returned it and for plans made from it.
 struct Slot {
   std::uint32_t index = 0;
-  friend constexpr auto operator<=>(Slot, Slot) = default;
+  // Written out, not defaulted: nvcc 13 never emits the operator== that a defaulted <=>
+  // declares, so `a == b` in a .cu file would not link.
+  friend constexpr bool operator==(Slot a, Slot b) { return a.index == b.index; }
+  friend constexpr auto operator<=>(Slot a, Slot b) { return a.index <=> b.index; }
 };
 
 /// Options of `FusedLayout::finalize`.

@@ -34,10 +34,20 @@
 
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)  // the device API; older NCCL: no fused kernel
 
-#include <cuda/atomic>    // cuda::atomic_ref
-#include <cuda_bf16.h>    // __nv_bfloat16
-#include <cuda_fp16.h>    // __half
+#include <cuda/atomic>  // cuda::atomic_ref
+#include <cuda_bf16.h>  // __nv_bfloat16
+#include <cuda_fp16.h>  // __half
+
+// NCCL's device header declares a namespace `nccl` at global scope, which would take that name
+// from every file that includes ncclkit (a user's `namespace nccl = ncclkit::nccl;`, or a global
+// `nccl` of their own). The header's own uses of it are its only `nccl` tokens: renamed while
+// it is read, the namespace is one whose name ncclkit owns. (A file that uses NCCL's device API
+// itself includes <nccl_device.h> before ncclkit's headers, and keeps NCCL's name.)
+#pragma push_macro("nccl")
+#define nccl ncclkit_nccl_device
 #include <nccl_device.h>  // ncclGetLsaPointer, ncclGetLocalPointer
+#undef nccl
+#pragma pop_macro("nccl")
 
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint32_t, std::uint64_t
