@@ -10,7 +10,7 @@
 //                 launch), where the backend has groups
 //   bucketed      FusedBuffer + GradientSync: every tensor marked ready in reverse order (as
 //                 backward would), then finish; default caps, plus one row per --bucket-mb
-//   tuned         bucketed, auto-tuned: TunedGradientSync with its default candidates (4 to
+//   tuned         bucketed, auto-tuned: GradientSync with TuningOptions' default candidates (4 to
 //                 256 MiB, the whole buffer, one bucket); its tuning steps run before the check, so the
 //                 row times the chosen plan in its steady state (no host waits); the tuning
 //                 is printed
@@ -21,7 +21,7 @@
 //   pack+unpack alone  for reference: one batched copy of every loose tensor into the staging
 //                 buffer and one back, no collective
 //   flat          one all_reduce over the whole fused buffer (the bytes bucketed reduces)
-//   fp16, bf16    GradientSync with a codec, float32 in and out, casts included: buckets of the
+//   fp16, bf16    GradientSync with compression::compressed, float32 in and out, casts included: buckets of the
 //                 default caps (and one row per --codec-bucket-mb) and the whole buffer as one
 //                 bucket, each by the fused kernel where the backend runs it (", fused" in the
 //                 name); and the whole buffer as one bucket cut into N chunks by the separate
@@ -57,10 +57,10 @@
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/compression/codec.hpp"
+#include "ncclkit/compression.hpp"
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
-#include "ncclkit/fusion/tuned_sync.hpp"
+#include "ncclkit/fusion/tuning.hpp"
 
 namespace ncclkit::bench::fusion_bench {
 
@@ -368,7 +368,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
 
   // Auto-tuned: the tuning steps run now (collectives every rank issues alike), so the check
   // and the timed steps see the chosen plan. `kind` names the rows ("bucketed", "loose").
-  const auto tuned_row = [&](TunedGradientSync<B>& sync, const char* kind, const char* name) {
+  const auto tuned_row = [&](GradientSync<B>& sync, const char* kind, const char* name) {
     const auto step = sync_step(&sync);
     while (!sync.tuning().done()) step();
     const BucketCandidate& chosen = sync.tuning().candidates[*sync.tuning().chosen];
@@ -378,7 +378,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
     }
     return Row{tuned_name(name, chosen.caps) + " (" + std::to_string(sync.plan().size()) + " buckets)", step};
   };
-  TunedGradientSync<B> tuned(buffer);
+  GradientSync<B> tuned(buffer, {.tuning = TuningOptions{}});
   rows.push_back(tuned_row(tuned, "bucketed", "tuned"));
 
   // Loose tensors: an allocation per tensor, staged through a second fused buffer.
@@ -417,17 +417,16 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
     add_bucketed(capped_name("bucketed", mb), capped(mb));
     add_loose(capped_name("loose", mb), capped(mb));
   }
-  TunedGradientSync<B> tuned_loose(staging, loose);
+  GradientSync<B> tuned_loose(staging, loose, {.tuning = TuningOptions{}});
   {
     Row row = tuned_row(tuned_loose, "loose", "loose tuned");
     row.write = write_loose;
     row.read = read_loose;
     rows.push_back(std::move(row));
   }
-  using CopyBatch = typename fusion::detail::CopyBatchOf<B>::type;
-  CopyBatch pack_all;
-  CopyBatch unpack_all;
-  if constexpr (CodecBackend<B>) {
+  typename B::CopyBatch pack_all;
+  typename B::CopyBatch unpack_all;
+  {
     // For reference: what packing and unpacking every loose tensor costs with no collective beside.
     std::vector<CopyItem> in;
     std::vector<CopyItem> out;
@@ -460,9 +459,11 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
     const compression::Codec codec = compression::codec_named(codec_name);
     syncs.push_back(std::make_unique<GradientSync<B>>(
         buffer, BucketPlan::compute(layout, caps),
-        GradientSyncOptions<B>{.codec = codec, .chunk_bytes = chunk_bytes, .fused_transfer = fused}));
+        GradientSyncOptions<B>{.reducer = compression::compressed(
+                                   {.codec = codec, .chunk_bytes = chunk_bytes, .fused_transfer = fused})}));
     GradientSync<B>* sync = syncs.back().get();
-    Row row{codec_name + " " + name + (sync->fused_transfer() ? ", fused" : ""), sync_step(sync)};
+    const bool fused_runs = sync->reducer().name().find("fused") != std::string::npos;
+    Row row{codec_name + " " + name + (fused_runs ? ", fused" : ""), sync_step(sync)};
     row.bound = codec == compression::Codec::kFloat16 ? 1e-3 : 5e-3;
     rows.push_back(std::move(row));
   };
@@ -495,7 +496,7 @@ std::vector<Result> run_model(B& backend, const std::string& model, const Option
             }};
     row.bound = -1;
     rows.push_back(std::move(row));
-    if constexpr (CodecBackend<B>) {
+    {
       // The two casts of a codec row without its collective: encode and decode the whole buffer.
       Row casts{"fp16 casts alone", [&, count] {
                   const TensorView all = buffer.all(DataType::kFloat32);

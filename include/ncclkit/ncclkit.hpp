@@ -12,7 +12,7 @@
 
 #include "ncclkit/bootstrap/init.hpp"
 #include "ncclkit/store.hpp"
-#include "ncclkit/fusion.hpp"  // fusion: layout, bucket plan, fused buffers, gradient sync
+#include "ncclkit/compression.hpp"  // fusion and compression: layout, plan, buffers, gradient sync, codecs
 
 // Gloo's reduction loops use GCC vector extensions that nvcc's front end rejects: .cu files
 // get the NCCL backend only (include the Gloo header from a .cpp file).

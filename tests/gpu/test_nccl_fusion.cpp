@@ -20,7 +20,7 @@
 #include <vector>     // std::vector
 
 #include "gpu/nccl_support.hpp"
-#include "ncclkit/compression/codec.hpp"
+#include "ncclkit/compression.hpp"
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/nccl/communicator.hpp"
@@ -63,9 +63,14 @@ struct Case {
   bool loose = false;      // every other tensor in an allocation of its own
   bool leave_one = false;  // never mark one tensor: kReduceAsZeros reduces it as zeros
   double bound = 1e-6;
-  bool fused = true;  // GradientSyncOptions::fused_transfer
+  bool fused = true;  // CompressionOptions::fused_transfer
   BucketOptions caps{};
 };
+
+// Whether the sync's reducer is the fused kernel (compression/fused_reducer.hpp).
+bool fused_runs(const GradientSync<Communicator>& sync) {
+  return sync.reducer().name().find("fused") != std::string::npos;
+}
 
 // Whether the fused compressed reduction must run here: where the GPU run script found the NCCL
 // ncclkit was built against (NCCLKIT_TEST_REQUIRE_FUSED=1), its absence is a failure.
@@ -99,15 +104,14 @@ int check_resnet(const WorldInfo& world, const std::shared_ptr<Store>& store, co
   }
   GradientSync<Communicator> sync(grads, plan, loose,
                                   {.missing = c.leave_one ? MissingTensors::kReduceAsZeros : MissingTensors::kError,
-                                   .codec = c.codec,
-                                   .fused_transfer = c.fused});
+                                   .reducer = ncclkit::compression::compressed({.codec = c.codec, .fused_transfer = c.fused})});
   if (c.codec != ncclkit::compression::Codec::kNone && c.fused) {
     const std::string why = comm.compressed_reduce_unavailable();
     if (world.rank == 0 && !why.empty()) std::printf("fused transfer unavailable: %s\n", why.c_str());
-    checker.expect(sync.fused_transfer() == why.empty(), "fused_transfer() says whether the fused kernel runs");
+    checker.expect(fused_runs(sync) == why.empty(), "the reducer's name says whether the fused kernel runs");
     checker.expect(why.empty() || !fused_required(), "the fused kernel runs where required: " + why);
   } else {
-    checker.expect(!sync.fused_transfer(), "no fused kernel without a codec or with fused_transfer off");
+    checker.expect(!fused_runs(sync), "no fused kernel without a codec or with fused_transfer off");
   }
   std::vector<std::uint32_t> order(layout.size());
   for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -219,9 +223,10 @@ TEST_CASE("fp16 overflow over NCCL is counted, the same on every rank; rerun_non
       for (const bool rerun : {false, true}) {
         GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout()),
                                         {.op = ncclkit::ReduceOp::kSum,
-                                         .codec = ncclkit::compression::Codec::kFloat16,
-                                         .prescale = 1.0,
-                                         .rerun_nonfinite = rerun});
+                                         .reducer = ncclkit::compression::compressed(
+                                             {.codec = ncclkit::compression::Codec::kFloat16,
+                                              .prescale = 1.0,
+                                              .rerun_nonfinite = rerun})});
         std::vector<float> a(100000, 0.5f), b(1000, 0.25f);
         for (int i = 0; i < 3; ++i) b[static_cast<std::size_t>(i) * 100] = 60000.0f;  // x world > 65504
         const cudaStream_t s = comm.default_stream();
@@ -430,10 +435,10 @@ TEST_CASE(
         {
           GradientSync<Communicator> sync(
               grads, BucketPlan::compute(layout, {.bucket_bytes = 16 << 20}),
-              {.codec = ncclkit::compression::Codec::kFloat16,
-               .fused_transfer = fused,
+              {.reducer = ncclkit::compression::compressed(
+                   {.codec = ncclkit::compression::Codec::kFloat16, .fused_transfer = fused}),
                .timeline = ncclkit::fusion::TimelineOptions{.prefix = run, .max_steps = 3}});
-          fused_ran = sync.fused_transfer();
+          fused_ran = fused_runs(sync);
           checker.expect(sync.timeline() != nullptr, "the timeline is on");
           buckets = sync.plan().size();
           chunks = sync.stats().compressed_chunks;

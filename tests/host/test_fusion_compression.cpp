@@ -1,4 +1,4 @@
-// Tests of gradient compression in ncclkit/fusion/gradient_sync.hpp (GradientSyncOptions::codec)
+// Tests of gradient compression (ncclkit/compression/compressed.hpp, a GradientSync's reducer)
 // and of loose tensors, ranks as threads over the loop-back backend: fp16 and bf16 results
 // against float64 (N(0, 1e-3) gradients, shuffled per-rank orders, chunked buckets, 2 and 4
 // ranks), values near the fp16 limit (non-finite results counted on every rank alike, or
@@ -18,8 +18,8 @@
 
 #include "ncclkit/compression/codec.hpp"
 #include "ncclkit/core/detail/cast.hpp"
-#include "ncclkit/fusion/detail/pieces.hpp"
-#include "ncclkit/fusion/gradient_sync.hpp"
+#include "ncclkit/compression.hpp"
+#include "ncclkit/compression/detail/pieces.hpp"
 #include "support/element_conversions.hpp"
 #include "support/fusion_check.hpp"
 #include "support/loopback_backend.hpp"
@@ -64,19 +64,19 @@ TEST_CASE("fp16 and bf16 compressed buckets match float64 within 1e-3 and 5e-3, 
       CAPTURE(ncclkit::compression::name_of(codec));
       // 48 KiB chunks: the huge tensor's buckets are cut into several.
       ncclkit::testing::check_synchronised(ranks, ncclkit::testing::awkward_layout, kSmallBuckets, 2,
-                                           {.codec = codec, .chunk_bytes = 48 << 10});
+                                           {.reducer = ncclkit::compression::compressed({.codec = codec, .chunk_bytes = 48 << 10})});
     }
   }
 }
 
 TEST_CASE("compressed sum, a user prescale, and GPT-2 shapes scaled down") {
   ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
-                                       {.op = ReduceOp::kSum, .codec = Codec::kFloat16});
+                                       {.op = ReduceOp::kSum, .reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16})});
   ncclkit::testing::check_synchronised(3, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
-                                       {.codec = Codec::kFloat16, .prescale = 0.25});
+                                       {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .prescale = 0.25})});
   ncclkit::testing::check_synchronised(4, ncclkit::testing::scaled_gpt2,
                                        BucketOptions{.bucket_bytes = 1 << 20, .first_bucket_bytes = 64 << 10}, 1,
-                                       {.codec = Codec::kBFloat16, .chunk_bytes = 256 << 10});
+                                       {.reducer = ncclkit::compression::compressed({.codec = Codec::kBFloat16, .chunk_bytes = 256 << 10})});
 }
 
 TEST_CASE("a compressed step makes no events and no allocations after construction; encode and decode per chunk") {
@@ -85,7 +85,7 @@ TEST_CASE("a compressed step makes no events and no allocations after constructi
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, two_tensors(4096));
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 16 << 10, .first_bucket_bytes = 16 << 10}),
-              {.codec = Codec::kFloat16, .chunk_bytes = 8 << 10});
+              {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .chunk_bytes = 8 << 10})});
     REQUIRE(sync.plan().size() == 2);
     // Two buckets of 4096 floats in 2048-float chunks, with a quarter-size first and last
     // chunk: 512, 1536, 1536, 512 each.
@@ -117,8 +117,9 @@ TEST_CASE("fp16 overflow is counted on every rank alike, not silent; the default
     const auto errors = run_ranks(2, [&](int rank) {
       LoopbackBackend backend(world, rank);
       Buffer buffer(backend, two_tensors(1000));
-      Sync::Options options{.codec = Codec::kFloat16};
-      if (!default_prescale) options.prescale = 1.0;
+      ncclkit::compression::CompressionOptions compression{.codec = Codec::kFloat16};
+      if (!default_prescale) compression.prescale = 1.0;
+      const Sync::Options options{.reducer = ncclkit::compression::compressed(compression)};
       Sync sync(buffer, BucketPlan::compute(buffer.layout()), options);
       auto a = buffer.span<float>("a");
       auto b = buffer.span<float>("b");
@@ -147,7 +148,7 @@ TEST_CASE("rerun_nonfinite reduces an overflowing chunk again in float32 and get
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, two_tensors(2048));
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 8 << 10, .first_bucket_bytes = 8 << 10}),
-              {.op = ReduceOp::kSum, .codec = Codec::kFloat16, .prescale = 1.0, .rerun_nonfinite = true});
+              {.op = ReduceOp::kSum, .reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .prescale = 1.0, .rerun_nonfinite = true})});
     REQUIRE(sync.plan().size() == 2);
     for (int step = 0; step < 2; ++step) {
       auto a = buffer.span<float>("a");
@@ -198,7 +199,7 @@ TEST_CASE(
         own[i].resize(layout.bytes(Slot{i}));
         loose[i] = own[i].data();
       }
-      Sync sync(staging, BucketPlan::compute(layout, kSmallBuckets), loose, {.codec = codec});
+      Sync sync(staging, BucketPlan::compute(layout, kSmallBuckets), loose, {.reducer = ncclkit::compression::compressed({.codec = codec})});
       for (int step = 0; step < 2; ++step) {
         // Write the gradients where the caller keeps them.
         for (std::uint32_t i = 0; i < layout.size(); ++i) {
@@ -257,16 +258,16 @@ TEST_CASE("fused transfer: one compressed reduction per chunk, no separate casts
       CAPTURE(ranks);
       CAPTURE(ncclkit::compression::name_of(codec));
       ncclkit::testing::check_synchronised(ranks, ncclkit::testing::awkward_layout, kSmallBuckets, 2,
-                                           {.codec = codec, .chunk_bytes = 48 << 10}, /*fused=*/true);
+                                           {.reducer = ncclkit::compression::compressed({.codec = codec, .chunk_bytes = 48 << 10})}, /*fused=*/true);
     }
   }
   ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
-                                       {.op = ReduceOp::kSum, .codec = Codec::kFloat16}, /*fused=*/true);
+                                       {.op = ReduceOp::kSum, .reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16})}, /*fused=*/true);
   // Turned off, or with rerun_nonfinite: the separate casts, although the backend could.
   ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
-                                       {.codec = Codec::kFloat16, .fused_transfer = false}, /*fused=*/true);
+                                       {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .fused_transfer = false})}, /*fused=*/true);
   ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
-                                       {.codec = Codec::kFloat16, .rerun_nonfinite = true}, /*fused=*/true);
+                                       {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .rerun_nonfinite = true})}, /*fused=*/true);
 
   LoopbackWorld world(2);
   const auto errors = run_ranks(2, [&](int rank) {
@@ -274,8 +275,8 @@ TEST_CASE("fused transfer: one compressed reduction per chunk, no separate casts
     backend.allow_compressed_reduce(true);
     Buffer buffer(backend, two_tensors(4096));
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 16 << 10, .first_bucket_bytes = 16 << 10}),
-              {.codec = Codec::kFloat16, .chunk_bytes = 8 << 10});
-    REQUIRE(sync.fused_transfer());
+              {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .chunk_bytes = 8 << 10})});
+    REQUIRE(ncclkit::testing::runs_fused(sync));
     CHECK(backend.compressed_reduces_prepared() == 1);
     const std::size_t events = backend.events_created();
     const long allocations = backend.live_allocations();
@@ -306,9 +307,9 @@ TEST_CASE("fused transfer: a layout aligned to less than 16 bytes runs the separ
     Buffer buffer(backend, std::move(layout));
     // One bucket per tensor.
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 4, .first_bucket_bytes = 4}),
-              {.codec = Codec::kFloat16});
+              {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16})});
     CHECK(sync.plan().size() == 3);
-    CHECK(!sync.fused_transfer());
+    CHECK(!ncclkit::testing::runs_fused(sync));
     CHECK(backend.compressed_reduces_prepared() == 0);
     for (const char* name : {"a", "b", "c"}) {
       for (float& v : buffer.span<float>(name)) v = 0.5f;
@@ -327,8 +328,8 @@ TEST_CASE("fused transfer counts fp16 overflow on every rank alike") {
     LoopbackBackend backend(world, rank);
     backend.allow_compressed_reduce(true);
     Buffer buffer(backend, two_tensors(1000));
-    Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.codec = Codec::kFloat16, .prescale = 1.0});
-    REQUIRE(sync.fused_transfer());
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .prescale = 1.0})});
+    REQUIRE(ncclkit::testing::runs_fused(sync));
     auto b = buffer.span<float>("b");
     for (float& v : buffer.span<float>("a")) v = 1e-3f;
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = i < 10 ? 40000.0f : 1e-3f;
@@ -353,7 +354,7 @@ TEST_CASE("ranks that differ in fused_transfer get a ConfigError naming it, befo
     backend.allow_compressed_reduce(true);
     Buffer buffer(backend, two_tensors(100));
     try {
-      Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.codec = Codec::kFloat16, .fused_transfer = rank == 0});
+      Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .fused_transfer = rank == 0})});
     } catch (...) {
       prepared[static_cast<std::size_t>(rank)] = backend.compressed_reduces_prepared();
       throw;
@@ -370,7 +371,7 @@ TEST_CASE("ranks with different codecs or chunk sizes get a ConfigError naming t
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, two_tensors(100));
     Sync sync(buffer, BucketPlan::compute(buffer.layout()),
-              {.codec = rank == 0 ? Codec::kFloat16 : Codec::kBFloat16, .chunk_bytes = rank == 0 ? 0u : 4096u});
+              {.reducer = ncclkit::compression::compressed({.codec = rank == 0 ? Codec::kFloat16 : Codec::kBFloat16, .chunk_bytes = rank == 0 ? 0u : 4096u})});
   });
   for (const auto& e : errors) {
     CHECK(message_of(e).find("codec bf16, chunk_bytes 4096") != std::string::npos);
@@ -383,15 +384,15 @@ TEST_CASE("bad compression options and loose pointers are ConfigErrors that say 
   LoopbackBackend backend(world, 0);
   Buffer buffer(backend, two_tensors(100));
   const BucketPlan plan = BucketPlan::compute(buffer.layout());
-  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.rerun_nonfinite = true}),
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.reducer = ncclkit::compression::compressed({.codec = ncclkit::compression::Codec::kNone, .rerun_nonfinite = true})}),
                        doctest::Contains("rerun_nonfinite needs a codec"), ConfigError);
-  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = static_cast<Codec>(7)}), doctest::Contains("invalid codec value 7"),
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.reducer = ncclkit::compression::compressed({.codec = static_cast<Codec>(7)})}), doctest::Contains("invalid codec value 7"),
                        ConfigError);
   CHECK_THROWS_WITH_AS(
-      Sync(buffer, plan, {.codec = Codec::kFloat16, .prescale = -1.0}),
+      Sync(buffer, plan, {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .prescale = -1.0})}),
       doctest::Contains("prescale must be a positive number whose encode and decode factors fit in a float"),
       ConfigError);
-  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.codec = Codec::kFloat16, .prescale = 1e39}),
+  CHECK_THROWS_WITH_AS(Sync(buffer, plan, {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .prescale = 1e39})}),
                        doctest::Contains("factors fit in a float (1/world is the default), not 9.99"), ConfigError);
   std::vector<void*> one(1, nullptr);
   CHECK_THROWS_WITH_AS(Sync(buffer, plan, one), doctest::Contains("1 loose pointers for 2 tensors; give one per slot"),
@@ -410,7 +411,7 @@ TEST_CASE(
   layout.add("small", {10}, DataType::kFloat32);
   layout.finalize();
   const BucketPlan plan = BucketPlan::compute(layout, {.bucket_bytes = 1 << 20, .first_bucket_bytes = 1 << 20});
-  const auto pieces = ncclkit::fusion::detail::cut_pieces(plan, true, DataType::kFloat16, 64 << 10);
+  const auto pieces = ncclkit::compression::detail::cut_pieces(plan, true, DataType::kFloat16, 64 << 10);
   REQUIRE(pieces.first.size() == plan.size() + 1);
   std::size_t wire_end = 0;
   for (std::size_t b = 0; b < plan.size(); ++b) {
@@ -423,10 +424,10 @@ TEST_CASE(
       CHECK(piece.encoded == (bucket.dtype == DataType::kFloat32));
       if (piece.encoded) {
         CHECK(piece.count * 4 <= (64u << 10) + 1024);
-        CHECK(piece.wire_begin_bytes % ncclkit::fusion::detail::kWireAlignment == 0);
+        CHECK(piece.wire_begin_bytes % ncclkit::compression::detail::kWireAlignment == 0);
         CHECK(piece.wire_begin_bytes >= wire_end);
         wire_end = piece.wire_begin_bytes + piece.count * 2;
-        if (i + 1 < pieces.first[b + 1]) CHECK(piece.count % ncclkit::fusion::detail::kPieceElements == 0);
+        if (i + 1 < pieces.first[b + 1]) CHECK(piece.count % ncclkit::compression::detail::kPieceElements == 0);
       }
       covered += piece.count;
     }
@@ -447,7 +448,7 @@ TEST_CASE(
   CHECK(pieces.pieces[first].count * 4 <= (16u << 10));
   CHECK(pieces.pieces[last].count * 4 <= (16u << 10) + 1024);
   CHECK(pieces.pieces[first + 1].count * 4 > (32u << 10));
-  const auto plain = ncclkit::fusion::detail::cut_pieces(plan, false, DataType::kFloat16, 64 << 10);
+  const auto plain = ncclkit::compression::detail::cut_pieces(plan, false, DataType::kFloat16, 64 << 10);
   CHECK(plain.pieces.size() == plan.size());
   CHECK(plain.encoded == 0);
 }
@@ -488,8 +489,8 @@ TEST_CASE("codec factors: average with the default prescale decodes by 1; sum de
 }
 
 TEST_CASE("chunk bounds: aligned cuts, no chunk longer than the cap, quarter-size ends") {
-  using ncclkit::fusion::detail::chunk_bounds;
-  using ncclkit::fusion::detail::kPieceElements;
+  using ncclkit::compression::detail::chunk_bounds;
+  using ncclkit::compression::detail::kPieceElements;
   for (std::size_t count : {100u, 1000u, 10000u, 123457u}) {
     for (std::size_t per : {1u, 300u, 1000u, 4096u, 50000u}) {
       CAPTURE(count);

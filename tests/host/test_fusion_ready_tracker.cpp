@@ -159,7 +159,7 @@ TEST_CASE("marking a tensor twice in a step is an error naming it, and changes n
   CHECK_THROWS_AS(static_cast<void>(tracker.is_marked(Slot{2})), ConfigError);
 }
 
-TEST_CASE("finish names every tensor never marked, and leaves the step as it was") {
+TEST_CASE("finish names the tensors never marked, and leaves the step as it was") {
   const FusedLayout layout = ncclkit::testing::model_layout("gpt2_small");
   ReadyTracker tracker(BucketPlan::compute(layout));
   const std::vector<std::string> missing = {"wte.weight", "h.3.attn.c_attn.weight", "h.7.ln_2.bias"};
@@ -186,6 +186,25 @@ TEST_CASE("finish names every tensor never marked, and leaves the step as it was
   const auto result = tracker.finish();
   CHECK(result.launch.empty());
   CHECK(result.zeroed.empty());
+}
+
+TEST_CASE("finish names the first eight tensors never marked and how many more, not a page of names") {
+  const FusedLayout layout = ncclkit::testing::model_layout("resnet50");
+  ReadyTracker tracker(BucketPlan::compute(layout));
+  // Only the last tensor is marked: 160 of ResNet-50's 161 are missing.
+  static_cast<void>(tracker.mark_ready(Slot{static_cast<std::uint32_t>(layout.size() - 1)}));
+  std::string names;
+  for (std::uint32_t i = 0; i < 8; ++i) names += (i == 0 ? "\"" : ", \"") + layout.name(Slot{i}) + "\"";
+  try {
+    static_cast<void>(tracker.finish());
+    FAIL("finish did not throw");
+  } catch (const ConfigError& e) {
+    const std::string message = e.what();
+    CHECK(message.find("160 of 161 tensors were never marked ready this step: " + names + " and 152 more.") !=
+          std::string::npos);
+    CHECK(message.find(layout.name(Slot{8})) == std::string::npos);
+    CHECK(message.size() < 600);
+  }
 }
 
 TEST_CASE("with kReduceAsZeros, finish returns the missing tensors and launches what they held back") {

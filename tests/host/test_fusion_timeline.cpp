@@ -170,7 +170,7 @@ TEST_CASE("with a codec the trace shows encode, all_reduce and decode of every c
   TempDir dir("timeline");
   const std::string prefix = dir.path + "/codec";
   // 64 floats a tensor, two tensors a bucket: one chunk a bucket (chunks are covered below).
-  run_timeline_steps(2, 2, {.codec = Codec::kFloat16, .timeline = TimelineOptions{.prefix = prefix}}, no_check);
+  run_timeline_steps(2, 2, {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16}), .timeline = TimelineOptions{.prefix = prefix}}, no_check);
   for (int rank = 0; rank < 2; ++rank) {
     CAPTURE(rank);
     CHECK(trace_problems(rank_file(prefix, rank), {.rank = rank, .buckets = 4, .steps = 2, .codec = true}) == "");
@@ -190,17 +190,13 @@ TEST_CASE("a chunked compressed bucket names its chunks; loose tensors show pack
       layout.finalize();
       Buffer big(backend, std::move(layout));
       Sync sync(big, BucketPlan::compute(big.layout()),
-                {.codec = Codec::kFloat16, .chunk_bytes = 4096, .timeline = TimelineOptions{.prefix = prefix}});
+                {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .chunk_bytes = 4096}), .timeline = TimelineOptions{.prefix = prefix}});
       REQUIRE(sync.stats().compressed_chunks > 2);
       write_gradients(big, rank, 0);
       sync.mark_ready("big");
       sync.finish();
       sync.flush_timeline();
-      CHECK(trace_problems(rank_file(prefix, rank), {.rank = rank,
-                                                     .buckets = 1,
-                                                     .steps = 1,
-                                                     .codec = true,
-                                                     .chunks_per_bucket = sync.stats().compressed_chunks}) == "");
+      CHECK(trace_problems(rank_file(prefix, rank), {.rank = rank, .buckets = 1, .steps = 1, .codec = true, .chunks_per_bucket = sync.stats().compressed_chunks}) == "");
     });
     for (const auto& e : errors) CHECK(message_of(e) == "");
   }
@@ -265,7 +261,7 @@ TEST_CASE("timing events are made once, at construction, not per step") {
   LoopbackBackend backend(world, 0);
   Buffer buffer(backend, small_layout());
   Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket),
-            {.codec = Codec::kFloat16, .timeline = TimelineOptions{.prefix = dir.path + "/once"}});
+            {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16}), .timeline = TimelineOptions{.prefix = dir.path + "/once"}});
   const std::size_t made = backend.timing_events_created();
   // Two sets of: backward (2), ready (4), encode, all_reduce and decode of 4 pieces (24); and
   // the anchor.
@@ -327,38 +323,4 @@ TEST_CASE("an unwritable prefix is a warning naming the path and what to do, and
   });
   CHECK(ncclkit_test::contains(log, "cannot create \"" + dir.path + "/missing/trace.rank0.json.tmp\""));
   CHECK(ncclkit_test::contains(log, "into a folder that exists and is writable; this rank records no timeline"));
-}
-
-namespace {
-// The loop-back backend without timing events: a Backend, not a TimedBackend.
-class UntimedBackend : public LoopbackBackend {
- public:
-  using LoopbackBackend::LoopbackBackend;
-  void create_timing_event() = delete;
-};
-static_assert(ncclkit::CodecBackend<UntimedBackend>);
-static_assert(!ncclkit::TimedBackend<UntimedBackend>);
-}  // namespace
-
-TEST_CASE("over a backend without timing events the trace has the host's times alone") {
-  TempDir dir("timeline");
-  const std::string prefix = dir.path + "/untimed";
-  LoopbackWorld world(2);
-  const auto errors = run_ranks(2, [&](int rank) {
-    UntimedBackend backend(world, rank);
-    ncclkit::fusion::FusedBuffer<UntimedBackend> buffer(backend, small_layout());
-    ncclkit::fusion::GradientSync<UntimedBackend> sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket),
-                                                       {.timeline = TimelineOptions{.prefix = prefix}});
-    for (int step = 0; step < 2; ++step) {
-      for (auto slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);
-      sync.finish();
-    }
-  });
-  for (const auto& e : errors) CHECK(message_of(e) == "");
-  for (int rank = 0; rank < 2; ++rank) {
-    CHECK(trace_problems(rank_file(prefix, rank), {.rank = rank, .buckets = 4, .steps = 2, .device_timings = false}) ==
-          "");
-    CHECK(parse_json(read_text(rank_file(prefix, rank)))["otherData"]["device timings"].string ==
-          "none (host times only)");
-  }
 }

@@ -1,4 +1,4 @@
-// Tests of ncclkit/fusion/tuned_sync.hpp, ranks as threads over the loopback backend, with an
+// Tests of auto-tuning (ncclkit/fusion/tuning.hpp, GradientSyncOptions::tuning), ranks as threads over the loopback backend, with an
 // injected clock so that each rank sees the step times the test scripts (no sleeps): results
 // equal the float64 per-tensor reference through and after tuning; every rank switches plans at
 // the same steps and picks the same candidate when their own timings would pick different
@@ -16,7 +16,8 @@
 #include <vector>    // std::vector
 
 #include "ncclkit/fusion/detail/bucket_tuning.hpp"
-#include "ncclkit/fusion/tuned_sync.hpp"
+#include "ncclkit/compression.hpp"
+#include "ncclkit/fusion/gradient_sync.hpp"
 #include "support/fusion_check.hpp"
 #include "support/loopback_backend.hpp"
 
@@ -28,7 +29,7 @@ using ncclkit::fusion::BucketPlan;
 using ncclkit::fusion::kWholeBuffer;
 using ncclkit::fusion::MissingTensors;
 using ncclkit::fusion::Slot;
-using ncclkit::fusion::TunedGradientSync;
+using ncclkit::fusion::TuningOptions;
 using ncclkit::testing::awkward_layout;
 using ncclkit::testing::Buffer;
 using ncclkit::testing::buffer_hash;
@@ -41,7 +42,7 @@ using ncclkit::testing::shuffled_slots;
 using ncclkit::testing::small_layout;
 using ncclkit::testing::tolerance;
 using ncclkit::testing::write_gradients;
-using Tuned = TunedGradientSync<LoopbackBackend>;
+using ncclkit::testing::Sync;
 using Milliseconds = std::chrono::milliseconds;
 
 namespace {
@@ -85,10 +86,7 @@ TEST_CASE(
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, small_layout(12));
     std::chrono::steady_clock::time_point now{};
-    Tuned sync(buffer, {.candidates = three_plans_and_a_twin(),
-                        .warmup_steps = kWarmup,
-                        .measured_steps = kMeasured,
-                        .clock = [&] { return now; }});
+    Sync sync(buffer, {.tuning = TuningOptions{.candidates = three_plans_and_a_twin(), .warmup_steps = kWarmup, .measured_steps = kMeasured, .clock = [&] { return now; }}});
     const auto& candidates = sync.tuning().candidates;
     REQUIRE(candidates.size() == 4);
     CHECK(candidates[0].buckets == 6);
@@ -164,13 +162,9 @@ TEST_CASE("tuning over mixed element types and empty tensors, no warm-up, four r
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, awkward_layout());
     std::chrono::steady_clock::time_point now{};
-    Tuned sync(buffer, {.candidates = {{.bucket_bytes = 4 << 10, .first_bucket_bytes = 4 << 10},
+    Sync sync(buffer, {.op = ReduceOp::kSum, .tuning = TuningOptions{.candidates = {{.bucket_bytes = 4 << 10, .first_bucket_bytes = 4 << 10},
                                        {.bucket_bytes = 32 << 10, .first_bucket_bytes = 4 << 10},
-                                       {.bucket_bytes = kWholeBuffer, .first_bucket_bytes = kWholeBuffer}},
-                        .warmup_steps = 0,
-                        .measured_steps = 1,
-                        .sync = {.op = ReduceOp::kSum},
-                        .clock = [&] { return now; }});
+                                       {.bucket_bytes = kWholeBuffer, .first_bucket_bytes = kWholeBuffer}}, .warmup_steps = 0, .measured_steps = 1, .clock = [&] { return now; }}});
     for (int step = 0; step < 5; ++step) {
       write_gradients(buffer, rank, step);
       // Rank 3 is slow with the middle candidate, everyone else with the first: the last wins.
@@ -202,17 +196,17 @@ TEST_CASE("candidates that all give one plan mean no tuning: no host waits, no e
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, small_layout());  // 2 KiB: every default cap takes it whole
     int clock_reads = 0;
-    Tuned sync(buffer, {.clock = [&] {
+    Sync sync(buffer, {.tuning = TuningOptions{.clock = [&] {
                  ++clock_reads;
                  return std::chrono::steady_clock::time_point{};
-               }});
+               }}});
     CHECK(sync.tuning().done());
     CHECK(sync.tuning().chosen == std::optional<std::size_t>(0));
     for (std::size_t c = 1; c < sync.tuning().candidates.size(); ++c) {
       CHECK(sync.tuning().candidates[c].same_plan_as == std::optional<std::size_t>(0));
     }
     const std::size_t setup = backend.collectives_issued();
-    CHECK(setup == 2);  // the tuning check and the plan check
+    CHECK(setup == 1);  // the check of plan, options and tuning
     for (int step = 0; step < 3; ++step) {
       write_gradients(buffer, rank, step);
       for (Slot slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);
@@ -232,9 +226,9 @@ TEST_CASE("a step with a tensor missing is not counted; marking it and finishing
   LoopbackBackend backend(world, 0);
   Buffer buffer(backend, small_layout(12));
   std::chrono::steady_clock::time_point now{};
-  Tuned sync(buffer, {.candidates = three_plans_and_a_twin(), .warmup_steps = 0, .measured_steps = 1, .clock = [&] {
+  Sync sync(buffer, {.tuning = TuningOptions{.candidates = three_plans_and_a_twin(), .warmup_steps = 0, .measured_steps = 1, .clock = [&] {
                         return now;
-                      }});
+                      }}});
   write_gradients(buffer, 0, 0);
   for (std::uint32_t i = 1; i < 12; ++i) sync.mark_ready(Slot{i});
   now += Milliseconds(7);
@@ -256,16 +250,16 @@ TEST_CASE("bad tuning options are ConfigErrors that say what to change") {
   LoopbackBackend backend(world, 0);
   Buffer buffer(backend, small_layout());
   const long allocations = backend.live_allocations();
-  CHECK_THROWS_WITH_AS(Tuned(buffer, {.candidates = {}}), doctest::Contains("candidates is empty; give at least one"),
+  CHECK_THROWS_WITH_AS(Sync(buffer, {.tuning = TuningOptions{.candidates = {}}}), doctest::Contains("candidates is empty; give at least one"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(Tuned(buffer, {.candidates = {{.bucket_bytes = 1 << 20}, {.bucket_bytes = 0}}}),
+  CHECK_THROWS_WITH_AS(Sync(buffer, {.tuning = TuningOptions{.candidates = {{.bucket_bytes = 1 << 20}, {.bucket_bytes = 0}}}}),
                        doctest::Contains("candidate 1 has bucket_bytes 0 and first_bucket_bytes 1048576; both caps "
                                          "must be at least 1 byte"),
                        ConfigError);
-  CHECK_THROWS_WITH_AS(Tuned(buffer, {.candidates = {{.bucket_bytes = 1 << 20, .first_bucket_bytes = 0}}}),
+  CHECK_THROWS_WITH_AS(Sync(buffer, {.tuning = TuningOptions{.candidates = {{.bucket_bytes = 1 << 20, .first_bucket_bytes = 0}}}}),
                        doctest::Contains("candidate 0 has bucket_bytes 1048576 and first_bucket_bytes 0"), ConfigError);
-  CHECK_THROWS_WITH_AS(Tuned(buffer, {.measured_steps = 0}), doctest::Contains("measured_steps is 0"), ConfigError);
-  CHECK_THROWS_WITH_AS(Tuned(buffer, {.sync = {.op = ReduceOp::kMax}}),
+  CHECK_THROWS_WITH_AS(Sync(buffer, {.tuning = TuningOptions{.measured_steps = 0}}), doctest::Contains("measured_steps is 0"), ConfigError);
+  CHECK_THROWS_WITH_AS(Sync(buffer, {.op = ReduceOp::kMax, .tuning = TuningOptions{}}),
                        doctest::Contains("op max is not a gradient reduction"), ConfigError);
   CHECK(backend.live_allocations() == allocations);
 }
@@ -275,7 +269,7 @@ TEST_CASE("ranks that tune differently get a ConfigError on every rank, before a
   const auto errors = run_ranks(2, [&](int rank) {
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, small_layout(12));
-    Tuned sync(buffer, {.candidates = three_plans_and_a_twin(), .measured_steps = rank == 0 ? 3u : 2u});
+    Sync sync(buffer, {.tuning = TuningOptions{.candidates = three_plans_and_a_twin(), .measured_steps = rank == 0 ? 3u : 2u}});
   });
   for (const auto& e : errors) {
     CHECK(message_of(e).find("rank 1 tunes otherwise than rank 0 (the same candidates, warmup_steps 1, "
@@ -287,21 +281,24 @@ TEST_CASE("ranks that tune differently get a ConfigError on every rank, before a
     Buffer buffer(backend, small_layout(12));
     auto candidates = three_plans_and_a_twin();
     if (rank == 1) candidates.pop_back();
-    Tuned sync(buffer, {.candidates = candidates});
+    Sync sync(buffer, {.tuning = TuningOptions{.candidates = candidates}});
   });
   for (const auto& e : other_candidates) CHECK(message_of(e).find("(other candidates, ") != std::string::npos);
 }
 
-TEST_CASE("a failure while switching candidates leaves the tuned sync unusable, with an error that says so") {
+TEST_CASE("a failure while tuning leaves the tuned sync unusable, with an error that says so") {
   LoopbackWorld world(2);
   const auto errors = run_ranks(2, [&](int rank) {
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, small_layout(12));
-    Tuned sync(buffer, {.candidates = three_plans_and_a_twin(), .warmup_steps = 0, .measured_steps = 1});
-    write_gradients(buffer, rank, 0);
-    for (std::uint32_t i = 0; i < 12; ++i) sync.mark_ready(Slot{i});
-    // Every bucket has launched: the next collective is the plan check of candidate 1's
-    // GradientSync, made by finish after the step.
+    Sync sync(buffer, {.tuning = TuningOptions{.candidates = three_plans_and_a_twin(), .warmup_steps = 0,
+                                               .measured_steps = 1}});
+    // One step per candidate: the third step's finish exchanges the medians (a collective).
+    for (int step = 0; step < 3; ++step) {
+      write_gradients(buffer, rank, step);
+      for (std::uint32_t i = 0; i < 12; ++i) sync.mark_ready(Slot{i});
+      if (step < 2) sync.finish();
+    }
     backend.fail_next_collective("peer lost (drill)");
     CHECK_THROWS_WITH_AS(sync.finish(), doctest::Contains("peer lost (drill)"), ncclkit::CommError);
     CHECK_THROWS_WITH_AS(sync.mark_ready(Slot{0}), doctest::Contains("is unusable: tuning failed (peer lost (drill))"),
@@ -338,10 +335,7 @@ TEST_CASE("with a codec, non-finite results of the step that ended with a switch
   const auto errors = run_ranks(2, [&](int rank) {
     LoopbackBackend backend(world, rank);
     Buffer buffer(backend, small_layout(12));
-    Tuned sync(buffer, {.candidates = three_plans_and_a_twin(),
-                        .warmup_steps = 0,
-                        .measured_steps = 2,
-                        .sync = {.codec = ncclkit::compression::Codec::kFloat16}});
+    Sync sync(buffer, {.reducer = ncclkit::compression::compressed({.codec = ncclkit::compression::Codec::kFloat16}), .tuning = TuningOptions{.candidates = three_plans_and_a_twin(), .warmup_steps = 0, .measured_steps = 2}});
     for (int step = 0; step < 4; ++step) {
       write_gradients(buffer, rank, step);
       if (step == 1 && rank == 1) buffer.span<float>("w3")[5] = std::numeric_limits<float>::infinity();
@@ -365,9 +359,8 @@ namespace tuned_docs_example {
 template <ncclkit::Backend B>
 std::string train_tuned(B& backend, ncclkit::fusion::FusedBuffer<B>& gradients, int steps) {
   using namespace ncclkit::fusion;
-  // The default candidates (4 MiB to one bucket), one warm-up and three timed steps each;
-  // `.sync` takes what a GradientSync would.
-  TunedGradientSync<B> sync(gradients, {.sync = {.op = ncclkit::ReduceOp::kAvg}});
+  // The default candidates (4 MiB to one bucket), one warm-up and three timed steps each.
+  GradientSync<B> sync(gradients, {.op = ncclkit::ReduceOp::kAvg, .tuning = TuningOptions{}});
   const auto compute = backend.default_stream();
   for (int step = 0; step < steps; ++step) {
     // Backward writes each gradient on `compute` and marks it ready, output layer first.

@@ -12,6 +12,7 @@
 #include <string>     // std::string
 #include <vector>     // std::vector
 
+#include "ncclkit/compression.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "support/fusion_reference.hpp"
 #include "support/gloo_testing.hpp"
@@ -128,8 +129,7 @@ TEST_CASE(
     FusedBuffer<Communicator> grads(comm, test_layout());
     const FusedLayout& layout = grads.layout();
     GradientSync<Communicator> sync(grads, BucketPlan::compute(layout, caps),
-                                    {.codec = ncclkit::compression::Codec::kFloat16,
-                                     .timeline = ncclkit::fusion::TimelineOptions{.prefix = prefix}});
+                                    {.reducer = ncclkit::compression::compressed({.codec = ncclkit::compression::Codec::kFloat16}), .timeline = ncclkit::fusion::TimelineOptions{.prefix = prefix}});
     check.expect(sync.timeline() != nullptr, "the timeline is on");
     for (int step = 0; step < 3; ++step) {
       for (std::uint32_t i = static_cast<std::uint32_t>(layout.size()); i-- > 0;) {

@@ -1,4 +1,4 @@
-// Tests of ncclkit/fusion/tuned_sync.hpp over the Gloo backend in real processes, timed by the
+// Tests of auto-tuning (ncclkit/fusion/tuning.hpp) over the Gloo backend in real processes, timed by the
 // real clock (so each process measures its own, different times): every step's result equals
 // the float64 average of every rank's gradients through and after tuning, and every rank runs
 // the same plan at every step and chooses the same candidate.
@@ -15,7 +15,8 @@
 
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
-#include "ncclkit/fusion/tuned_sync.hpp"
+#include "ncclkit/fusion/gradient_sync.hpp"
+#include "ncclkit/fusion/tuning.hpp"
 #include "support/fusion_reference.hpp"
 #include "support/gloo_testing.hpp"
 
@@ -25,7 +26,8 @@ using ncclkit::fusion::FusedBuffer;
 using ncclkit::fusion::FusedLayout;
 using ncclkit::fusion::kWholeBuffer;
 using ncclkit::fusion::Slot;
-using ncclkit::fusion::TunedGradientSync;
+using ncclkit::fusion::GradientSync;
+using ncclkit::fusion::TuningOptions;
 using ncclkit::gloo::Communicator;
 using ncclkit::testing::Checker;
 using ncclkit::testing::run_gloo;
@@ -57,12 +59,12 @@ TEST_CASE("tuning over Gloo with each process's own clock: exact averages, one p
   auto result = run_gloo(2, [](Communicator& comm, const WorldInfo& world, Checker& check) {
     FusedBuffer<Communicator> grads(comm, tuned_gloo_layout());
     const FusedLayout& layout = grads.layout();
-    TunedGradientSync<Communicator> sync(grads,
-                                         {.candidates = {{.bucket_bytes = 16 << 10, .first_bucket_bytes = 4 << 10},
-                                                         {.bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10},
-                                                         {.bucket_bytes = kWholeBuffer, .first_bucket_bytes = 4 << 10}},
-                                          .warmup_steps = 1,
-                                          .measured_steps = 2});
+    GradientSync<Communicator> sync(
+        grads, {.tuning = TuningOptions{.candidates = {{.bucket_bytes = 16 << 10, .first_bucket_bytes = 4 << 10},
+                                                       {.bucket_bytes = 64 << 10, .first_bucket_bytes = 4 << 10},
+                                                       {.bucket_bytes = kWholeBuffer, .first_bucket_bytes = 4 << 10}},
+                                        .warmup_steps = 1,
+                                        .measured_steps = 2}});
     const auto& candidates = sync.tuning().candidates;
     check.expect(!candidates[1].same_plan_as && !candidates[2].same_plan_as, "three different plans");
     // Every rank's sequence of (candidate, plan) over the steps, hashed, compared at the end.

@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
 
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/error.hpp"
 #include "perf_engine.hpp"
 
@@ -161,6 +163,18 @@ class LoopBackend {
   void deallocate(void* pointer) { ::operator delete(pointer); }
   void copy(void* to, const void* from, std::size_t bytes, Stream) { std::memcpy(to, from, bytes); }
   void scale(TensorView, double, Stream) {}
+  // The rest of the Backend concept, which the perf engine does not use.
+  using CopyBatch = std::vector<ncclkit::CopyItem>;
+  Event create_timing_event() { return 0; }
+  double elapsed_ms(const Event&, const Event&) { return 0; }
+  void copy_from_host(void* to, const void* from, std::size_t bytes, Stream) { std::memcpy(to, from, bytes); }
+  void copy_to_host(void* to, const void* from, std::size_t bytes, Stream) { std::memcpy(to, from, bytes); }
+  void fill_zero(TensorView out, Stream) { std::memset(out.data, 0, out.bytes()); }
+  void cast(TensorView in, TensorView out, double factor, std::uint64_t*, Stream) {
+    ncclkit::detail::cast_on_host(in, out, factor);
+  }
+  CopyBatch prepare_copies(std::span<const ncclkit::CopyItem> items) { return CopyBatch(items.begin(), items.end()); }
+  void copy_batch(const CopyBatch& batch, Stream) { ncclkit::detail::copy_batch_on_host(batch); }
 
  private:
   LoopWorld* world_;

@@ -11,11 +11,13 @@
 #include <cstddef>     // std::size_t, std::byte
 #include <cstdint>     // std::uint64_t
 #include <functional>  // std::function
+#include <optional>    // std::optional
 #include <random>      // std::mt19937
 #include <span>        // std::span
 #include <string>      // std::string
 #include <vector>      // std::vector
 
+#include "ncclkit/compression/compressed.hpp"
 #include "ncclkit/fusion/detail/byte_codec.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "support/element_conversions.hpp"
@@ -127,6 +129,19 @@ inline std::uint64_t buffer_hash(const Buffer& buffer) {
   return hash;
 }
 
+/// Whether `sync` reduces its compressed buckets with the fused kernel.
+template <class S>
+bool runs_fused(const S& sync) {
+  return sync.reducer().name().find("fused") != std::string::npos;
+}
+
+/// The codec options of a sync's reducer, where it is compressed (compression::compressed).
+inline std::optional<compression::CompressionOptions> compression_of(const Sync::Options& options) {
+  const auto* factory = dynamic_cast<const compression::CompressedFactory<LoopbackBackend>*>(options.reducer.get());
+  if (factory == nullptr) return std::nullopt;
+  return factory->options();
+}
+
 /// Runs `steps` steps on `ranks` threads: write gradients, mark them in a shuffled order (a
 /// different one on every rank), finish; rank 0 compares with the float64 reference and every
 /// rank's result must equal rank 0's bit for bit. Also checks that events are made once, not
@@ -136,6 +151,8 @@ inline std::uint64_t buffer_hash(const Buffer& buffer) {
 inline void check_synchronised(int ranks, const std::function<FusedLayout()>& make_layout, const BucketOptions& buckets,
                                int steps, Sync::Options options = {}, bool fused = false) {
   const ReduceOp op = options.op;
+  const auto compressed = compression_of(options);
+  const compression::Codec codec = compressed ? compressed->codec : compression::Codec::kNone;
   LoopbackWorld world(ranks);
   std::vector<std::string> failures(static_cast<std::size_t>(ranks));
   std::vector<std::vector<std::uint64_t>> hashes(static_cast<std::size_t>(ranks));
@@ -144,10 +161,11 @@ inline void check_synchronised(int ranks, const std::function<FusedLayout()>& ma
     backend.allow_compressed_reduce(fused);
     Buffer buffer(backend, make_layout());
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), buckets), options);
-    const bool compress = options.codec != compression::Codec::kNone;
-    CHECK(sync.fused_transfer() == (fused && compress && options.fused_transfer && !options.rerun_nonfinite));
+    const bool compress = codec != compression::Codec::kNone;
+    CHECK(runs_fused(sync) == (fused && compress && compressed->fused_transfer && !compressed->rerun_nonfinite));
     const std::size_t events = backend.events_created();
-    if (options.codec == compression::Codec::kNone) CHECK(events == sync.plan().size() + 1);
+    // The plain all_reduce's: per bucket, one for its hand-over and one for its completion.
+    if (codec == compression::Codec::kNone) CHECK(events == 2 * sync.plan().size());
     for (int step = 0; step < steps; ++step) {
       write_gradients(buffer, rank, step);
       for (Slot slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);
@@ -159,7 +177,7 @@ inline void check_synchronised(int ranks, const std::function<FusedLayout()>& ma
       const auto error = errors_against_reference(buffer, ranks, step, op);
       for (DataType type : buffer.layout().element_types()) {
         const double e = error[static_cast<std::size_t>(type)];
-        if (!(e <= tolerance(type, options.codec))) {
+        if (!(e <= tolerance(type, codec))) {
           failures[0] += "step " + std::to_string(step) + " " + std::string(ncclkit::name_of(type)) + ": error " +
                          std::to_string(e) + "; ";
         }

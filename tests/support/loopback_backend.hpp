@@ -12,7 +12,7 @@
 // - Streams: the default stream runs work inline in the calling thread; the comm stream hands
 //   it to one worker thread per rank that runs it in order. Events and waits are real: an event
 //   recorded on the comm stream completes when the worker reaches it.
-// - Timing events (TimedBackend): a marker keeps the steady_clock time at which it completed.
+// - Timing events: a marker keeps the steady_clock time at which it completed.
 // - Counters for tests: events made (create_event and one-off record), timing events made,
 //   collectives issued.
 
@@ -427,6 +427,13 @@ class LoopbackBackend {
       if (bytes > 0) std::memcpy(to, from, bytes);
     });
   }
+  void copy_from_host(void* to, const void* from, std::size_t bytes, Stream stream) { copy(to, from, bytes, stream); }
+  void copy_to_host(void* to, const void* from, std::size_t bytes, Stream stream) { copy(to, from, bytes, stream); }
+  void fill_zero(TensorView out, Stream stream) {
+    run_on(stream, [out] {
+      if (out.count > 0) std::memset(out.data, 0, out.bytes());
+    });
+  }
   void scale(TensorView out, double factor, Stream stream) {
     run_on(stream, [out, factor] {
       visit_data_type(out.dtype, [&]<class T>() {
@@ -563,9 +570,7 @@ class LoopbackBackend {
 };
 
 static_assert(Backend<LoopbackBackend>);
-static_assert(CodecBackend<LoopbackBackend>);
 static_assert(CompressedReduceBackend<LoopbackBackend>);
-static_assert(TimedBackend<LoopbackBackend>);
 
 /// Runs `body(rank)` for ranks 0..n-1 on n threads and returns what each threw (null where it
 /// returned): tests check every rank's outcome, not only the first failure.

@@ -23,7 +23,6 @@ struct TraceExpectation {
   int rank = 0;
   std::size_t buckets = 0;
   std::size_t steps = 0;       ///< steps recorded (numbered 0..steps-1), no more
-  bool device_timings = true;  ///< a TimedBackend: work on the streams is there
   bool codec = false;          ///< every bucket is float32 and encoded
   std::size_t chunks_per_bucket = 1;
   bool loose = false;  ///< every bucket has loose tensors
@@ -115,18 +114,12 @@ inline std::string trace_problems(const std::string& path, const TraceExpectatio
     const TraceEvent* finish = find(s, "finish", "X", 1);
     if (step && finish && finish->ts + finish->dur > step->ts + step->dur + kSlack)
       problem("finish ends after its step");
-    if (want.device_timings) find(s, "backward", "X", 2);
+    find(s, "backward", "X", 2);
     for (std::size_t b = 0; b < want.buckets; ++b) {
       const std::string id = "b" + std::to_string(b);
       const TraceEvent* ready = find(s, "ready " + id, "i", 1);
       const TraceEvent* launch = find(s, "launch " + id, "i", 1);
       if (ready && launch && !(ready->ts <= launch->ts)) problem("ready " + id + " after its launch");
-      if (!want.device_timings) {
-        if (by_name.count({s, "all_reduce " + id}) != 0 || by_name.count({s, "done " + id}) != 0) {
-          problem("stream timings without a TimedBackend");
-        }
-        continue;
-      }
       find(s, "gradients " + id, "i", 2);
       double last_end = -1;
       for (std::size_t c = 0; c < want.chunks_per_bucket; ++c) {

@@ -10,12 +10,13 @@
 /// A codec is stateless: encode = one pass that multiplies by `prescale` and casts to 16 bits;
 /// the reduction sums 16-bit values; decode = one pass that casts back to float32 and
 /// multiplies by what turns the sum into the wanted result (1 for an average with the default
-/// prescale of 1/world). The passes are the `cast` of a `CodecBackend` (a CUDA kernel on
-/// GPUs, a loop on CPUs). `fusion::GradientSync` runs them per bucket, pipelined with the
-/// collectives (GradientSyncOptions::codec).
+/// prescale of 1/world). The passes are the backend's `cast` (a CUDA kernel on GPUs, a loop on
+/// CPUs), or one fused kernel (compression/fused_reducer.hpp); compression/compressed.hpp makes
+/// them a GradientSync's reducer.
 ///
-/// Layer: compression sits below fusion (fusion's buckets use its codecs) and needs only a
-/// backend; its CUDA kernels live with the NCCL backend (nccl/detail/codec_kernels.cuh).
+/// Layer: compression sits above fusion: its reducers implement fusion's bucket-reducer seam
+/// (fusion/reducer.hpp), and no file of fusion/ knows a codec. The kernels live with the NCCL
+/// backend (nccl/detail/codec_kernels.cuh), reached through the Backend concept.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 

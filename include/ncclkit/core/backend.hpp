@@ -42,12 +42,43 @@
 
 namespace ncclkit {
 
+/// One copy of a batch: `bytes` from `from` to `to`, both in the backend's memory, not overlapping.
+struct CopyItem {
+  void* to = nullptr;
+  const void* from = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// What generic code (fusion, compression, the trainer, the perf engine) may use of a backend.
+/// Beyond identity, streams and the four collectives, the element-wise work that gradient
+/// buckets need:
+///   - `copy_from_host(to, host_from, bytes, stream)`, `copy_to_host(host_to, from, bytes,
+///     stream)`: between host memory and the backend's (the host side must stay valid until
+///     the stream reaches the copy); a backend of host memory copies as `copy` does.
+///   - `fill_zero(view, stream)`: every byte of `view` zero (not `scale(view, 0)`: 0 × NaN is
+///     NaN, and memory never written may hold anything).
+///   - `cast(in, out, factor, nonfinite, stream)`: out[i] = in[i] * factor, converted to out's
+///     element type, in one pass (floating types only: float16, bfloat16, float32, float64;
+///     computed in float, in double where either side is float64; rounding to nearest).
+///     `in.count == out.count`; `in` and `out` are one buffer or do not overlap. Where
+///     `nonfinite` is not null it points to a `std::uint64_t` in the backend's memory, and the
+///     number of outputs that are not finite (Inf, NaN) is added to it.
+///   - `prepare_copies(items)`: a batch of copies, made once (on GPUs its table moves to device
+///     memory once), then run as often as wanted by `copy_batch(batch, stream)`: one kernel
+///     on GPUs, not one copy per item. The batch must not outlive the backend.
+///   - Timing events: `create_timing_event()` makes an `Event` recorded and waited for like
+///     `create_event()`'s that also keeps when the work it marks was done (costlier to record:
+///     made only where a timeline asks for it); `elapsed_ms(start, end)` is the time between two
+///     recorded timing events (negative when `end` came first), blocking the host until both
+///     are done, bounded as `synchronize` is, and throwing as it does when the work failed.
 template <class B>
 concept Backend = requires(B& backend, const B& const_backend, TensorView in, TensorView out, ReduceOp op, int root,
-                           typename B::Stream stream, typename B::Event& event, std::size_t bytes, void* pointer,
-                           const void* const_pointer, double factor) {
+                           typename B::Stream stream, typename B::Event& event, const typename B::Event& done,
+                           std::size_t bytes, void* pointer, const void* const_pointer, double factor,
+                           std::uint64_t* nonfinite, std::span<const CopyItem> items, const typename B::CopyBatch& batch) {
   typename B::Stream;
   typename B::Event;
+  typename B::CopyBatch;
   { B::memory_kind } -> std::convertible_to<MemoryKind>;
 
   // Identity.
@@ -58,10 +89,12 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   { backend.default_stream() } -> std::same_as<typename B::Stream>;
   { backend.comm_stream() } -> std::same_as<typename B::Stream>;
   { backend.create_event() } -> std::same_as<typename B::Event>;
+  { backend.create_timing_event() } -> std::same_as<typename B::Event>;
   backend.record(event, stream);  // re-records a reusable event
   { backend.record(stream) } -> std::same_as<typename B::Event>;
   backend.wait(event, stream);
   backend.synchronize(stream);
+  { backend.elapsed_ms(done, done) } -> std::same_as<double>;
 
   // Collectives on type-erased views (the element type travels in the view).
   backend.all_reduce(in, out, op, stream);      // in.count == out.count
@@ -69,44 +102,23 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   backend.all_gather(in, out, stream);          // out.count == in.count * size()
   backend.reduce_scatter(in, out, op, stream);  // in.count == out.count * size()
 
-  // Memory of the backend's kind, and the element-wise work fusion and compression need.
+  // Memory of the backend's kind, and the element-wise work of fusion and compression.
   { backend.allocate(bytes) } -> std::same_as<void*>;
   backend.deallocate(pointer);
-  backend.copy(pointer, const_pointer, bytes, stream);  // non-overlapping, same memory kind
-  backend.scale(out, factor, stream);                   // out[i] *= factor, in out's type
-};
-
-/// One copy of a batch: `bytes` from `from` to `to`, both in the backend's memory, not overlapping.
-struct CopyItem {
-  void* to = nullptr;
-  const void* from = nullptr;
-  std::size_t bytes = 0;
-};
-
-/// What gradient compression and loose-tensor packing need of a backend on top of `Backend`
-/// (both backends model it, and so does the loop-back fake of the tests):
-///   - `cast(in, out, factor, nonfinite, stream)`: out[i] = in[i] * factor, converted to out's
-///     element type, in one pass (floating types only: float16, bfloat16, float32, float64;
-///     computed in float, in double where either side is float64; rounding to nearest).
-///     `in.count == out.count`; `in` and `out` are one buffer or do not overlap. Where
-///     `nonfinite` is not null it points to a `std::uint64_t` in the backend's memory, and the
-///     number of outputs that are not finite (Inf, NaN) is added to it.
-///   - `prepare_copies(items)`: a batch of copies, made once (on GPUs its table moves to device
-///     memory once), then run as often as wanted by `copy_batch(batch, stream)`: one kernel
-///     on GPUs, not one copy per item. The batch must not outlive the backend.
-template <class B>
-concept CodecBackend = Backend<B> &&
-    requires(B& backend, TensorView in, TensorView out, double factor, std::uint64_t* nonfinite,
-             std::span<const CopyItem> items, const typename B::CopyBatch& batch, typename B::Stream stream) {
-  typename B::CopyBatch;
+  backend.copy(pointer, const_pointer, bytes, stream);            // non-overlapping, same memory kind
+  backend.copy_from_host(pointer, const_pointer, bytes, stream);  // host to the backend's memory
+  backend.copy_to_host(pointer, const_pointer, bytes, stream);    // the backend's memory to the host
+  backend.fill_zero(out, stream);                                 // every byte of out zero
+  backend.scale(out, factor, stream);                             // out[i] *= factor, in out's type
   backend.cast(in, out, factor, nonfinite, stream);
   { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
   backend.copy_batch(batch, stream);
 };
 
-/// A CodecBackend that can also run a compressed all-reduce as one fused operation, the 16-bit
+/// A Backend that can also run a compressed all-reduce as one fused operation, the 16-bit
 /// data moving between devices inside the kernel that encodes and decodes it (the NCCL
-/// communicator, on one node; nccl/compressed_reduce.hpp):
+/// communicator, on one node; nccl/compressed_reduce.hpp). The one refinement of `Backend`,
+/// since only a backend with a kernel of its own for it can model it:
 ///   - `compressed_reduce_unavailable()`: why it cannot run here, or empty where it can;
 ///   - `prepare_compressed_reduce(max_count, wire)`: a workspace for float32 data of up to
 ///     `max_count` values crossing as `wire` (float16 or bfloat16), or none where the backend
@@ -116,30 +128,13 @@ concept CodecBackend = Backend<B> &&
 ///     summed unrounded), the same bits on every rank; adds the count of non-finite 16-bit
 ///     results to `*nonfinite` where it is not null (the same count on every rank).
 template <class B>
-concept CompressedReduceBackend = CodecBackend<B> &&
+concept CompressedReduceBackend = Backend<B> &&
     requires(B& backend, TensorView data, double factor, std::uint64_t* nonfinite,
              typename B::CompressedReduce& workspace, typename B::Stream stream, std::size_t count, DataType wire) {
   typename B::CompressedReduce;
   { backend.compressed_reduce_unavailable() } -> std::convertible_to<std::string>;
   { backend.prepare_compressed_reduce(count, wire) } -> std::same_as<std::optional<typename B::CompressedReduce>>;
   backend.compressed_all_reduce(workspace, data, factor, factor, nonfinite, stream);
-};
-
-/// What a timeline (fusion/timeline.hpp) needs of a backend to show when work ran on its
-/// streams, not only when the host issued it (both communicators and the loop-back fake of the
-/// tests model it); optional: a timeline over a backend without it shows host times alone.
-///   - `create_timing_event()`: an `Event` like `create_event()`'s, recorded and waited for the
-///     same way, that also keeps when the work it marks was done. Costlier to record than a
-///     plain event (NCCL: a CUDA event without cudaEventDisableTiming; Gloo: a task of the
-///     comm queue that reads the clock), so made only where a timeline asks for it.
-///   - `elapsed_ms(start, end)`: milliseconds from `start` to `end`, two timing events that
-///     have been recorded (negative when `end` came first). Blocks the host until both are
-///     done, bounded as `synchronize` is, and throws as it does when the work failed.
-template <class B>
-concept TimedBackend = Backend<B> &&
-    requires(B& backend, const typename B::Event& start, const typename B::Event& end) {
-  { backend.create_timing_event() } -> std::same_as<typename B::Event>;
-  { backend.elapsed_ms(start, end) } -> std::same_as<double>;
 };
 
 }  // namespace ncclkit

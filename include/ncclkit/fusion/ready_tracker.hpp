@@ -10,6 +10,7 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include <algorithm>  // std::min
 #include <cstddef>   // std::size_t, std::ptrdiff_t
 #include <cstdint>   // std::uint32_t
 #include <iterator>  // std::forward_iterator_tag, std::input_iterator_tag
@@ -134,7 +135,8 @@ class ReadyTracker {
   }
 
   /// Ends the step. With every tensor marked, returns nothing to launch. Otherwise, by the
-  /// option: kError throws a ConfigError naming every tensor never marked (and changes nothing:
+  /// option: kError throws a ConfigError naming the tensors never marked (the first
+  /// kNamesShown, in slot order, and how many more; it changes nothing:
   /// mark them and call finish again, or reset()); kReduceAsZeros returns them and the buckets
   /// still to launch. ConfigError when called twice in a step.
   FinishResult finish() {
@@ -145,8 +147,13 @@ class ReadyTracker {
       if (!marked_[i] && plan_.count(Slot{i}) != 0) result.zeroed.push_back(Slot{i});
     }
     if (!result.zeroed.empty() && options_.missing == MissingTensors::kError) {
+      // A few names and the count: a model of hundreds of tensors must not give a page of them.
       std::string names;
-      for (Slot s : result.zeroed) names += (names.empty() ? "\"" : ", \"") + plan_.name(s) + "\"";
+      const std::size_t shown = std::min<std::size_t>(result.zeroed.size(), kNamesShown);
+      for (std::size_t i = 0; i < shown; ++i) {
+        names += (i == 0 ? "\"" : ", \"") + plan_.name(result.zeroed[i]) + "\"";
+      }
+      if (shown < result.zeroed.size()) names += " and " + std::to_string(result.zeroed.size() - shown) + " more";
       throw ConfigError("ncclkit: ReadyTracker::finish: " + std::to_string(result.zeroed.size()) + " of " +
                         std::to_string(plan_.tensor_count()) + " tensors were never marked ready this step: " + names +
                         ". Mark every tensor whose gradient the step produced, or set missing = "
@@ -159,6 +166,9 @@ class ReadyTracker {
     finished_ = true;
     return result;
   }
+
+  /// How many of the tensors never marked `finish`'s error names.
+  static constexpr std::size_t kNamesShown = 8;
 
   /// Starts a new step: no tensor marked, no bucket launched. Also abandons a step half done.
   void reset() {

@@ -47,7 +47,7 @@
 #include <chrono>       // std::chrono::milliseconds, std::chrono::steady_clock
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint8_t, std::uint64_t
-#include <cstring>      // std::memcpy
+#include <cstring>      // std::memcpy, std::memset
 #include <memory>       // std::shared_ptr, std::unique_ptr
 #include <new>          // std::align_val_t
 #include <numeric>      // std::accumulate
@@ -176,7 +176,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   /// A reusable event, complete until it is first recorded.
   Event create_event() const { return Event{}; }
 
-  /// A reusable timing event (TimedBackend): recorded like any event, it also keeps when the
+  /// A reusable timing event (the Backend concept): recorded like any event, it also keeps when the
   /// work it marks was done, read by `elapsed_ms`. Each record of one costs an allocation, and on
   /// the comm stream a task of the worker that reads the clock.
   Event create_timing_event() const { return Event::reached_at(std::chrono::steady_clock::now()); }
@@ -193,7 +193,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     event = stream.queue == Stream::Queue::kInline ? Event{} : state().queue->record();
   }
 
-  /// Milliseconds from timing event `start` to `end` (TimedBackend): waits until both are done,
+  /// Milliseconds from timing event `start` to `end` (the Backend concept): waits until both are done,
   /// rethrowing a failure of the work before them. ConfigError for events that are not timing
   /// events.
   double elapsed_ms(const Event& start, const Event& end) const {
@@ -512,6 +512,13 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     copy(to, from, bytes, stream);
   }
 
+  /// Sets every byte of `out` to zero on `stream`.
+  void fill_zero(TensorView out, Stream stream = {}) {
+    if (out.where != MemoryKind::kHost) throw ConfigError(state().who() + ": fill_zero needs host memory");
+    run_local(stream, [out] {
+      if (out.count > 0) std::memset(out.data, 0, out.bytes());
+    });
+  }
   /// out[i] *= factor, in out's element type (see ncclkit::gloo::scale), on `stream`.
   void scale(TensorView out, double factor, Stream stream = {}) {
     if (out.where != MemoryKind::kHost) throw ConfigError(state().who() + ": scale needs host memory");
@@ -519,13 +526,13 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     run_local(stream, [out, factor, isa] { gloo::scale(out.dtype, out.data, out.data, out.count, factor, isa); });
   }
 
-  // ---- compression and packing (the CodecBackend concept) ---------------------------------
+  // ---- compression and packing ------------------------------------------------------------
 
   /// A batch of copies: host memory needs no table on a device, so it is the list itself.
   using CopyBatch = std::vector<CopyItem>;
 
   /// out[i] = in[i] * factor converted to out's element type, on `stream` (floating types; see
-  /// CodecBackend). Where `nonfinite` is not null, the number of non-finite outputs is added to
+  /// the Backend concept). Where `nonfinite` is not null, the number of non-finite outputs is added to
   /// it (atomically).
   void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite = nullptr, Stream stream = {}) {
     if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
@@ -666,7 +673,5 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 };
 
 static_assert(Backend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::Backend");
-static_assert(CodecBackend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::CodecBackend");
-static_assert(TimedBackend<Communicator>, "ncclkit::gloo::Communicator must model ncclkit::TimedBackend");
 
 }  // namespace ncclkit::gloo

@@ -179,7 +179,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     throw_if_failed();
     event.record(stream.resolve(core().default_stream));  // Event::record finds its GPU's legacy stream
   }
-  /// A reusable event that keeps a GPU timestamp (TimedBackend): a CUDA event without
+  /// A reusable event that keeps a GPU timestamp (the Backend concept): a CUDA event without
   /// cudaEventDisableTiming, for `elapsed_ms`. Costlier to record than create_event()'s.
   Event create_timing_event() { return Event(core().device, true); }
   /// Milliseconds from timing event `start` to `end`, both recorded (cudaEventElapsedTime's
@@ -516,6 +516,14 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   void copy_to_host(void* host_destination, const void* source, std::size_t bytes, StreamArg stream = {}) {
     copy_between(host_destination, source, bytes, cudaMemcpyDeviceToHost, "copy_to_host", stream);
   }
+  /// Sets every byte of `out` (this GPU's memory) to zero on `stream` (cudaMemsetAsync).
+  void fill_zero(TensorView out, StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "fill_zero", stream);
+    if (out.count == 0) return;
+    call.buffer("buffer", out);
+    DeviceGuard guard(core().device);
+    NCCLKIT_CUDA_CHECK(cudaMemsetAsync(out.data, 0, out.bytes(), call.stream().stream));
+  }
   /// out[i] *= factor, computed in out's type (floats in float, doubles in double, integers
   /// rounded to nearest and saturated).
   void scale(TensorView out, double factor, StreamArg stream = {}) {
@@ -526,12 +534,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     launcher(out.data, out.count, out.dtype, factor, call.stream().stream);
   }
 
-  // ---- compression and packing (the CodecBackend concept) ---------------------------------
+  // ---- compression and packing ------------------------------------------------------------
 
   using CopyBatch = nccl::CopyBatch;
 
   /// out[i] = in[i] * factor converted to out's element type, in one kernel on `stream`
-  /// (floating types; see CodecBackend). Where `nonfinite` (a std::uint64_t in this GPU's
+  /// (floating types; see the Backend concept). Where `nonfinite` (a std::uint64_t in this GPU's
   /// memory) is not null, the number of non-finite outputs is added to it on the device.
   void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite = nullptr, StreamArg stream = {}) {
     const detail::CheckedCall call(core(), "cast", stream);
@@ -765,8 +773,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 };
 
 static_assert(Backend<Communicator>, "nccl::Communicator must model ncclkit::Backend");
-static_assert(CodecBackend<Communicator>, "nccl::Communicator must model ncclkit::CodecBackend");
 static_assert(CompressedReduceBackend<Communicator>, "nccl::Communicator must model ncclkit::CompressedReduceBackend");
-static_assert(TimedBackend<Communicator>, "nccl::Communicator must model ncclkit::TimedBackend");
 
 }  // namespace ncclkit::nccl

@@ -22,6 +22,21 @@ inline nvtxDomainHandle_t nvtx_domain() {
 }
 #endif
 
+#ifdef NCCLKIT_HAVE_NVTX
+/// Pushes a range named `name` (a string literal) with `payload` as its value (a bucket or
+/// chunk number); nvtxDomainRangePop(nvtx_domain()) ends it.
+inline void nvtx_push(const char* name, std::uint64_t payload) {
+  nvtxEventAttributes_t attributes{};
+  attributes.version = NVTX_VERSION;
+  attributes.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  attributes.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  attributes.message.ascii = name;
+  attributes.payloadType = NVTX_PAYLOAD_TYPE_UNSIGNED_INT64;
+  attributes.payload.ullValue = payload;
+  nvtxDomainRangePushEx(nvtx_domain(), &attributes);
+}
+#endif
+
 /// Pushes a range named `name` (a string literal) for the scope; `payload`, when given, shows
 /// as the range's value in Nsight (a bucket or chunk number), so no string is formatted.
 class NvtxRange {

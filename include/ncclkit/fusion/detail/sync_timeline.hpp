@@ -1,14 +1,13 @@
 #pragma once
-/// `SyncTimeline<B>`: what `GradientSync` records for its timeline (fusion/timeline.hpp), and
-/// when it reads the backend's timings.
+/// `SyncTimeline<B>`: the observer (fusion/observer.hpp) that records a `GradientSync`'s
+/// timeline (fusion/timeline.hpp), and when it reads the backend's timings.
 ///
 /// Host times (a bucket ready, launched; `finish`) are read from the steady clock as they
 /// happen. Work on the streams (gradients, pack, encode, all_reduce, count, rerun, decode,
-/// unpack) is bracketed by timing events of a TimedBackend, made once at construction: two
-/// sets, used by alternate steps, so that step k's events are read in step k+1's `finish`
-/// (the host waits there for step k's work, if it is not done yet) while step k+1 records into
-/// the other set; the last recorded step is read at once. A backend without timing events
-/// gives the host times alone.
+/// unpack) is bracketed by the backend's timing events, made once at construction: two sets,
+/// used by alternate steps, so that step k's events are read in step k+1's `finish` (the host
+/// waits there for step k's work, if it is not done yet) while step k+1 records into the other
+/// set; the last recorded step is read at once.
 ///
 /// Device times are placed on the host clock by one anchor: a timing event recorded on the comm
 /// stream while it is idle, whose host time is taken when the record returns (within a few
@@ -34,16 +33,11 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
-#include "ncclkit/fusion/detail/pieces.hpp"
+#include "ncclkit/fusion/observer.hpp"
+#include "ncclkit/fusion/reducer.hpp"
 #include "ncclkit/fusion/timeline.hpp"
 
 namespace ncclkit::fusion::detail {
-
-/// The bracketed work of a step. kBackward spans the step's first mark_ready to the start of
-/// `finish` on the compute stream; kReady is an instant, when the compute stream had written a
-/// bucket's gradients (its launch point), shown as "gradients b<k>".
-enum class Phase : std::uint8_t { kBackward, kReady, kPack, kEncode, kReduce, kCount, kRerun, kDecode, kUnpack };
-inline constexpr std::size_t kPhaseCount = 9;
 
 /// `<prefix>.rank<R>.json` for the first timeline of a prefix and rank in this process,
 /// `<prefix>.rank<R>.<N>.json` for the N-th after it, so that several GradientSyncs (a
@@ -67,20 +61,25 @@ struct HostTimes {
 };
 
 template <Backend B>
-class SyncTimeline {
+class SyncTimeline final : public SyncObserver<B> {
  public:
   using Stream = typename B::Stream;
   using Event = typename B::Event;
   using Clock = std::chrono::steady_clock;
 
-  /// A timeline for a sync with `plan` cut into `pieces`, with loose tensors to pack and unpack
-  /// or not (`loose`), counting and rerunning non-finite chunks or not (`rerun`), or null when its file cannot be written (a warning says
-  /// so, naming the path): a trace must never stop training. `label` names the sync in the trace.
+  /// Why `options` cannot record, or empty.
+  static std::string problem(const TimelineOptions& options) {
+    return options.max_steps < 1 ? "ncclkit: GradientSync: TimelineOptions::max_steps is 0; record at least 1 step"
+                                 : std::string();
+  }
+
+  /// A timeline for a sync with `plan` whose reducer issues `pieces` and marks `piece_phases`
+  /// (BucketReducer), with loose tensors to pack and unpack or not (`loose`), or null when its
+  /// file cannot be written (a warning says so, naming the path): a trace must never stop
+  /// training. `label` names the sync in the trace. `options` must have passed `problem`.
   static std::unique_ptr<SyncTimeline> make(B& backend, const TimelineOptions& options, const BucketPlan& plan,
-                                            const Pieces& pieces, bool loose, bool rerun, const std::string& label) {
-    if (options.max_steps < 1) {
-      throw ConfigError("ncclkit: GradientSync: TimelineOptions::max_steps is 0; record at least 1 step");
-    }
+                                            std::span<const ReducerPiece> pieces, std::uint32_t piece_phases,
+                                            bool loose, const std::string& label) {
     Timeline trace(timeline_path(options.prefix, backend.rank()), backend.rank(), label);
     try {
       trace.write();  // an empty trace now: a bad path is reported before training, not after it
@@ -89,7 +88,7 @@ class SyncTimeline {
       return nullptr;
     }
     return std::unique_ptr<SyncTimeline>(
-        new SyncTimeline(backend, std::move(trace), options.max_steps, plan, pieces, loose, rerun));
+        new SyncTimeline(backend, std::move(trace), options.max_steps, plan, pieces, piece_phases, loose));
   }
 
   SyncTimeline(const SyncTimeline&) = delete;
@@ -100,47 +99,43 @@ class SyncTimeline {
 
   /// Records the anchor on `idle`, a stream with nothing queued.
   void anchor(Stream idle) {
-    if constexpr (TimedBackend<B>) {
-      backend_->record(anchor_, idle);
-      anchor_host_ = Clock::now();
-    }
+    backend_->record(anchor_, idle);
+    anchor_host_ = Clock::now();
   }
 
   /// Whether this step is recorded.
   bool recording() const { return !broken_ && step_ < max_steps_; }
 
   /// At every mark_ready: the first of a step records the step's reference on `stream`.
-  void on_mark(Stream stream) {
+  void on_mark(Stream stream) override {
     if (!recording() || started_) return;
     start_step(stream);
     marked_ = true;
   }
 
   /// Brackets work on `stream`: `end` false before it, true after it (instants: before only).
-  void mark(Phase phase, std::size_t index, bool end, Stream stream) {
+  void on_phase(Phase phase, std::size_t index, bool end, Stream stream) override {
     if (!recording()) return;
-    if constexpr (TimedBackend<B>) {
-      Set& set = sets_[current()];
-      const auto p = static_cast<std::size_t>(phase);
-      backend_->record(end ? set.end[p][index] : set.begin[p][index], stream);
-      if (end || phase == Phase::kReady) set.done[p][index] = 1;
-    }
+    Set& set = sets_[current()];
+    const auto p = static_cast<std::size_t>(phase);
+    if (index >= set.done[p].size()) return;  // a phase this sync was not prepared for
+    backend_->record(end ? set.end[p][index] : set.begin[p][index], stream);
+    if (end || phase == Phase::kReady) set.done[p][index] = 1;
   }
 
   /// At the start of `finish(stream)` (every call: a call that throws for missing tensors is
   /// followed by another).
-  void on_finish_begin(Stream stream) {
+  void on_finish_begin(Stream stream) override {
     if (!recording()) return;
     if (!started_) start_step(stream);
     sets_[current()].host.finish_begin = Clock::now();
-    mark(Phase::kBackward, 0, true, stream);
+    on_phase(Phase::kBackward, 0, true, stream);
   }
 
   /// At the end of a `finish` that completed the step, whose buckets' host times are `timings`
   /// (BucketTiming: ready, launched). Reads the previous step's timings, and this one's too when
   /// it is the last recorded, then writes the file.
-  template <class Timing>
-  void on_finish_end(std::span<const Timing> timings) {
+  void on_finish_end(std::span<const BucketTiming> timings) override {
     if (!recording()) return;
     Set& set = sets_[current()];
     const auto end = Clock::now();
@@ -168,7 +163,7 @@ class SyncTimeline {
 
   /// Reads what is left and writes the file, unless nothing changed since it was last written.
   /// Waits for the last finished step's work. Never throws: a failure is a warning.
-  void flush() noexcept {
+  void flush() noexcept override {
     read(sets_[0]);
     read(sets_[1]);
     if (trace_.size() != written_) write();
@@ -186,44 +181,31 @@ class SyncTimeline {
     bool pending = false;  // finished, not read yet
   };
 
-  SyncTimeline(B& backend, Timeline trace, std::size_t max_steps, const BucketPlan& plan, const Pieces& pieces,
-               bool loose, bool rerun)
+  SyncTimeline(B& backend, Timeline trace, std::size_t max_steps, const BucketPlan& plan,
+               std::span<const ReducerPiece> pieces, std::uint32_t piece_phases, bool loose)
       : backend_(&backend), trace_(std::move(trace)), max_steps_(max_steps) {
     for (std::size_t b = 0; b < plan.size(); ++b) bucket_bytes_.push_back(plan[b].bytes());
-    for (std::size_t i = 0; i < pieces.pieces.size(); ++i) {
-      const Piece& piece = pieces.pieces[i];
-      piece_bucket_.push_back(piece.bucket);
-      piece_chunk_.push_back(i - pieces.first[piece.bucket]);
-      piece_bytes_.push_back(piece.count * size_of(piece.encoded ? DataType::kFloat16 : plan[piece.bucket].dtype));
-    }
-    first_piece_ = pieces.first;
+    pieces_.assign(pieces.begin(), pieces.end());
     trace_.describe("ncclkit", "GradientSync timeline");
     trace_.describe("plan", plan.describe());
     trace_.describe("steps recorded", std::to_string(max_steps_));
-    trace_.describe("device timings", TimedBackend<B> ? "timing events, read one step late" : "none (host times only)");
-    if constexpr (TimedBackend<B>) {
-      const bool any_loose = loose;
-      const bool codec = pieces.encoded != 0;
-      const std::array<std::size_t, kPhaseCount> counts{
-          1,                                 // kBackward
-          plan.size(),                       // kReady
-          any_loose ? plan.size() : 0,       // kPack
-          codec ? pieces.pieces.size() : 0,  // kEncode
-          pieces.pieces.size(),              // kReduce
-          rerun ? pieces.pieces.size() : 0,  // kCount
-          rerun ? pieces.pieces.size() : 0,  // kRerun
-          codec ? pieces.pieces.size() : 0,  // kDecode
-          any_loose ? plan.size() : 0,       // kUnpack
-      };
-      anchor_ = backend.create_timing_event();
-      for (Set& set : sets_) {
-        for (std::size_t p = 0; p < kPhaseCount; ++p) {
-          for (std::size_t i = 0; i < counts[p]; ++i) {
-            set.begin[p].push_back(backend.create_timing_event());
-            if (p != static_cast<std::size_t>(Phase::kReady)) set.end[p].push_back(backend.create_timing_event());
-          }
-          set.done[p].assign(counts[p], 0);
+    trace_.describe("device timings", "timing events, read one step late");
+    std::array<std::size_t, kPhaseCount> counts{};
+    for (std::size_t p = 0; p < kPhaseCount; ++p) {
+      if (piece_phases >> p & 1u) counts[p] = pieces_.size();
+    }
+    counts[static_cast<std::size_t>(Phase::kBackward)] = 1;
+    counts[static_cast<std::size_t>(Phase::kReady)] = plan.size();
+    counts[static_cast<std::size_t>(Phase::kPack)] = loose ? plan.size() : 0;
+    counts[static_cast<std::size_t>(Phase::kUnpack)] = loose ? plan.size() : 0;
+    anchor_ = backend.create_timing_event();
+    for (Set& set : sets_) {
+      for (std::size_t p = 0; p < kPhaseCount; ++p) {
+        for (std::size_t i = 0; i < counts[p]; ++i) {
+          set.begin[p].push_back(backend.create_timing_event());
+          if (p != static_cast<std::size_t>(Phase::kReady)) set.end[p].push_back(backend.create_timing_event());
         }
+        set.done[p].assign(counts[p], 0);
       }
     }
   }
@@ -235,7 +217,7 @@ class SyncTimeline {
     Set& set = sets_[current()];
     for (auto& flags : set.done) std::fill(flags.begin(), flags.end(), std::uint8_t{0});
     set.host.first_mark = Clock::now();
-    mark(Phase::kBackward, 0, false, stream);
+    on_phase(Phase::kBackward, 0, false, stream);
   }
 
   /// Turns a finished step's events into trace events; waits for its work. A failure (the
@@ -243,19 +225,17 @@ class SyncTimeline {
   void read(Set& set) noexcept {
     if (!set.pending) return;
     set.pending = false;
-    if constexpr (TimedBackend<B>) {
-      try {
-        read_device(set);
-      } catch (const std::exception& e) {
-        broken_ = true;
-        log_warn("ncclkit: timeline " + trace_.path() + ": reading the stream timings of step " +
-                 std::to_string(set.step) + " failed (" + e.what() +
-                 "); no more steps are recorded, the file keeps the steps before");
-      }
+    try {
+      read_device(set);
+    } catch (const std::exception& e) {
+      broken_ = true;
+      log_warn("ncclkit: timeline " + trace_.path() + ": reading the stream timings of step " +
+               std::to_string(set.step) + " failed (" + e.what() +
+               "); no more steps are recorded, the file keeps the steps before");
     }
   }
 
-  void read_device(Set& set) requires TimedBackend<B> {
+  void read_device(Set& set) {
     using std::chrono::duration;
     using std::chrono::duration_cast;
     const auto backward = static_cast<std::size_t>(Phase::kBackward);
@@ -274,14 +254,14 @@ class SyncTimeline {
       const bool per_bucket = phase == Phase::kReady || phase == Phase::kPack || phase == Phase::kUnpack;
       for (std::size_t i = 0; i < set.done[p].size(); ++i) {
         if (set.done[p][i] == 0) continue;
-        const std::size_t bucket = per_bucket ? i : piece_bucket_[i];
-        const bool chunked = !per_bucket && first_piece_[bucket + 1] - first_piece_[bucket] > 1;
+        const std::size_t bucket = per_bucket ? i : pieces_[i].bucket;
+        const bool chunked = !per_bucket && pieces_[i].chunks > 1;
         const std::string name = std::string(kNames[p]) + " b" + std::to_string(bucket) +
-                                 (chunked ? "." + std::to_string(piece_chunk_[i]) : "");
+                                 (chunked ? "." + std::to_string(pieces_[i].chunk) : "");
         TimelineArgs args{.step = step,
                           .bucket = static_cast<std::int64_t>(bucket),
-                          .chunk = chunked ? static_cast<std::int64_t>(piece_chunk_[i]) : -1,
-                          .bytes = per_bucket ? bucket_bytes_[bucket] : piece_bytes_[i]};
+                          .chunk = chunked ? static_cast<std::int64_t>(pieces_[i].chunk) : -1,
+                          .bytes = per_bucket ? bucket_bytes_[bucket] : pieces_[i].bytes};
         const Clock::time_point start = at(set.begin[p][i]);
         if (phase == Phase::kReady) {
           trace_.add_instant(TimelineLane::kCompute, name, "bucket", start, args);
@@ -320,10 +300,7 @@ class SyncTimeline {
   Timeline trace_;
   std::size_t max_steps_;
   std::vector<std::uint64_t> bucket_bytes_;  // per bucket
-  std::vector<std::size_t> piece_bucket_;    // per piece
-  std::vector<std::size_t> piece_chunk_;     // per piece: its place in its bucket
-  std::vector<std::uint64_t> piece_bytes_;   // per piece: what its collective moves
-  std::vector<std::size_t> first_piece_;     // per bucket, and one past the last
+  std::vector<ReducerPiece> pieces_;         // the reducer's
   std::array<Set, 2> sets_;
   Event anchor_{};
   Clock::time_point anchor_host_{};

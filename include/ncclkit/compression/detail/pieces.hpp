@@ -1,9 +1,9 @@
 #pragma once
-/// How `GradientSync` cuts a plan's buckets into the pieces it reduces: one piece per bucket
-/// (for a bucket of one tensor, just that tensor's elements), except that a compressed bucket
-/// (float32, with a codec) is cut into chunks of at most `chunk_bytes` so that encoding one
-/// chunk overlaps reducing the one before. Compressed pieces also get a range of the 16-bit
-/// wire buffer. Pure arithmetic.
+/// How the compressed reducers cut a plan's buckets into the pieces they reduce: one piece per
+/// bucket (for a bucket of one tensor, just that tensor's elements), except that a compressed
+/// bucket (float32) is cut into chunks of at most `chunk_bytes` so that encoding one chunk
+/// overlaps reducing the one before. Compressed pieces also get a range of the 16-bit wire
+/// buffer. Pure arithmetic.
 
 #include <cstddef>  // std::size_t
 #include <vector>   // std::vector
@@ -11,7 +11,7 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 
-namespace ncclkit::fusion::detail {
+namespace ncclkit::compression::detail {
 
 struct Piece {
   std::size_t bucket = 0;
@@ -70,10 +70,10 @@ inline std::vector<std::size_t> chunk_bounds(std::size_t count, std::size_t per)
 
 /// Cuts `plan` into pieces. `compress` says whether float32 buckets are encoded into
 /// `wire` (a 16-bit type); `chunk_bytes` (float32 bytes, 0: no limit) caps encoded pieces.
-inline Pieces cut_pieces(const BucketPlan& plan, bool compress, DataType wire, std::size_t chunk_bytes) {
+inline Pieces cut_pieces(const fusion::BucketPlan& plan, bool compress, DataType wire, std::size_t chunk_bytes) {
   Pieces result;
   for (std::size_t b = 0; b < plan.size(); ++b) {
-    const Bucket& bucket = plan[b];
+    const fusion::Bucket& bucket = plan[b];
     result.first.push_back(result.pieces.size());
     const bool encoded = compress && bucket.dtype == DataType::kFloat32 && bucket.count() > 0;
     if (!encoded) {
@@ -98,4 +98,4 @@ inline Pieces cut_pieces(const BucketPlan& plan, bool compress, DataType wire, s
   return result;
 }
 
-}  // namespace ncclkit::fusion::detail
+}  // namespace ncclkit::compression::detail

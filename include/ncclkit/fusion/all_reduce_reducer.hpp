@@ -1,0 +1,81 @@
+#pragma once
+/// `AllReduceReducer<B>`: the default reducer of a GradientSync (fusion/reducer.hpp). Each
+/// bucket is all-reduced in place on the comm stream, behind one event of the compute stream
+/// per launch (buckets that become ready together wait on one event); a bucket that is one
+/// loose tensor is reduced where that tensor lives, so it needs no staging.
+
+#include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
+
+#include <cstddef>  // std::size_t
+#include <memory>   // std::unique_ptr
+#include <span>     // std::span
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/fusion/reducer.hpp"
+
+namespace ncclkit::fusion {
+
+template <Backend B>
+class AllReduceReducer final : public BucketReducer<B> {
+ public:
+  using Stream = typename B::Stream;
+  using Event = typename B::Event;
+
+  explicit AllReduceReducer(const ReducerSetup<B>& setup) : setup_(&setup) {
+    for (std::size_t b = 0; b < setup.buckets.size(); ++b) {
+      const TensorView data = setup.buckets[b].data;
+      pieces_.push_back({b, 0, 1, data.bytes()});
+      ready_.push_back(setup.backend->create_event());
+      done_.push_back(setup.backend->create_event());
+    }
+  }
+
+  std::string name() const override { return "all_reduce"; }
+  std::span<const ReducerPiece> pieces() const override { return pieces_; }
+  bool reduces_in_place(std::size_t bucket) const override { return setup_->buckets[bucket].loose != nullptr; }
+
+  void launch(BucketRange range, Stream compute) override {
+    if (range.empty()) return;
+    B& backend = *setup_->backend;
+    Event& ready = ready_[range.first];
+    backend.record(ready, compute);
+    backend.wait(ready, setup_->comm);
+    for (std::size_t b : range) {
+      const TensorView view = data(b);
+      setup_->observe(Phase::kReduce, b, false, setup_->comm);
+      backend.all_reduce(view, view, setup_->op, setup_->comm);
+      setup_->observe(Phase::kReduce, b, true, setup_->comm);
+      backend.record(done_[b], setup_->comm);
+    }
+  }
+
+  void complete(std::size_t bucket, Stream stream) override { setup_->backend->wait(done_[bucket], stream); }
+
+ private:
+  TensorView data(std::size_t b) const {
+    const BucketData& bucket = setup_->buckets[b];
+    TensorView view = bucket.data;
+    if (bucket.loose != nullptr) view.data = bucket.loose;
+    return view;
+  }
+
+  const ReducerSetup<B>* setup_;
+  std::vector<ReducerPiece> pieces_;
+  std::vector<Event> ready_;  // per bucket; a launch of several buckets uses its first's
+  std::vector<Event> done_;   // per bucket: its all_reduce ended
+};
+
+/// The factory of the default reducer (GradientSyncOptions::reducer left null).
+template <Backend B>
+class AllReduceFactory final : public ReducerFactory<B> {
+ public:
+  std::string name() const override { return "all_reduce"; }
+  std::string describe(std::span<const std::uint64_t>) const override { return "reducer all_reduce"; }
+  std::unique_ptr<BucketReducer<B>> make(const ReducerSetup<B>& setup) const override {
+    return std::make_unique<AllReduceReducer<B>>(setup);
+  }
+};
+
+}  // namespace ncclkit::fusion
