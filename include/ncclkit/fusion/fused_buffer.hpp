@@ -104,6 +104,26 @@ class FusedBuffer {
     return TensorView{data_[index(type)], bytes / size_of(type), type, B::memory_kind};
   }
 
+  /// Sets the bytes of every allocation that no tensor covers (the alignment padding) to zero,
+  /// on `stream`: a bucket reduced whole then sums zeros there, and nothing that counts
+  /// non-finite values finds a NaN that no tensor holds.
+  void zero_padding(typename B::Stream stream) const {
+    for (DataType type : layout_.element_types()) {
+      std::size_t end = 0;
+      const auto gap = [&](std::size_t from, std::size_t to) {
+        if (to > from) {
+          backend_->fill_zero(TensorView{data_[index(type)] + from, to - from, DataType::kUint8, B::memory_kind},
+                              stream);
+        }
+      };
+      for (Slot slot : layout_.order(type)) {
+        gap(end, layout_.offset_bytes(slot));
+        end = layout_.offset_bytes(slot) + layout_.bytes(slot);
+      }
+      gap(end, layout_.total_bytes(type));
+    }
+  }
+
   /// Start of the allocation of `type`; null when it has no bytes.
   void* data(DataType type) const { return data_[index(type)]; }
   const FusedLayout& layout() const { return layout_; }

@@ -50,6 +50,7 @@
 #include "ncclkit/fusion/all_reduce_reducer.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/detail/bucket_tuning.hpp"
+#include "ncclkit/fusion/detail/loose_staging.hpp"
 #include "ncclkit/fusion/detail/nvtx_observer.hpp"
 #include "ncclkit/fusion/detail/sync_agreement.hpp"
 #include "ncclkit/fusion/detail/sync_timeline.hpp"
@@ -58,53 +59,11 @@
 #include "ncclkit/fusion/observer.hpp"
 #include "ncclkit/fusion/ready_tracker.hpp"
 #include "ncclkit/fusion/reducer.hpp"
+#include "ncclkit/fusion/sync_options.hpp"
 #include "ncclkit/fusion/timeline.hpp"
 #include "ncclkit/fusion/tuning.hpp"
 
 namespace ncclkit::fusion {
-
-/// Options of a `GradientSync<B>`; designated initialisers: `GradientSync sync(buffer, plan,
-/// {.op = ReduceOp::kSum, .reducer = compression::compressed({.codec = Codec::kFloat16})})`.
-template <Backend B>
-struct GradientSyncOptions {
-  /// kAvg (default: gradients of the mean loss over the global batch, as DDP gives) or kSum.
-  ReduceOp op = ReduceOp::kAvg;
-  /// What `finish` does about tensors never marked ready in a step (see MissingTensors).
-  MissingTensors missing = MissingTensors::kError;
-  /// Where buckets are reduced; the backend's `comm_stream()` when empty.
-  std::optional<typename B::Stream> comm_stream = std::nullopt;
-  /// Compare the plan's fingerprint and these options across ranks at construction (one
-  /// all_gather of a few hundred bytes a rank) and throw ConfigError on every rank when they
-  /// differ, or when one rank's own options are invalid. Turn off only where every rank parsed
-  /// rank 0's `serialize()`d plan already; the same on every rank.
-  bool check_plan = true;
-  /// How a ready bucket is reduced (fusion/reducer.hpp): null (default) all-reduces it in
-  /// place; `compression::compressed({...})` sends float32 buckets in 16 bits.
-  ReducerChoice<B> reducer = nullptr;
-  /// Auto-tuning of the bucket cap (fusion/tuning.hpp), for the constructors without a plan.
-  std::optional<TuningOptions> tuning = std::nullopt;
-  /// A Chrome trace of the first steps (fusion/timeline.hpp): nullopt (default) takes it from
-  /// the environment (NCCLKIT_TIMELINE, NCCLKIT_TIMELINE_STEPS; off when unset); a value turns it
-  /// on, or off whatever the environment says when its prefix is empty. Need not be the same
-  /// on every rank. Off, it costs nothing: no events, no allocations.
-  std::optional<TimelineOptions> timeline = std::nullopt;
-};
-
-/// What the last finished step did.
-struct GradientSyncStats {
-  /// Buckets in the plan.
-  std::size_t buckets = 0;
-  /// Buckets launched from `mark_ready`, before `finish` was called: the overlap with backward.
-  std::size_t launched_before_finish = 0;
-  /// Tensors `finish` reduced as zeros (MissingTensors::kReduceAsZeros).
-  std::size_t zeroed = 0;
-  /// Steps finished so far.
-  std::size_t steps = 0;
-  /// Pieces the reducer reduced in a compressed form each step (0 for the plain all_reduce).
-  std::size_t compressed_chunks = 0;
-  /// Pieces the last step reduced a second time (compression's float32 rerun).
-  std::size_t rerun_chunks = 0;
-};
 
 /// Synchronises the gradients of `buffer` along a plan, one step at a time: `mark_ready(slot)`
 /// for every tensor as backward writes it, then `finish()`.
@@ -233,7 +192,6 @@ class GradientSync {
 
  private:
   using Clock = std::chrono::steady_clock;
-  using CopyBatch = typename B::CopyBatch;
 
   /// What belongs to one plan: a tuning sync makes a new one per candidate it tries.
   struct PlanState {
@@ -242,7 +200,7 @@ class GradientSync {
     ReducerSetup<B> setup;  // the reducer points here
     std::unique_ptr<BucketReducer<B>> reducer;
     Observers<B> observers;
-    std::vector<CopyBatch> pack, unpack;     // per bucket (empty where no loose tensor), or none
+    std::optional<detail::LooseStaging<B>> staging;
     std::vector<std::uint32_t> pending;      // non-empty tensors per bucket not marked yet this step
     std::vector<BucketTiming> timings;       // this step's
   };
@@ -255,7 +213,7 @@ class GradientSync {
         factory_(options_.reducer ? options_.reducer : std::make_shared<AllReduceFactory<B>>()),
         loose_(loose.begin(), loose.end()) {
     for (DataType type : layout_.element_types()) base_[index_of(type)] = static_cast<std::byte*>(buffer.data(type));
-    std::string problem = problem_of(plan);
+    std::string problem = detail::sync_problem(options_, layout_, loose_.size(), plan);
     if (problem.empty() && options_.tuning) tuner_.emplace(*options_.tuning, layout_);
     if (problem.empty() && !plan) plan = tuner_ ? tuner_->current_plan() : BucketPlan::compute(layout_);
     if (problem.empty()) problem = factory_->problem(setup_for(*plan, nullptr));
@@ -267,36 +225,8 @@ class GradientSync {
     } else if (!problem.empty()) {
       throw ConfigError(problem);
     }
-    for (DataType type : layout_.element_types()) zero_padding(type);
+    buffer.zero_padding(comm_);
     start(std::move(*plan));
-  }
-
-  /// Why these arguments cannot run, or empty (checked before the ranks compare them).
-  std::string problem_of(const std::optional<BucketPlan>& plan) const {
-    const std::string who = "ncclkit: GradientSync: ";
-    if (options_.op != ReduceOp::kSum && options_.op != ReduceOp::kAvg) {
-      return who + "op " + std::string(name_of(options_.op)) +
-             " is not a gradient reduction; use ReduceOp::kAvg or ReduceOp::kSum";
-    }
-    if (!loose_.empty() && loose_.size() != layout_.size()) {
-      return who + std::to_string(loose_.size()) + " loose pointers for " + std::to_string(layout_.size()) +
-             " tensors; give one per slot (null for a tensor that lives in the buffer)";
-    }
-    if (plan && options_.tuning) {
-      return who + "a plan and GradientSyncOptions::tuning were both given; give the plan, or tuning without one";
-    }
-    if (options_.tuning) return detail::Tuner::problem(*options_.tuning);
-    if (options_.timeline) {
-      if (std::string p = detail::SyncTimeline<B>::problem(*options_.timeline); !p.empty()) return p;
-    }
-    if (!plan) return {};
-    try {
-      (void)BucketPlan::parse(plan->serialize(), layout_);
-    } catch (const ConfigError& e) {
-      return who + "the plan was not made for this buffer's layout (make it with BucketPlan::compute(buffer.layout())): " +
-             e.what();
-    }
-    return {};
   }
 
   std::array<std::uint64_t, 2> settings_words() const {
@@ -324,7 +254,7 @@ class GradientSync {
     const BucketPlan& p = s->tracker.plan();
     s->setup = setup_for(p, &s->observers);
     s->reducer = factory_->make(s->setup);
-    if (!loose_.empty()) prepare_loose(*s);
+    s->staging.emplace(*backend_, layout_, base_.data(), loose_, p, *s->reducer);
     for (std::size_t b = 0; b < p.size(); ++b) s->pending.push_back(static_cast<std::uint32_t>(p[b].slots.size()));
     s->timings.resize(p.size());
     // The zeroed padding before any other stream reads it; an idle comm stream for the anchor.
@@ -339,40 +269,15 @@ class GradientSync {
     state_ = std::move(s);
   }
 
-  /// A pack and an unpack batch per bucket that stages loose tensors; none where none does.
-  void prepare_loose(PlanState& s) {
-    const BucketPlan& p = s.tracker.plan();
-    s.pack.resize(p.size());
-    s.unpack.resize(p.size());
-    bool any = false;
-    for (std::size_t b = 0; b < p.size(); ++b) {
-      if (s.reducer->reduces_in_place(b)) continue;
-      std::vector<CopyItem> in, out;
-      for (Slot slot : p[b].slots) {
-        void* user = loose_[slot.index];
-        if (user == nullptr) continue;
-        void* staged = base_[index_of(layout_.dtype(slot))] + layout_.offset_bytes(slot);
-        in.push_back({staged, user, layout_.bytes(slot)});
-        out.push_back({user, staged, layout_.bytes(slot)});
-      }
-      if (in.empty()) continue;
-      any = true;
-      s.pack[b] = backend_->prepare_copies(in);
-      s.unpack[b] = backend_->prepare_copies(out);
-    }
-    if (!any) s.pack.clear(), s.unpack.clear();
-  }
-  static bool stages(const PlanState& s, std::size_t b) { return !s.pack.empty() && s.pack[b].size() != 0; }
-
   void start_timeline(PlanState& s) {
     const std::optional<TimelineOptions> wanted = options_.timeline ? options_.timeline : timeline_options_from_env();
     if (!wanted || wanted->prefix.empty()) return;
     const BucketReducer<B>& r = *s.reducer;
     std::string label = "GradientSync (" + std::to_string(s.tracker.plan().size()) + " buckets";
     if (r.name() != "all_reduce") label += ", " + r.name();
-    if (!s.pack.empty()) label += ", loose tensors";
+    if (s.staging->any()) label += ", loose tensors";
     auto timeline = detail::SyncTimeline<B>::make(*backend_, *wanted, s.tracker.plan(), r.pieces(), r.piece_phases(),
-                                                  !s.pack.empty(), label + ")");
+                                                  s.staging->any(), label + ")");
     if (!timeline) return;
     timeline->anchor(comm_);
     s.observers.add(std::move(timeline));
@@ -393,9 +298,9 @@ class GradientSync {
     if (range.empty()) return;
     PlanState& s = *state_;
     for (std::size_t b : range) {
-      if (stages(s, b)) {
+      if (s.staging->stages(b)) {
         observe(Phase::kPack, b, false, stream);
-        backend_->copy_batch(s.pack[b], stream);
+        backend_->copy_batch(s.staging->pack(b), stream);
         observe(Phase::kPack, b, true, stream);
       }
       observe(Phase::kReady, b, false, stream);
@@ -420,9 +325,9 @@ class GradientSync {
       launch_unchecked(result.launch, stream);
       for (std::size_t b = 0; b < s.tracker.plan().size(); ++b) {
         s.reducer->complete(b, stream);
-        if (stages(s, b)) {
+        if (s.staging->stages(b)) {
           observe(Phase::kUnpack, b, false, stream);
-          backend_->copy_batch(s.unpack[b], stream);
+          backend_->copy_batch(s.staging->unpack(b), stream);
           observe(Phase::kUnpack, b, true, stream);
         }
         if (on_bucket) on_bucket(b);
@@ -467,20 +372,6 @@ class GradientSync {
     }
   }
 
-  /// Zeroes the bytes of `type`'s allocation that no tensor covers (a NaN there would be counted
-  /// by a reducer that counts, and padding must sum to zero).
-  void zero_padding(DataType type) {
-    std::size_t end = 0;
-    const auto gap = [&](std::size_t from, std::size_t to) {
-      if (to > from) backend_->fill_zero(range_view(DataType::kUint8, from, to - from, type), comm_);
-    };
-    for (Slot slot : layout_.order(type)) {
-      gap(end, layout_.offset_bytes(slot));
-      end = layout_.offset_bytes(slot) + layout_.bytes(slot);
-    }
-    gap(end, layout_.total_bytes(type));
-  }
-
   void observe(Phase phase, std::size_t index, bool end, Stream stream) {
     if (!state_->observers.empty()) state_->observers.phase(phase, index, end, stream);
   }
@@ -499,10 +390,9 @@ class GradientSync {
   }
 
   static std::size_t index_of(DataType type) { return static_cast<std::size_t>(type); }
-  /// `count` elements of `type` from `begin_bytes` into the allocation of `in` (default: `type`).
-  TensorView range_view(DataType type, std::size_t begin_bytes, std::size_t count,
-                        std::optional<DataType> in = std::nullopt) const {
-    return TensorView{base_[index_of(in.value_or(type))] + begin_bytes, count, type, B::memory_kind};
+  /// `count` elements of `type` from `begin_bytes` into its allocation.
+  TensorView range_view(DataType type, std::size_t begin_bytes, std::size_t count) const {
+    return TensorView{base_[index_of(type)] + begin_bytes, count, type, B::memory_kind};
   }
   /// Where `slot`'s gradient is written by the caller: its loose tensor, or its view.
   TensorView loose_view(Slot slot) const {

@@ -76,6 +76,7 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/agreement.hpp"
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
@@ -617,12 +618,13 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   std::optional<CompressedReduce> prepare_compressed_reduce(std::size_t max_count, DataType wire) {
     throw_if_failed();
     auto& c = core();
-    if (wire != DataType::kFloat16 && wire != DataType::kBFloat16) {
-      throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": wire type " +
-                        std::string(name_of(wire)) + " is not float16 or bfloat16");
-    }
+    const std::string who = "ncclkit prepare_compressed_reduce on " + c.who();
+    // A rank whose own wire type is wrong still takes part, so that every rank fails at once.
+    const std::string problem = wire == DataType::kFloat16 || wire == DataType::kBFloat16
+                                    ? std::string()
+                                    : who + ": wire type " + std::string(name_of(wire)) + " is not float16 or bfloat16";
     int lsa_rank = 0;
-    const bool able = CompressedReduce::local_verdict(c, lsa_rank).empty();
+    const bool able = problem.empty() && CompressedReduce::local_verdict(c, lsa_rank).empty();
     int sms = 1;
     {
       DeviceGuard guard(c.device);
@@ -633,21 +635,19 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     const auto blocks = std::clamp<std::int64_t>(env_int("NCCLKIT_COMPRESSED_REDUCE_BLOCKS").value_or(sms), 1, 2 * sms);
     const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
                                    static_cast<std::uint64_t>(wire)};
-    const std::vector<std::uint64_t> all =
-        ncclkit::detail::all_gather_words(*this, comm_stream(), std::span<const std::uint64_t>(mine));
+    const ncclkit::detail::GatheredWords all =
+        ncclkit::detail::gather_agreed(*this, comm_stream(), std::span<const std::uint64_t>(mine), problem, who);
+    if (const int r = all.first_differing(2, 2); r >= 0) {
+      throw ConfigError(who + ": rank " + std::to_string(r) + " asked for " + std::to_string(all.at(r, 2)) +
+                        " values of " + std::string(name_of(static_cast<DataType>(all.at(r, 3)))) + ", rank 0 for " +
+                        std::to_string(all.at(0, 2)) + " of " + std::string(name_of(static_cast<DataType>(all.at(0, 3)))) +
+                        "; every rank must give the same arguments");
+    }
     bool everyone = true;
     std::int64_t fewest = blocks;
     for (int r = 0; r < size(); ++r) {
-      const std::uint64_t* theirs = &all[4 * static_cast<std::size_t>(r)];
-      if (theirs[2] != max_count || theirs[3] != static_cast<std::uint64_t>(wire)) {
-        throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": rank " + std::to_string(r) +
-                          " asked for " + std::to_string(theirs[2]) + " values of " +
-                          std::string(name_of(static_cast<DataType>(theirs[3]))) + ", this rank for " +
-                          std::to_string(max_count) + " of " + std::string(name_of(wire)) +
-                          "; every rank must give the same arguments");
-      }
-      everyone = everyone && theirs[0] == 1;
-      fewest = std::min<std::int64_t>(fewest, static_cast<std::int64_t>(theirs[1]));
+      everyone = everyone && all.at(r, 0) == 1;
+      fewest = std::min<std::int64_t>(fewest, static_cast<std::int64_t>(all.at(r, 1)));
     }
     if (!everyone) return std::nullopt;
     CompressedReduce workspace =

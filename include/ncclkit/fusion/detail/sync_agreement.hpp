@@ -1,6 +1,6 @@
 #pragma once
-/// How the ranks of a `GradientSync` check, at construction, that they will issue the same
-/// collectives: one exchange (core/detail/agreement.hpp) of each rank's plan fingerprint, its
+/// How the ranks of a `GradientSync` check, at construction, that their own arguments can run and
+/// that they will issue the same collectives: one exchange (core/detail/agreement.hpp) of each rank's plan fingerprint, its
 /// options (op, missing tensors), its tuning candidates and its reducer's settings, also from a
 /// rank whose own arguments were invalid; then the same verdict on every rank.
 
@@ -11,6 +11,7 @@
 #include <cstddef>    // std::size_t
 #include <cstdint>    // std::uint64_t
 #include <cstring>    // std::memcpy
+#include <optional>   // std::optional
 #include <span>       // std::span
 #include <string>     // std::string, std::to_string
 #include <vector>     // std::vector
@@ -19,13 +20,49 @@
 #include "ncclkit/core/detail/agreement.hpp"
 #include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
+#include "ncclkit/fusion/bucket_plan.hpp"
+#include "ncclkit/fusion/detail/bucket_tuning.hpp"
+#include "ncclkit/fusion/detail/sync_timeline.hpp"
+#include "ncclkit/fusion/layout.hpp"
 #include "ncclkit/fusion/reducer.hpp"
+#include "ncclkit/fusion/sync_options.hpp"
 
 namespace ncclkit::fusion::detail {
 
 /// A reducer factory's settings travel in this many words at most, after two words of its
 /// name (cut to 16 characters) and their count.
 inline constexpr std::size_t kReducerWords = 8;
+
+/// Why a GradientSync's own arguments cannot run, naming what to change; empty when they can.
+/// Checked before the ranks compare, so that a rank with bad arguments still takes part.
+template <Backend B>
+std::string sync_problem(const GradientSyncOptions<B>& options, const FusedLayout& layout, std::size_t loose,
+                         const std::optional<BucketPlan>& plan) {
+  const std::string who = "ncclkit: GradientSync: ";
+  if (options.op != ReduceOp::kSum && options.op != ReduceOp::kAvg) {
+    return who + "op " + std::string(name_of(options.op)) +
+           " is not a gradient reduction; use ReduceOp::kAvg or ReduceOp::kSum";
+  }
+  if (loose != 0 && loose != layout.size()) {
+    return who + std::to_string(loose) + " loose pointers for " + std::to_string(layout.size()) +
+           " tensors; give one per slot (null for a tensor that lives in the buffer)";
+  }
+  if (plan && options.tuning) {
+    return who + "a plan and GradientSyncOptions::tuning were both given; give the plan, or tuning without one";
+  }
+  if (options.tuning) return Tuner::problem(*options.tuning);
+  if (options.timeline) {
+    if (std::string p = SyncTimeline<B>::problem(*options.timeline); !p.empty()) return p;
+  }
+  if (!plan) return {};
+  try {
+    (void)BucketPlan::parse(plan->serialize(), layout);
+  } catch (const ConfigError& e) {
+    return who + "the plan was not made for this buffer's layout (make it with BucketPlan::compute(buffer.layout())): " +
+           e.what();
+  }
+  return {};
+}
 
 /// Compares plan, options, tuning and reducer settings of every rank (see the header comment);
 /// ConfigError on every rank when they differ or when any rank's `problem` is not empty.
