@@ -175,6 +175,8 @@ class CompressedReduce {
       return ncclCommWindowRegister(comm, w.memory_, w.window_bytes_, &window, NCCL_WIN_COLL_SYMMETRIC);
     });
     w.window_ = window;
+    // Stopped before any abort of the communicator, which would unmap the window under it.
+    core.handle().add_window_kernel({w.gave_up_, w.done_, core.device});
 #else
     (void)core, (void)max_count, (void)wire, (void)blocks, (void)lsa_rank;
 #endif
@@ -242,6 +244,7 @@ class CompressedReduce {
   void release() noexcept {
     if (core_ == nullptr) return;
     detail::CommCore& core = *std::exchange(core_, nullptr);
+    if (gave_up_ != nullptr) core.handle().remove_window_kernel(gave_up_);
 #if NCCLKIT_NCCL_DEVICE_API
     try {
       DeviceGuard guard(core.device);

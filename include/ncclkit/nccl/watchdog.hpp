@@ -82,6 +82,9 @@ namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
+/// How long an abort waits for the kernels that read memory windows to stop (CommHandle).
+inline constexpr std::chrono::milliseconds kWindowKernelStop{1000};
+
 /// The NCCL handles shared by the communicator (which issues work on them) and its watchdog
 /// (which may abort them). Every NCCL call on them holds `mutex`, so that an abort never runs
 /// while another thread is inside NCCL with the same handle, except when that thread is stuck
@@ -125,6 +128,50 @@ struct CommHandle {
     return now;
   }
   void leave() { issuing_since.store(0, std::memory_order_release); }
+
+  /// A kernel that reads this communicator's memory windows by plain loads and stores (the
+  /// fused compressed reduction, nccl/compressed_reduce.hpp). ncclCommAbort unmaps the windows:
+  /// a kernel still spinning on one then faults, and a fault poisons the whole CUDA context
+  /// (no later allocation or copy works in the process). So before an abort each is asked to
+  /// stop and waited for (stop_window_kernels).
+  struct WindowKernel {
+    volatile int* stop = nullptr;  ///< mapped host memory the kernel polls; nonzero: return
+    cudaEvent_t done = nullptr;    ///< recorded after its last launch
+    int device = 0;
+  };
+  void add_window_kernel(WindowKernel kernel) {
+    std::lock_guard lock(window_kernels_mutex);
+    window_kernels.push_back(kernel);
+  }
+  void remove_window_kernel(volatile int* stop) {
+    std::lock_guard lock(window_kernels_mutex);
+    std::erase_if(window_kernels, [&](const WindowKernel& k) { return k.stop == stop; });
+  }
+  /// Raises every window kernel's stop flag, then waits for each one's last launch to end, at
+  /// most `bound` in all. A kernel still queued behind a hung collective cannot end before the
+  /// abort; it finds its flag raised when it starts and returns before it touches a window.
+  void stop_window_kernels(std::chrono::milliseconds bound) noexcept {
+    std::lock_guard lock(window_kernels_mutex);
+    if (window_kernels.empty()) return;
+    for (const WindowKernel& k : window_kernels) *k.stop = 1;
+    const auto deadline = Clock::now() + bound;
+    for (const WindowKernel& k : window_kernels) {
+      if (cudaSetDevice(k.device) != cudaSuccess) (void)cudaGetLastError();
+      for (;;) {
+        const cudaError_t state = cudaEventQuery(k.done);
+        if (state != cudaErrorNotReady) {
+          if (state != cudaSuccess) (void)cudaGetLastError();
+          break;
+        }
+        if (Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+  }
+
+ private:
+  std::mutex window_kernels_mutex;
+  std::vector<WindowKernel> window_kernels;
 };
 
 /// Collectives issued together (one, one NCCL group, or a burst: single collectives and
@@ -972,6 +1019,7 @@ class Watchdog {
       if (locked && s.handle.open_groups.load() > 0) return false;
       if (!locked) log_warn("watchdog of '" + s.name + "': aborting while another thread is inside NCCL");
       if (!s.handle.aborted) {
+        s.handle.stop_window_kernels(detail::kWindowKernelStop);
         for (ncclComm_t* handle : {&s.handle.comm, &s.handle.control}) {
           if (*handle == nullptr) continue;
           const ncclResult_t status = ncclCommAbort(*handle);

@@ -21,10 +21,13 @@
 /// grid-stride loop over a grid of fixed size, slots of fixed size), so those pairwise
 /// barriers order every access, also from one call to the next; every rank runs the same grid
 /// (prepare_compressed_reduce agrees on it). A barrier gives up after `timeout_ns` (a peer that
-/// died or never launched): the block raises `gave_up` (mapped host memory, which the next call
-/// and the workspace's destructor read), adds one to the non-finite count (the result is not
-/// whole) and returns, so the kernel never spins forever. The communicator's watchdog, whose
-/// deadline comes first, reports the failure.
+/// died or never launched), or as soon as the host raised `gave_up` before aborting the
+/// communicator (whose abort unmaps the windows): the block raises `gave_up` (mapped host
+/// memory, which the next call and the workspace's destructor read), adds one to the
+/// non-finite count (the result is not whole) and returns, so the kernel never spins forever
+/// and never reads a window while an abort takes it down. A kernel that starts with `gave_up`
+/// raised returns at once. The communicator's watchdog, whose deadline comes first, reports
+/// the failure.
 
 #if !defined(__CUDACC__)
 #error "ncclkit/nccl/detail/compressed_reduce_kernels.cuh holds CUDA kernels: include it only from nvcc"
@@ -97,7 +100,9 @@ __device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_off
       cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, flags_offset, peer, a.rank));
       for (unsigned spins = 0;; ++spins) {
         if (static_cast<std::int32_t>(flag.load(cuda::memory_order_acquire) - epoch) >= 0) break;
-        if (spins % 1024 == 1023 && global_ns() > deadline) {
+        // The host raises `gave_up` before it aborts the communicator (CommHandle's
+        // stop_window_kernels): the windows are about to go.
+        if (spins % 1024 == 1023 && (global_ns() > deadline || *static_cast<volatile int*>(a.gave_up) != 0)) {
           ok = 0;
           *static_cast<volatile int*>(a.gave_up) = 1;
           __threadfence_system();
@@ -155,6 +160,16 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
   const std::uint64_t deadline = global_ns() + a.timeout_ns;
   std::uint32_t epoch = a.epochs[blockIdx.x];
   unsigned bad = 0;
+
+  // Stopped before it started (a kernel queued behind a collective that hung, its communicator
+  // aborted since): touch no window; the result is not whole.
+  __shared__ int stopped;
+  if (threadIdx.x == 0) stopped = *static_cast<volatile int*>(a.gave_up);
+  __syncthreads();
+  if (stopped != 0) {
+    if (threadIdx.x == 0 && a.nonfinite != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.nonfinite), 1ull);
+    return;
+  }
 
   // 1. The others' shards, encoded, into their reduce-scatter inbox, slot `rank`.
   for (int step = 1; step < a.world; ++step) {

@@ -94,6 +94,7 @@ inline void shutdown_all(std::vector<CommCore*> cores) noexcept {
                  "last collective); left to finish in the background, its resources leak");
       }
     } else {
+      handle.stop_window_kernels(kWindowKernelStop);
       status = ncclCommAbort(handle.comm);
     }
     if (status != ncclSuccess)
