@@ -50,7 +50,9 @@ std::string sync_problem(const GradientSyncOptions<B>& options, const FusedLayou
   if (plan && options.tuning) {
     return who + "a plan and GradientSyncOptions::tuning were both given; give the plan, or tuning without one";
   }
-  if (options.tuning) return Tuner::problem(*options.tuning);
+  if (options.tuning) {
+    if (std::string p = Tuner::problem(*options.tuning); !p.empty()) return p;
+  }
   if (options.timeline) {
     if (std::string p = SyncTimeline<B>::problem(*options.timeline); !p.empty()) return p;
   }
