@@ -41,11 +41,11 @@ constexpr auto kSlack = 5s;
 /// How soon after a peer's death the survivors must know, whatever the timeout.
 constexpr auto kDetectionBound = 2s;
 
-/// Runs `collective`, expects a CommError within kTimeout + kSlack whose message names what
-/// happened (and, given `blame`, says "connection to rank <blame>"); records the time waited.
+/// Runs `collective`, expects a CommError within `limit` whose message names what happened
+/// (and, given `blame`, says "connection to rank <blame>"); records the time waited.
 template <class Fn>
 void expect_comm_error(Checker& check, const char* what, Fn&& collective, bool expect_timeout_in_message = false,
-                       int blame = -1) {
+                       int blame = -1, std::chrono::milliseconds limit = kTimeout + kSlack) {
   const auto start = Clock::now();
   try {
     collective();
@@ -53,8 +53,8 @@ void expect_comm_error(Checker& check, const char* what, Fn&& collective, bool e
   } catch (const CommError& e) {
     const auto waited = Clock::now() - start;
     const std::string message = e.what();
-    check.expect(waited <= kTimeout + kSlack, std::string(what) + ": CommError only after " +
-                                                  std::to_string(std::chrono::duration<double>(waited).count()) + " s");
+    check.expect(waited <= limit, std::string(what) + ": CommError only after " +
+                                      std::to_string(std::chrono::duration<double>(waited).count()) + " s");
     check.expect(message.find("rank ") != std::string::npos && message.find(" #") != std::string::npos &&
                      message.find("failed after") != std::string::npos,
                  std::string(what) + ": message lacks rank, sequence number or time: " + message);
@@ -92,7 +92,6 @@ void expect_refused(Checker& check, Communicator& comm) {
 TEST_CASE(
     "a peer that exits mid-run makes every other rank raise CommError naming it, promptly, and refuse later calls") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  const auto start = Clock::now();
   auto result =
       ncclkit::spawn(4,
                      [](const WorldInfo& world) {
@@ -109,15 +108,15 @@ TEST_CASE(
                          ::_exit(0);
                        }
                        store->set("done/" + std::to_string(world.rank), "1");
+                       // Promptly: the peer monitor's doing, in milliseconds; the 2 s timeout is no part of it.
                        expect_comm_error(
                            check, "all_reduce after a peer exited", [&] { comm.all_reduce(std::span<float>(data)); },
-                           /*expect_timeout_in_message=*/false, /*blame=*/2);
+                           /*expect_timeout_in_message=*/false, /*blame=*/2, std::chrono::milliseconds(kTimeout) / 4);
                        expect_refused(check, comm);
                        return check.code();
                      },
                      {.timeout = 60s});
   CHECK_MESSAGE(result.ok(), result.describe());
-  CHECK(Clock::now() - start < 30s);
 }
 
 TEST_CASE("a peer that exits while others wait in gather or recv is named at once, long before the timeout") {
@@ -214,12 +213,13 @@ TEST_CASE("a peer stopped with SIGSTOP makes every other rank raise CommError wi
                          if (world.rank == 1) {
                            store->set("stopped_pid", std::to_string(::getpid()));
                            ::raise(SIGSTOP);  // frozen until rank 0 sends SIGCONT
-                           // Resumed: the others are gone or going; this collective must fail too, not hang.
-                           try {
-                             comm.all_reduce(std::span<double>(data));
-                           } catch (const CommError&) {
-                           }
-                           return 0;
+                           // Resumed: the others are gone; this collective must fail too, not hang.
+                           expect_comm_error(
+                               check, "all_reduce of the resumed rank",
+                               [&] { comm.all_reduce(std::span<double>(data)); },
+                               /*expect_timeout_in_message=*/false);
+                           expect_refused(check, comm);
+                           return check.code();
                          }
                          expect_comm_error(
                              check, "all_reduce with a stopped peer", [&] { comm.all_reduce(std::span<double>(data)); },
