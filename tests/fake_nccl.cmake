@@ -25,7 +25,9 @@ find_path(NCCLKIT_FAKE_NCCL_INCLUDE_DIR nccl.h
 mark_as_advanced(NCCLKIT_FAKE_CUDA_INCLUDE_DIR NCCLKIT_FAKE_NCCL_INCLUDE_DIR)
 if(NOT NCCLKIT_FAKE_CUDA_INCLUDE_DIR OR NOT NCCLKIT_FAKE_NCCL_INCLUDE_DIR
    OR NOT EXISTS "${NCCLKIT_FAKE_CUDA_INCLUDE_DIR}/nvtx3/nvToolsExt.h")
-  message(STATUS "tests_nccl_fake: off (needs the CUDA toolkit's headers and nccl.h)")
+  ncclkit_missing("The CUDA toolkit's headers (cuda_runtime_api.h, nvtx3/) and nccl.h"
+    "tests_nccl_fake (the NCCL backend against a fake CUDA and NCCL)"
+    "Install the CUDA toolkit's headers and NCCL's (libnccl-dev), or set CUDA_HOME and NCCL_ROOT.")
   return()
 endif()
 
@@ -36,8 +38,9 @@ set(_fake_nccl_major "${CMAKE_MATCH_1}")
 string(REGEX MATCH "NCCL_MINOR +([0-9]+)" _fake_nccl_minor "${_fake_nccl_version}")
 set(_fake_nccl_minor "${CMAKE_MATCH_1}")
 if("${_fake_nccl_major}.${_fake_nccl_minor}" VERSION_LESS 2.18)
-  message(STATUS "tests_nccl_fake: off (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
-                 "${_fake_nccl_major}.${_fake_nccl_minor}; ncclkit needs 2.18 or newer)")
+  ncclkit_missing("NCCL 2.18 or newer (${NCCLKIT_FAKE_NCCL_INCLUDE_DIR}/nccl.h is NCCL "
+                  "${_fake_nccl_major}.${_fake_nccl_minor})"
+    "tests_nccl_fake (the NCCL backend against a fake CUDA and NCCL)" "Install NCCL 2.18 or newer, or set NCCL_ROOT.")
   return()
 endif()
 

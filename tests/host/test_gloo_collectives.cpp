@@ -1,9 +1,11 @@
 // Every collective of ncclkit::gloo::Communicator x every element type x every reduction, with
 // 2, 4 and 8 real processes, against a reference computed in double (floats) or int64
-// (integers) from every rank's random inputs. Checked by norm-relative error with the
-// tolerance of gloo_testing.hpp's tolerance_of(): integers, min and max exact; float sums,
-// products and averages within 4 * nranks * epsilon(type). Sizes 0, 1 and odd; out-of-place
-// and in-place.
+// (integers) from every rank's random inputs. Checked element by element against the bound of
+// gloo_testing.hpp's reduce_bound() (integers, min and max exact; float sums within
+// c * u * (n - 1) * sum |x_r|, products within c * u * (n - 1) * |product|, averages like sums of
+// the scaled values with two more roundings each: support/summation_bound.hpp), and by
+// norm-relative error within tolerance_of() as a second guard. Data movement is bit-exact. Sizes
+// 0, 1 and odd; out-of-place and in-place.
 // ncclkit-test: timeout=300
 #include <doctest/doctest.h>
 
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/gloo_testing.hpp"
@@ -24,8 +27,7 @@ using ncclkit::TensorView;
 using ncclkit::testing::as_double;
 using ncclkit::testing::Checker;
 using ncclkit::testing::random_inputs;
-using ncclkit::testing::reduce_reference;
-using ncclkit::testing::relative_error;
+using ncclkit::testing::Reference;
 using ncclkit::testing::tolerance_of;
 
 namespace {
@@ -39,14 +41,17 @@ std::string label(const char* op, std::size_t count, ReduceOp reduce, bool in_pl
   return text;
 }
 
-/// Checks `got` against `want` with the stated tolerance.
+/// Checks `got` against `want`: each element within its bound, and the norm-relative error
+/// within the tolerance of `op` over `nranks` ranks.
 template <class T>
-void compare(Checker& check, const T* got, const std::vector<double>& want, ReduceOp op, int nranks,
-             const std::string& what) {
-  const double error = relative_error(got, want);
-  const double tolerance = tolerance_of(data_type_v<T>, op, nranks);
-  check.expect(error <= tolerance,
-               what + ": relative error " + std::to_string(error) + " > tolerance " + std::to_string(tolerance));
+void compare(Checker& check, const T* got, const Reference& want, ReduceOp op, int nranks, const std::string& what) {
+  ncclkit::testing::expect_within(check, got, want, tolerance_of(data_type_v<T>, op, nranks), what);
+}
+
+/// The reference of data movement: the values themselves, exact.
+Reference exact_reference(std::vector<double> values) {
+  std::vector<double> zero(values.size(), 0.0);
+  return Reference{std::move(values), std::move(zero)};
 }
 
 /// Runs every collective for element type T over `counts` on one communicator.
@@ -61,15 +66,11 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
       // Every rank's input, so each rank can compute the reference alone.
       std::vector<std::vector<T>> inputs;
       for (int r = 0; r < n; ++r) inputs.push_back(random_inputs<T>(count * n, r, n, op, seed));
-      auto reduced = [&](std::size_t index) {
-        std::vector<double> per_rank;
-        for (int r = 0; r < n; ++r) per_rank.push_back(as_double(inputs[r][index]));
-        return reduce_reference<T>(per_rank, op);
-      };
-      std::vector<double> all_reduce_ref(count), reduce_scatter_ref(count);
-      for (std::size_t i = 0; i < count; ++i) all_reduce_ref[i] = reduced(i);
-      for (std::size_t i = 0; i < count; ++i)
-        reduce_scatter_ref[i] = reduced(static_cast<std::size_t>(rank) * count + i);
+      const Reference all_reduce_ref = ncclkit::testing::reduce_reference_of<T>(
+          count, n, op, [&](int r, std::size_t i) { return as_double(inputs[r][i]); });
+      const Reference reduce_scatter_ref = ncclkit::testing::reduce_reference_of<T>(
+          count, n, op,
+          [&](int r, std::size_t i) { return as_double(inputs[r][static_cast<std::size_t>(rank) * count + i]); });
       const std::vector<T>& mine = inputs[rank];
 
       for (bool in_place : {false, true}) {
@@ -118,7 +119,7 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
       }
     }
 
-    // Data movement, once per count. Results must be bit-exact: compared with kMin's tolerance, 0.
+    // Data movement, once per count. Results must be bit-exact: bounds 0, and kMin's tolerance, 0.
     ++seed;
     std::vector<std::vector<T>> inputs;
     for (int r = 0; r < n; ++r) inputs.push_back(random_inputs<T>(count, r, n, ReduceOp::kSum, seed));
@@ -132,10 +133,11 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
         std::vector<T> in(mine), out(count);
         if (in_place) {
           comm.broadcast(std::span<T>(in), root);
-          compare(check, in.data(), want, ReduceOp::kMin, n, label<T>("broadcast", count, ReduceOp::kSum, true, root));
+          compare(check, in.data(), exact_reference(want), ReduceOp::kMin, n,
+                  label<T>("broadcast", count, ReduceOp::kSum, true, root));
         } else {
           comm.broadcast(std::span<const T>(in), std::span<T>(out), root);
-          compare(check, out.data(), want, ReduceOp::kMin, n,
+          compare(check, out.data(), exact_reference(want), ReduceOp::kMin, n,
                   label<T>("broadcast", count, ReduceOp::kSum, false, root));
         }
       }
@@ -151,7 +153,8 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
         } else {
           comm.all_gather(std::span<const T>(mine), std::span<T>(out));
         }
-        compare(check, out.data(), want, ReduceOp::kMin, n, label<T>("all_gather", count, ReduceOp::kSum, in_place));
+        compare(check, out.data(), exact_reference(want), ReduceOp::kMin, n,
+                label<T>("all_gather", count, ReduceOp::kSum, in_place));
       }
       // all_gather_uneven: rank r contributes (count + 3r) mod (count + 4) elements; rank 1 none
       {
@@ -172,7 +175,7 @@ void exercise_type(ncclkit::gloo::Communicator& comm, Checker& check, const std:
         } else {
           comm.all_gather_uneven(std::span<const T>(parts[rank]), std::span<T>(out), counts);
         }
-        compare(check, out.data(), want, ReduceOp::kMin, n,
+        compare(check, out.data(), exact_reference(want), ReduceOp::kMin, n,
                 label<T>("all_gather_uneven", total, ReduceOp::kSum, in_place));
       }
     }

@@ -1,18 +1,32 @@
 // Tests of ncclkit/gloo/reduce_kernels.hpp: the vectorised loops against scalar references
 // (exact: they must agree bit for bit), both instruction-set copies against each other, every
-// length class (empty, tails, whole vectors) and aliasing (out == a, out == b).
+// length class (empty, tails, whole vectors) and aliasing (out == a, out == b); and which copy
+// NCCLKIT_GLOO_ISA makes a fresh process pick.
 #include <doctest/doctest.h>
 
+#include <signal.h>    // kill, SIGKILL
+#include <sys/wait.h>  // waitpid
+#include <unistd.h>    // fork, execve, _exit
+
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "ncclkit/gloo/reduce_kernels.hpp"
 #include "support/gloo_testing.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
 using ncclkit::BFloat16;
 using ncclkit::data_type_v;
@@ -241,10 +255,96 @@ TEST_CASE("integer sums and products wrap around like two's complement") {
   }
 }
 
+namespace {
+
+constexpr const char* kIsaChildCase = "child process: writes which copy NCCLKIT_GLOO_ISA made default_isa() pick";
+
+/// What a fresh process of this test program picks under NCCLKIT_GLOO_ISA=`setting` (nullptr:
+/// unset), as the child test case below writes it: "generic", "avx2+f16c", or the ConfigError.
+/// A child process per setting, since default_isa() decides once per process.
+std::string isa_chosen_in_child(const char* setting) {
+  ncclkit_test::TempDir dir("isa");
+  const std::string report = dir.path + "/report";
+  const std::string output = dir.path + "/output";
+  const std::string program = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::vector<std::string> arguments{program, "--no-skip=true", std::string("--test-case=") + kIsaChildCase};
+  std::vector<std::string> environment;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string variable = *entry;
+    if (variable.rfind("NCCLKIT_GLOO_ISA=", 0) != 0) environment.push_back(variable);
+  }
+  if (setting != nullptr) environment.push_back(std::string("NCCLKIT_GLOO_ISA=") + setting);
+  environment.push_back("NCCLKIT_TEST_ISA_REPORT=" + report);
+  std::vector<char*> argv, envp;
+  for (const auto& a : arguments) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : environment) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (std::freopen(output.c_str(), "w", stdout) == nullptr || ::dup2(::fileno(stdout), 2) < 0) ::_exit(126);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  // The child only starts and answers: a few hundred milliseconds, far below this limit.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL("the child process did not end within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::ifstream in(report);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) || text.empty()) {
+    std::ifstream log(output);
+    const std::string printed((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    FAIL("the child process under NCCLKIT_GLOO_ISA=", setting ? setting : "(unset)", " failed (wait status ", status,
+         "):\n", printed);
+  }
+  return text;
+}
+
+}  // namespace
+
 TEST_CASE("NCCLKIT_GLOO_ISA picks the copy; the AVX2 copy is chosen where the CPU has it") {
-  // default_isa() is decided once per process; this only checks it is a supported one.
-  CHECK(kg::isa_supported(kg::default_isa()));
-  CHECK(kg::isa_supported(kg::KernelIsa::kGeneric));
+  const bool has_avx2 = kg::isa_supported(kg::KernelIsa::kAvx2F16c);
+  CHECK(isa_chosen_in_child(nullptr) == (has_avx2 ? "avx2+f16c" : "generic"));
+  CHECK(isa_chosen_in_child("generic") == "generic");
+  if (has_avx2) {
+    CHECK(isa_chosen_in_child("avx2") == "avx2+f16c");
+  } else {
+    CHECK(
+        ncclkit_test::contains(isa_chosen_in_child("avx2"), "ConfigError: NCCLKIT_GLOO_ISA=avx2, but this CPU lacks"));
+  }
+  CHECK(ncclkit_test::contains(isa_chosen_in_child("sse9"), "ConfigError: NCCLKIT_GLOO_ISA='sse9' is not one of"));
+}
+
+// Run only by the test case above, in a child process (doctest skips it otherwise). Left as
+// written: clang-format takes the name times the decorator for a pointer declaration.
+// clang-format off
+TEST_CASE(kIsaChildCase * doctest::skip()) {
+  // clang-format on
+  const char* report = std::getenv("NCCLKIT_TEST_ISA_REPORT");
+  REQUIRE(report != nullptr);
+  std::string text;
+  try {
+    const kg::KernelIsa isa = kg::default_isa();
+    text = std::string(kg::name_of(isa));
+    // The loops that run by default are that copy's.
+    if (kg::reduce_function(DataType::kBFloat16, ReduceOp::kSum) !=
+        kg::reduce_function(DataType::kBFloat16, ReduceOp::kSum, isa)) {
+      text += ", but reduce_function() defaults to the other copy";
+    }
+  } catch (const ncclkit::ConfigError& e) {
+    text = std::string("ConfigError: ") + e.what();
+  }
+  std::ofstream(report) << text;
 }
 
 TEST_CASE("cast between float and 16-bit types equals ncclkit's portable cast bit for bit, counts included") {

@@ -14,6 +14,7 @@
 
 #include "support/checker.hpp"
 #include "support/element_conversions.hpp"
+#include "support/summation_bound.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -132,25 +133,67 @@ double reduce_reference(const std::vector<double>& per_rank, ReduceOp op) {
   }
 }
 
-/// Stated tolerance of ‖out − ref‖ / ‖ref‖ for `op` over `nranks` ranks: integers, min and
-/// max are exact; sums, products and averages of floats may round once per rank (and once
-/// more for the average's scaling), so 4 · nranks · epsilon.
+/// The largest |out − ref| of one element of `op` over the ranks' values `per_rank`, as the
+/// Gloo backend computes it (summation_bound.hpp): integers, min and max exact; sums and
+/// products rounded once per rank after the first; averages of floats scaled by 1/n on every
+/// rank first (two roundings: the factor and the product), then summed.
+template <class T>
+double reduce_bound(const std::vector<double>& per_rank, ReduceOp op) {
+  constexpr DataType type = data_type_v<T>;
+  const int n = static_cast<int>(per_rank.size());
+  if (!is_floating(type) || op == ReduceOp::kMin || op == ReduceOp::kMax) return 0.0;
+  if (op == ReduceOp::kProd) {
+    double product = 1;
+    for (double x : per_rank) product *= x;
+    return ncclkit_test::product_bound(type, n, product);
+  }
+  double magnitude_sum = 0;
+  for (double x : per_rank) magnitude_sum += std::fabs(x);
+  if (op == ReduceOp::kAvg) return ncclkit_test::sum_bound(type, n, magnitude_sum / n, /*term_roundings=*/2);
+  return ncclkit_test::sum_bound(type, n, magnitude_sum);
+}
+
+/// The second guard beside the element-wise bound: the tolerance of ‖out − ref‖ / ‖ref‖ for
+/// `op` over `nranks` ranks. Integers, min and max are exact; sums, products and averages of
+/// floats may round once per rank (and once more for the average's scaling), so
+/// 4 · nranks · epsilon.
 inline double tolerance_of(DataType type, ReduceOp op, int nranks) {
   if (!is_floating(type) || op == ReduceOp::kMin || op == ReduceOp::kMax) return 0.0;
   return 4.0 * nranks * epsilon_of(type);
 }
 
-/// ‖got − want‖ / ‖want‖ (0 when both are empty; infinity when want is zero but got is not).
-template <class T>
-double relative_error(const T* got, const std::vector<double>& want) {
-  double diff = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = as_double(got[i]) - want[i];
-    diff += d * d;
-    norm += want[i] * want[i];
+/// A reduction's reference, element by element: the value and how far a correct result may
+/// lie from it.
+struct Reference {
+  std::vector<double> value;
+  std::vector<double> bound;
+};
+
+/// The reference of `op` for `count` elements, where `rank_value(r, i)` is rank r's element i
+/// (as a double) of `nranks` ranks.
+template <class T, class RankValue>
+Reference reduce_reference_of(std::size_t count, int nranks, ReduceOp op, RankValue&& rank_value) {
+  Reference reference;
+  reference.value.resize(count);
+  reference.bound.resize(count);
+  std::vector<double> per_rank(static_cast<std::size_t>(nranks));
+  for (std::size_t i = 0; i < count; ++i) {
+    for (int r = 0; r < nranks; ++r) per_rank[static_cast<std::size_t>(r)] = rank_value(r, i);
+    reference.value[i] = reduce_reference<T>(per_rank, op);
+    reference.bound[i] = reduce_bound<T>(per_rank, op);
   }
-  if (norm == 0) return diff == 0 ? 0.0 : std::numeric_limits<double>::infinity();
-  return std::sqrt(diff / norm);
+  return reference;
+}
+
+/// Checks `got` against `want` element by element (each within its bound) and by norm-relative
+/// error within `norm_tolerance`; the message on failure names what, and the first element
+/// outside its bound.
+template <class T>
+bool expect_within(Checker& check, const T* got, const Reference& want, double norm_tolerance,
+                   const std::string& what) {
+  ncclkit_test::BoundCheck bounds;
+  for (std::size_t i = 0; i < want.value.size(); ++i) bounds.add(i, as_double(got[i]), want.value[i], want.bound[i]);
+  return check.expect(bounds.ok(norm_tolerance), what + ": " + bounds.describe(norm_tolerance));
 }
 
 /// Calls `fn.template operator()<T>()` for every element type.
