@@ -7,6 +7,7 @@
 // since it forks (gpu_main.cu counts GPUs in a child for the same reason).
 #include <doctest/doctest.h>
 
+#include <algorithm>    // std::max
 #include <chrono>       // std::chrono
 #include <cmath>        // std::sqrt, std::isnan, std::fabs
 #include <cstdint>      // fixed-width integers
@@ -21,6 +22,7 @@
 #include "gpu/gpu_support.hpp"
 #include "support/checker.hpp"
 #include "support/element_conversions.hpp"
+#include "support/gpu_verdict.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -35,41 +37,38 @@ using ncclkit::BFloat16;
 using ncclkit::Half;
 using ncclkit::ReduceOp;
 
-/// The world sizes 1, 2 and 4 that fit the visible GPUs; says which are skipped.
-/// NCCLKIT_TEST_WORLD_SIZES (e.g. "2,4") narrows the list, for runs that need only some.
-inline std::vector<int> world_sizes() {
-  std::vector<int> sizes;
-  const int gpus = visible_gpu_count();
-  std::vector<int> wanted{1, 2, 4};
-  if (const char* list = std::getenv("NCCLKIT_TEST_WORLD_SIZES"); list != nullptr && *list != '\0') {
-    wanted.clear();
-    for (const char* p = list; *p != '\0';) {
-      char* end = nullptr;
-      const long n = std::strtol(p, &end, 10);
-      if (end == p) break;
-      if (n > 0) wanted.push_back(static_cast<int>(n));
-      p = *end == ',' ? end + 1 : end;
-    }
-    std::printf("NCCLKIT_TEST_WORLD_SIZES=%s: testing only these world sizes\n", list);
+/// Prints `plan`'s SKIP lines (visible in the log, counted by scripts/gpu-run.sh) and fails a
+/// check for each of its failures.
+inline void report_plan(const GpuPlan& plan) {
+  for (const std::string& skip : plan.skips) {
+    std::printf("SKIP: %s\n", skip.c_str());
+    MESSAGE("skipped " << skip);
   }
-  for (int n : wanted) {
-    if (n <= gpus) {
-      sizes.push_back(n);
-    } else {
-      std::printf("SKIP: world size %d needs %d GPUs, %d visible\n", n, n, gpus);
-      MESSAGE("skipped world size " << n << ": needs " << n << " GPUs, " << gpus << " visible");
-    }
-  }
-  return sizes;
+  std::fflush(stdout);
+  for (const std::string& failure : plan.failures) FAIL_CHECK(failure);
 }
 
-/// Whether `n` GPUs are visible; prints a visible SKIP line when not.
+/// The world sizes 1, 2 and 4 that fit the visible GPUs (plan_world_sizes): says which are
+/// skipped, and fails where NCCLKIT_TEST_REQUIRE_GPUS asks for them. NCCLKIT_TEST_WORLD_SIZES
+/// (e.g. "2,4") narrows the list, for runs that need only some; one that leaves nothing to run
+/// is a failure.
+inline std::vector<int> world_sizes() {
+  const char* list = std::getenv("NCCLKIT_TEST_WORLD_SIZES");
+  if (list != nullptr && *list != '\0')
+    std::printf("NCCLKIT_TEST_WORLD_SIZES=%s: testing only these world sizes\n", list);
+  const GpuPlan plan =
+      plan_world_sizes(std::max(visible_gpu_count(), 0), list, std::getenv("NCCLKIT_TEST_REQUIRE_GPUS"));
+  report_plan(plan);
+  return plan.sizes;
+}
+
+/// Whether `n` GPUs are visible; prints a visible SKIP line when not, or fails where
+/// NCCLKIT_TEST_REQUIRE_GPUS asks for n or more (plan_feature).
 inline bool have_gpus(int n, const char* what) {
-  const int gpus = visible_gpu_count();
-  if (gpus >= n) return true;
-  std::printf("SKIP: %s needs %d GPUs, %d visible\n", what, n, gpus);
-  MESSAGE("skipped " << what << ": needs " << n << " GPUs, " << gpus << " visible");
-  return false;
+  const GpuPlan plan =
+      plan_feature(std::max(visible_gpu_count(), 0), n, what, std::getenv("NCCLKIT_TEST_REQUIRE_GPUS"));
+  report_plan(plan);
+  return plan.run;
 }
 
 /// Runs `fn(world, store)` in `n` worker processes (returning an exit code) and CHECKs that
