@@ -164,7 +164,7 @@ void check_reductions(Ranks& ranks, Checker& checker, std::size_t count, std::ui
       });
     }
 
-    std::vector<std::vector<long double>> slices(ranks.members());
+    std::vector<References> slices(ranks.members());
     ranks.each([&](Communicator& comm, std::size_t i) {
       slices[i] = comm.rank() == 0 ? expected : reference_values<T>(seed, n, at(comm.rank()) * count, count, op);
     });
