@@ -22,6 +22,7 @@
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
+#include "gbench_main.hpp"  // NCCLKIT_BENCHMARK_MAIN: a failed check exits 1
 
 namespace {
 
@@ -156,4 +157,4 @@ BENCHMARK(BM_FileStoreBarrier)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+NCCLKIT_BENCHMARK_MAIN()

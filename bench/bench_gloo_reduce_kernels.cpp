@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ncclkit/gloo/reduce_kernels.hpp"
+#include "gbench_main.hpp"  // NCCLKIT_BENCHMARK_MAIN: a failed check exits 1
 
 namespace {
 
@@ -48,7 +49,7 @@ void run(benchmark::State& state, kg::ReduceFunction fn) {
 template <class T>
 void ncclkit_sum(benchmark::State& state, kg::KernelIsa isa) {
   if (!kg::isa_supported(isa)) {
-    state.SkipWithError("this CPU lacks the instruction set");
+    state.SkipWithError("skipped: this CPU lacks the instruction set");  // no failure (gbench_main.hpp)
     return;
   }
   run<T>(state, kg::reduce_function(ncclkit::data_type_v<T>, ReduceOp::kSum, isa));
@@ -90,4 +91,4 @@ BENCHMARK_CAPTURE(sum_bfloat16, generic, kg::KernelIsa::kGeneric)
     ->Arg(kSmall)
     ->Arg(kLarge);
 
-BENCHMARK_MAIN();
+NCCLKIT_BENCHMARK_MAIN()

@@ -32,6 +32,7 @@
 
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/store/tcp_store.hpp"
+#include "gbench_main.hpp"  // NCCLKIT_BENCHMARK_MAIN: a failed check exits 1
 
 using namespace std::chrono_literals;
 
@@ -168,4 +169,4 @@ BENCHMARK(BM_TcpStoreRendezvousProcesses)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+NCCLKIT_BENCHMARK_MAIN()

@@ -11,7 +11,8 @@
 // variants take turns batch by batch, each benchmark here runs alone for 51200 calls: caches
 // stay warm for the one path being timed. Google Benchmark's flags
 // apply (--benchmark_filter, --benchmark_repetitions, --benchmark_format=json,
-// --benchmark_out=FILE; rank 0 writes the file).
+// --benchmark_out=FILE; rank 0 writes the file). Each benchmark checks, after its last call, that
+// every call completed without error; a failed check makes the program exit 1.
 //
 //   gbench_nccl_enqueue [google benchmark flags]
 //
@@ -25,6 +26,8 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "launch/gpus.hpp"
@@ -33,6 +36,7 @@
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
+#include "gbench_main.hpp"  // CheckedReporter: a failed check fails the program
 #include "raw_nccl_comm.hpp"
 
 namespace {
@@ -55,8 +59,11 @@ struct Setup {
 Setup* setup = nullptr;
 
 /// One call per iteration; a synchronisation with the timer paused every kSyncEvery calls.
-template <class Issue, class Sync>
-void enqueue_loop(benchmark::State& state, int calls_per_iteration, Issue&& issue, Sync&& sync) {
+/// After the last, `check` says what went wrong ("" when every call completed without error):
+/// a failed check fails the benchmark, and the program's exit status (gbench_main.hpp). It is
+/// reported after the loop, never inside it: every rank must issue the same calls.
+template <class Issue, class Sync, class Check>
+void enqueue_loop(benchmark::State& state, int calls_per_iteration, Issue&& issue, Sync&& sync, Check&& check) {
   int since_sync = 0;
   for (auto _ : state) {
     issue();
@@ -70,16 +77,42 @@ void enqueue_loop(benchmark::State& state, int calls_per_iteration, Issue&& issu
   }
   sync();
   state.SetItemsProcessed(state.iterations() * calls_per_iteration);  // items_per_second: collectives per second
+  if (const std::string problem = check(); !problem.empty()) state.SkipWithError(problem.c_str());
 }
 
 void raw_sync() { NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(setup->stream)); }
+
+/// Raw NCCL's calls: the stream drained and no asynchronous error on the communicator.
+std::string raw_check() {
+  ncclResult_t status = ncclSuccess;
+  if (ncclCommGetAsyncError(setup->raw, &status) != ncclSuccess || status != ncclSuccess)
+    return std::string("raw NCCL communicator: ") + ncclGetErrorString(status);
+  if (cudaStreamQuery(setup->stream) != cudaSuccess) return "raw NCCL's stream has work left after synchronising";
+  return "";
+}
+
+/// ncclkit's calls: every one issued has completed, and the communicator has not failed. The
+/// watchdog thread counts completions after the stream has passed them: give it a moment.
+std::string ncclkit_check(const Communicator& comm) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!comm.failed() && comm.completed_sequence() != comm.issued_sequence() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polling the watchdog's count
+  }
+  if (comm.failed()) return "the ncclkit communicator failed";
+  if (comm.completed_sequence() != comm.issued_sequence()) {
+    return "ncclkit completed " + std::to_string(comm.completed_sequence()) + " of " +
+           std::to_string(comm.issued_sequence()) + " collectives after synchronize()";
+  }
+  return "";
+}
 
 void BM_RawAllReduce(benchmark::State& state) {
   float* data = setup->buffer->data();
   enqueue_loop(
       state, 1,
       [&] { NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream)); },
-      raw_sync);
+      raw_sync, raw_check);
 }
 void BM_RawAllReducePlusEvent(benchmark::State& state) {
   float* data = setup->buffer->data();
@@ -89,19 +122,19 @@ void BM_RawAllReducePlusEvent(benchmark::State& state) {
         NCCLKIT_NCCL_CHECK(ncclAllReduce(data, data, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
         NCCLKIT_CUDA_CHECK(cudaEventRecord(setup->marker, setup->stream));
       },
-      raw_sync);
+      raw_sync, raw_check);
 }
 void BM_NcclkitAllReduce(benchmark::State& state) {
   float* data = setup->buffer->data();
   enqueue_loop(
       state, 1, [&] { setup->checked->all_reduce(data, data, 2, ReduceOp::kSum); },
-      [] { setup->checked->synchronize(); });
+      [] { setup->checked->synchronize(); }, [] { return ncclkit_check(*setup->checked); });
 }
 void BM_NcclkitAllReduceNoChecks(benchmark::State& state) {
   float* data = setup->buffer->data();
   enqueue_loop(
       state, 1, [&] { setup->unchecked->all_reduce(data, data, 2, ReduceOp::kSum); },
-      [] { setup->unchecked->synchronize(); });
+      [] { setup->unchecked->synchronize(); }, [] { return ncclkit_check(*setup->unchecked); });
 }
 void BM_RawGroupOf8(benchmark::State& state) {
   float* data = setup->buffer->data();
@@ -114,7 +147,7 @@ void BM_RawGroupOf8(benchmark::State& state) {
               ncclAllReduce(data + 2 * i, data + 2 * i, 2, ncclFloat32, ncclSum, setup->raw, setup->stream));
         NCCLKIT_NCCL_CHECK(ncclGroupEnd());
       },
-      raw_sync);
+      raw_sync, raw_check);
 }
 void BM_NcclkitGroupOf8(benchmark::State& state) {
   float* data = setup->buffer->data();
@@ -125,19 +158,12 @@ void BM_NcclkitGroupOf8(benchmark::State& state) {
         for (int i = 0; i < kGroup; ++i) setup->checked->all_reduce(data + 2 * i, data + 2 * i, 2, ReduceOp::kSum);
         group.end();
       },
-      [] { setup->checked->synchronize(); });
+      [] { setup->checked->synchronize(); }, [] { return ncclkit_check(*setup->checked); });
 }
 
 void apply(benchmark::internal::Benchmark* b, int calls_per_iteration) {
   b->Iterations(kIterations / calls_per_iteration)->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
-
-/// Rank > 0: runs the benchmarks (its half of every collective) without printing.
-class SilentReporter : public benchmark::BenchmarkReporter {
- public:
-  bool ReportContext(const Context&) override { return true; }
-  void ReportRuns(const std::vector<Run>&) override {}
-};
 
 int run_rank(const ncclkit::WorldInfo& world) {
   auto store = ncclkit::make_store(world.init_url, world);
@@ -166,11 +192,13 @@ int run_rank(const ncclkit::WorldInfo& world) {
   s.unchecked->synchronize();
   s.checked->barrier();
 
+  // Rank 0 prints; the others run their half of every collective silently (no inner
+  // reporter). Every rank counts its own failed checks.
+  ncclkit::bench::CheckedReporter reporter(world.rank == 0 ? benchmark::CreateDefaultDisplayReporter() : nullptr);
   if (world.rank == 0) {
     std::printf("# gbench_nccl_enqueue: %d ranks, %s; time per iteration = host time per call (per group of 8)\n",
                 world.world_size, ncclkit::nccl::version_text().c_str());
     std::fflush(stdout);
-    benchmark::RunSpecifiedBenchmarks();
   } else {
     // Rank 0 alone writes --benchmark_out: the others send theirs to /dev/null.
     char name[] = "gbench_nccl_enqueue";
@@ -178,14 +206,13 @@ int run_rank(const ncclkit::WorldInfo& world) {
     char* args[] = {name, discard, nullptr};
     int count = 2;
     benchmark::Initialize(&count, args);
-    SilentReporter silent;
-    benchmark::RunSpecifiedBenchmarks(&silent);
   }
+  benchmark::RunSpecifiedBenchmarks(&reporter);
   s.checked->barrier();
   setup = nullptr;
   NCCLKIT_CUDA_CHECK(cudaEventDestroy(s.marker));
   NCCLKIT_NCCL_CHECK(ncclCommDestroy(s.raw));
-  return 0;
+  return reporter.finish(("gbench_nccl_enqueue rank " + std::to_string(world.rank)).c_str());
 }
 
 }  // namespace

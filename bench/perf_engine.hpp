@@ -205,7 +205,8 @@ inline const char* perf_usage() {
          "  -n, --iters N           timed calls per size and implementation, default 20\n"
          "  -w, --warmup_iters N    untimed calls first, default 5\n"
          "  -R, --rounds N          split the timed calls into N interleaved rounds; report the median, default 5\n"
-         "  -c, --check 0/1         check results before timing, default 1\n"
+         "  -c, --check 0/1         check results before timing, default 1 (a wrong value: exit\n"
+         "                          status 2; with 0 the footer says \"not checked\")\n"
          "  -a, --average 0/1/2/3   time over ranks: rank 0, average, min, max; default 1\n"
          "  -r, --root R            root of broadcast and reduce, default 0\n"
          "  -d, --datatype T[,T]    int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double, or all\n"
@@ -463,8 +464,18 @@ struct Row {
 struct PerfSummary {
   std::vector<Row> rows;
   long long wrong = 0;       ///< sum of #wrong over all rows (the "Out of bounds values" line)
+  long long checked = 0;     ///< measurements whose results were checked (none with -c 0)
   double average_busbw = 0;  ///< over every measured value of the first implementation
+  /// No wrong value among those checked (true where nothing was checked: see `checked`).
   bool ok() const { return wrong == 0; }
+  /// The tools' exit code: 2 where a checked value was wrong, else 0 (an unchecked run says
+  /// "not checked" in its footer instead of "OK").
+  int exit_code() const { return ok() ? 0 : 2; }
+  /// The footer's verdict: "0 OK", "12 FAILED", or "not checked" where no result was.
+  std::string verdict() const {
+    if (checked == 0) return "not checked";
+    return std::to_string(wrong) + (wrong == 0 ? " OK" : " FAILED");
+  }
 };
 
 namespace detail {
@@ -947,6 +958,7 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
               m.wrong = options.check ? static_cast<long long>(wrong[k]) : -1;
               m.ran = true;
               if (m.wrong > 0) summary.wrong += m.wrong;
+              if (m.wrong >= 0) ++summary.checked;
               if (k == 0) {
                 busbw_sum += m.busbw;
                 ++busbw_count;
@@ -991,7 +1003,7 @@ PerfSummary run_perf(std::vector<B*> backends, std::vector<Implementation> imple
         }
       }
     }
-    std::fprintf(out, "# Out of bounds values : %lld %s\n", summary.wrong, summary.wrong == 0 ? "OK" : "FAILED");
+    std::fprintf(out, "# Out of bounds values : %s\n", summary.verdict().c_str());
     std::fprintf(out, "# Avg bus bandwidth    : %g \n#\n", summary.average_busbw);
     std::fflush(out);
 

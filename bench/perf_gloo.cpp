@@ -216,7 +216,7 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
   impls.push_back(ncclkit::perf::backend_implementation(std::vector{&comm}));
   if (tool.raw) impls.push_back(raw_gloo(comm));
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
-  return summary.ok() ? 0 : 2;
+  return summary.exit_code();
 }
 
 }  // namespace

@@ -254,7 +254,7 @@ int run_rank(const ncclkit::WorldInfo& world, const ncclkit::perf::PerfOptions& 
   if (tool.raw_native) impls.push_back(raw_nccl({comm.native()}, {comm.comm_stream()}, "raw@ncclkit"));
   ncclkit::nccl::DeviceGuard guard(comm.device());
   auto summary = ncclkit::perf::run_perf(comm, std::move(impls), perf);
-  return summary.ok() ? 0 : 2;
+  return summary.exit_code();
 }
 
 /// ncclkit's group calls for one thread driving several communicators: a GroupGuard held
@@ -305,7 +305,7 @@ int run_local(int gpus, const ncclkit::perf::PerfOptions& perf, const ToolOption
   }
   print_banner(local[0], tool, "one process, one thread, grouped calls");
   auto summary = ncclkit::perf::run_perf(members, std::move(impls), perf, group.begin(), group.end());
-  return summary.ok() ? 0 : 2;
+  return summary.exit_code();
 }
 
 }  // namespace

@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
 # GPU test and benchmark runs of the NCCL backend, in two halves:
 #
-#   scripts/gpu-run.sh build        # here (no GPU needed): build for sm_90 into build-gpu/,
-#                                   # copy the stripped binaries into build-gpu/carry/
-#   scripts/gpu-run.sh run [OUT]    # on the GPU machine, in the repository root, with
-#                                   # build-gpu/carry carried along: runs everything, writes
-#                                   # summary.txt, logs.tar.gz and the perf CSV/JSON into OUT
+#   scripts/gpu-run.sh build                # here (no GPU needed): build for sm_90 into build-gpu/,
+#                                           # copy the stripped binaries into build-gpu/carry/
+#   scripts/gpu-run.sh run [OUT]            # on the GPU machine, in the repository root, with
+#                                           # build-gpu/carry carried along: runs one phase set,
+#                                           # writes summary.txt, results.tar.gz (logs, perf CSV
+#                                           # and JSON) and busbw.png into OUT
+#   scripts/gpu-run.sh run --dry-run [OUT]  # anywhere: the same bookkeeping with every phase
+#                                           # faked: what would run, in which order, with what
 #
 # The GPU machine has no compiler toolchain for this project's dependencies (doctest, Gloo), so
-# binaries are built here and carried (../shared/gpu.md). With the `run` tool of the GPU
-# machines (docs/dev/gpu-runs.md has the exact call):
-#   run(kind="nvidia-h100-x4", carry=["build-gpu/carry"], command="scripts/gpu-run.sh run $OUT")
+# binaries are built here and carried (../shared/gpu.md). One call of the `run` tool of the GPU
+# machines runs one phase set (a command may take 600 s there; docs/dev/gpu-runs.md):
+#   run(kind="nvidia-h100-x2", carry=["build-gpu/carry"], timeout_s=600,
+#       command="GPU_RUN_SET=tests scripts/gpu-run.sh run $OUT")
 #
-# `run` exits non-zero when anything failed, when a phase timed out, or when zero test cases
-# ran (a run that tested nothing is a failure, not a pass). The phases share a time budget
-# (GPU_RUN_BUDGET seconds, default 540): a phase gets at most what is left of it, and phases
-# that find it spent are reported as skipped. GPU_RUN_PHASES (a space-separated list of phase
-# names) runs only those phases.
+# Phase sets (GPU_RUN_SET, default tests), each made to fit one call: the phases share a time
+# budget of GPU_RUN_BUDGET seconds (default 540: the call's 600 less the start, the archive and
+# some slack). Times from the runs in docs/dev/gpu-runs.md (runs 43, 47, 60, 68, 69):
+#   tests         every test phase: about 450 s on 2 GPUs. On 4 GPUs, about 800 s: run tests-a
+#                 and tests-b instead, one call each.
+#   tests-a       the argument check; the communicator on every GPU, on 1 and on 2; the collective
+#                 matrix natively and on the grouped send/recv path; the watchdog drills on every
+#                 GPU and on 1; the codec kernels, also under memcheck: about 420 s on 4 GPUs.
+#   tests-b       the drills and the matrix over NCCL's network transport; 1 GiB collectives;
+#                 GradientSync and the fused compressed reduction, its kernel under memcheck too:
+#                 about 430 s on 4 GPUs.
+#   perf          perf_nccl beside raw NCCL and PyTorch (a process per GPU, one thread driving
+#                 every GPU, the argument check's cost), the enqueue benchmarks, completion marks:
+#                 about 250 s.
+#   fusion-bench  fusion_nccl beside PyTorch's fusion, a timeline, symmetric windows.
+#   copy-sweep    loose tensors against the batched copy's shape (5 runs of fusion_nccl).
+# GPU_RUN_PHASES="name ..." runs the named phases instead of a set.
+#
+# Exit status: 0 when every selected phase ran and passed; 1 when one failed, timed out on its
+# own limit, or (a test phase) ran no test case; 3 when none failed but some did not run
+# (INCOMPLETE): cut by the time budget, skipped (exit 77: no GPU, no PyTorch), needing more GPUs
+# than there are, or named in GPU_RUN_PHASES but not a phase on this machine. The summary's
+# last lines list them; a set or list run on purpose without some phases is no failure.
+#
+# The test phases run with NCCLKIT_TEST_REQUIRE_GPUS set to the number of GPUs they make visible:
+# a test that skips what those GPUs could run fails instead (tests/gpu/nccl_support.hpp). The
+# fused compressed reduction is required (NCCLKIT_TEST_ALLOW_UNFUSED=1 allows its absence).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +50,13 @@ BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
 TESTS=(tests_gpu tests_gpu_grouped)
 BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks fusion_nccl bench_symmetric_windows)
+
+# "2.28.9" from an nccl.h; nothing where there is none.
+nccl_header_version() {
+  [[ -f "$1" ]] || return 0
+  awk '/^#define NCCL_(MAJOR|MINOR|PATCH) / {v[$2] = $3} END {
+    if (v["NCCL_MAJOR"] != "") print v["NCCL_MAJOR"] "." v["NCCL_MINOR"] "." v["NCCL_PATCH"] }' "$1"
+}
 
 build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
@@ -52,137 +85,157 @@ build() {
   done
   printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
   chmod +x "$CARRY"/gpu_test_nccl_*
+  local nccl_include
+  nccl_include=$(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' "$BUILD/CMakeCache.txt")
   {
-    echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tools tests/gpu bench || echo ' (plus uncommitted changes)')"
+    echo "commit $(git -C "$ROOT" rev-parse HEAD)$(git -C "$ROOT" diff --quiet HEAD -- include tools tests/gpu tests/support bench || echo ' (plus uncommitted changes)')"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) for sm_90"
     echo "nvcc $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+    # The fused kernel needs this very NCCL at run time (the `run` half reads this line).
+    echo "nccl.h $(nccl_header_version "$nccl_include/nccl.h")"
   } >"$CARRY/BUILD_INFO"
   du -sh "$CARRY"
   echo "carry build-gpu/carry; on the GPU machine run: scripts/gpu-run.sh run \$OUT"
 }
 
-# ---- the GPU machine's half ---------------------------------------------------------------------
+# ---- the phases --------------------------------------------------------------------------------
 
-run_all() {
-  local out="${1:-${OUT:-$ROOT/out}}"
-  local budget="${GPU_RUN_BUDGET:-540}"
-  local logs="$out/logs" data="$out/data"
-  mkdir -p "$logs" "$data"
-  local summary="$out/summary.txt"
-  : >"$summary"
-  local start_time=$SECONDS
-  # Rules of the GPU machines: no NVLink multicast, in every process we start too.
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-  export LD_LIBRARY_PATH="$CARRY:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # PyTorch's NCCL, where there is one, for ncclkit too: both sides of a comparison then run the
-  # same NCCL, and it is the version the binaries were built against (2.28.9) where the system's
-  # is older (2.28.3 on some H100 machines), which the fused compressed reduction needs.
-  local torch_nccl
-  torch_nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-  if [[ -n "$torch_nccl" && -e "$torch_nccl/libnccl.so.2" ]]; then
-    export LD_LIBRARY_PATH="$CARRY:$torch_nccl:${LD_LIBRARY_PATH#"$CARRY:"}"
-    # The GPU tests then require the fused kernel wherever its version matches the build's.
-    export NCCLKIT_TEST_REQUIRE_FUSED=1
+# The sets, by phase name, for a machine of $1 GPUs (the perf phases carry the count in their
+# names). A phase runs in the order of define_phases, whatever the order here.
+set_phases() {
+  local n=$1 names
+  local tests_a="check communicator-4gpu collectives-4gpu collectives-grouped watchdog-drills-4gpu codec-test
+    codec-memcheck communicator-1gpu watchdog-1gpu communicator-2gpu"
+  local tests_b="watchdog-drills-net collectives-net large-1gib fusion-test fused-memcheck"
+  case "$2" in
+    tests) names="$tests_a $tests_b" ;;
+    tests-a) names="$tests_a" ;;
+    tests-b) names="$tests_b" ;;
+    perf)
+      names="perf-p$n-check-off perf-p$n-check-on perf-p$n-small perf-p$n perf-p$n-large torch-p$n-small torch-p$n
+        enqueue-bench gbench-enqueue completion-marks perf-g$n-check perf-g$n-small perf-g$n"
+      ;;
+    fusion-bench) names="fusion-bench-p$n fusion-timeline symmetric-windows torch-fusion-p$n torch-fusion-p$n-high" ;;
+    copy-sweep)
+      names="loose-copies-p$n-c4-k64 loose-copies-p$n-c0-k64 loose-copies-p$n-c0-k16 loose-copies-p$n-c0-k32
+        loose-copies-p$n-c0-k128"
+      ;;
+    *) return 1 ;;
+  esac
+  echo $names  # unquoted: one line, single spaces
+}
+SET_NAMES="tests tests-a tests-b perf fusion-bench copy-sweep"
+
+# Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
+# limit (seconds) guards against a hang; a phase gets at most what is left of the budget.
+# `needs NAME GPUS` stands before a phase that cannot run on fewer GPUs; `covered NAME BY` marks
+# a phase that is another one on this machine.
+define_phases() {
+  local bin="$CARRY" n=$GPUS all=$ALL data=$DATA
+  # The worlds of 2 and 4 processes that fit (the grouped path and the network transport have
+  # nothing to exchange in a world of 1).
+  local wide
+  if ((n >= 4)); then
+    wide=2,4
+  else
+    wide=2
   fi
-  local cases_run=0 cases_passed=0 cases_failed=0 failures=0
 
-  {
-    echo "# GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    cat "$CARRY/BUILD_INFO" 2>/dev/null
-    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
-    echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"  # host speed differs between machines
-    echo "NCCL: $(ls /lib/x86_64-linux-gnu/libnccl.so.* /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | tr '\n' ' ')"
-    if [[ -n "$torch_nccl" ]]; then echo "NCCL used: PyTorch's, $torch_nccl/libnccl.so.2"; else echo "NCCL used: the system's"; fi
-  } >>"$summary" 2>&1
-  nvidia-smi topo -m >"$logs/topology.txt" 2>&1
+  # ---- tests-a
+  # NCCLKIT_CHECK_COLLECTIVES: mismatches caught on every rank.
+  needs check 2 && CUDA_VISIBLE_DEVICES=$all phase check 120 "$bin/gpu_test_nccl_check"
+  # Everything on every GPU (the tests run worlds of 1, 2 and 4 themselves).
+  CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 200 "$bin/gpu_test_nccl_communicator"
+  # The matrix runs twice per world (a process per GPU, then one process driving all GPUs
+  # through a LocalGroup, whose host-side checks run one member after another): 23 s on 2 GPUs,
+  # 58 s on 4 (run 43).
+  NCCLKIT_TEST_COLLECTIVE_PATH=native CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 200 \
+    "$bin/gpu_test_nccl_collectives"
+  # The same matrix (both modes) with all_to_all, gather and scatter on the grouped send/recv
+  # path of NCCL < 2.28 (built with NCCLKIT_NCCL_GROUPED_FALLBACKS); the test checks that the
+  # binary takes it.
+  needs collectives-grouped 2 && NCCLKIT_TEST_WORLD_SIZES=$wide NCCLKIT_TEST_COLLECTIVE_PATH=grouped \
+    CUDA_VISIBLE_DEVICES=$all phase collectives-grouped 150 "$bin/gpu_test_nccl_collectives_grouped" \
+    "-tc=every collective*,single-process matrix*"
+  needs watchdog-drills-4gpu 2 && CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
+  CUDA_VISIBLE_DEVICES=0 phase codec-test 60 "$bin/gpu_test_nccl_codec"
+  # The codec and batched-copy kernels under compute-sanitizer's memcheck (memory errors; not the
+  # CUDA API errors NCCL provokes on purpose when it probes for kernels).
+  CUDA_VISIBLE_DEVICES=0 phase codec-memcheck 120 /usr/local/cuda/bin/compute-sanitizer --tool memcheck \
+    --report-api-errors no --error-exitcode 1 "$bin/gpu_test_nccl_codec"
+  # The tests adapt to 1 and 2 visible GPUs (and say what they skip).
+  if ((n > 1)); then
+    CUDA_VISIBLE_DEVICES=0 phase communicator-1gpu 90 "$bin/gpu_test_nccl_communicator"
+  else
+    covered communicator-1gpu communicator-4gpu
+  fi
+  CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
+  if ((n > 2)); then
+    CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
+  elif ((n == 2)); then
+    covered communicator-2gpu communicator-4gpu
+  else
+    needs communicator-2gpu 2
+  fi
 
-  # phase NAME TIMEOUT COMMAND...: runs one command with a timeout, logs it, tallies doctest's
-  # counts. Exit 77 means "skipped: no GPU" and counts zero cases.
-  phase() {
-    local name="$1" limit="$2"
-    shift 2
-    if [[ -n "${GPU_RUN_PHASES:-}" && " $GPU_RUN_PHASES " != *" $name "* ]]; then
-      return
-    fi
-    local elapsed=$((SECONDS - start_time))
-    if ((elapsed + 15 > budget)); then
-      printf '%-44s SKIPPED (time budget: %ss used of %ss)\n' "$name" "$elapsed" "$budget" >>"$summary"
-      return
-    fi
-    # Never run past the budget: a phase gets at most what is left of it.
-    ((limit > budget - elapsed)) && limit=$((budget - elapsed))
-    local log="$logs/$name.log"
-    local t0=$SECONDS
-    echo "\$ $*" >"$log"
-    timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
-    local rc=$?
-    local took=$((SECONDS - t0))
-    local counts run=0 passed=0 failed=0
-    counts=$(grep -E '^\[doctest\] test cases:' "$log" | tail -1)
-    if [[ -n "$counts" ]]; then
-      run=$(sed -E 's/.*test cases: *([0-9]+).*/\1/' <<<"$counts")
-      passed=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<<"$counts")
-      failed=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<<"$counts")
-    fi
-    cases_run=$((cases_run + run))
-    cases_passed=$((cases_passed + passed))
-    cases_failed=$((cases_failed + failed))
-    local verdict=ok
-    if ((rc == 77)); then
-      verdict="skipped (see its log)"
-    elif ((rc == 124 || rc == 137)); then
-      verdict="TIMED OUT after ${limit}s"
-      failures=$((failures + 1))
-    elif ((rc != 0)); then
-      verdict="FAILED rc=$rc"
-      failures=$((failures + 1))
-    fi
-    local skips
-    skips=$(grep -c '^SKIP:' "$log")
-    printf '%-44s %-22s %4ss  cases %s run / %s passed / %s failed  SKIP lines %s\n' "$name" "$verdict" "$took" \
-      "$run" "$passed" "$failed" "$skips" >>"$summary"
-  }
+  # ---- tests-b
+  # NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
+  needs watchdog-drills-net 2 && NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all \
+    phase watchdog-drills-net 150 "$bin/gpu_test_nccl_watchdog"
+  needs collectives-net 2 && NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLKIT_TEST_WORLD_SIZES=$wide \
+    NCCLKIT_TEST_COLLECTIVE_PATH=native CUDA_VISIBLE_DEVICES=$all phase collectives-net 150 \
+    "$bin/gpu_test_nccl_collectives"
+  # 1 GiB collectives.
+  CUDA_VISIBLE_DEVICES=$all phase large-1gib 120 "$bin/gpu_test_nccl_large"
+  # GradientSync over NCCL (199-259 s on 4 GPUs, runs 60 and 69).
+  CUDA_VISIBLE_DEVICES=$all phase fusion-test 360 "$bin/gpu_test_nccl_fusion"
+  # The fused compressed reduction's kernel, at 2 ranks (processes), under memcheck.
+  needs fused-memcheck 2 && NCCLKIT_TEST_WORLD_SIZES=2 CUDA_VISIBLE_DEVICES=$all phase fused-memcheck 180 \
+    /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
+    "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
 
-  local bin="$CARRY"
-  # Every GPU of the machine (4 on the usual kind; the phases follow a machine with fewer).
-  local gpus
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  ((gpus >= 1 && gpus <= 4)) || gpus=4
-  local all
-  all=$(seq -s, 0 $((gpus - 1)))
-  local n=$gpus
-  echo "GPUs used: $gpus ($all)" >>"$summary"
-  # 0. NCCLKIT_CHECK_COLLECTIVES: mismatches caught on every rank, and what the check costs per
-  #    all_reduce (the same sweep without and with it).
-  CUDA_VISIBLE_DEVICES=$all phase check 120 "$bin/gpu_test_nccl_check"
+  # ---- perf
+  # What NCCLKIT_CHECK_COLLECTIVES costs per all_reduce (the same sweep without and with it).
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-check-off 60 "$bin/perf_nccl" -p "$n" -b 8 -e 1M -f 8 -n 400 -w 20 -R 5 \
     -O all_reduce -d float --csv "$data/perf_p${n}_check_off.csv"
   NCCLKIT_CHECK_COLLECTIVES=1 CUDA_VISIBLE_DEVICES=$all phase perf-p$n-check-on 60 "$bin/perf_nccl" -p "$n" -b 8 -e 1M \
     -f 8 -n 400 -w 20 -R 5 -O all_reduce -d float --csv "$data/perf_p${n}_check_on.csv"
-  # 1. Everything on the 4 GPUs (the tests run worlds of 1, 2 and 4 themselves).
-  CUDA_VISIBLE_DEVICES=$all phase communicator-4gpu 200 "$bin/gpu_test_nccl_communicator"
-  # Fusion: GradientSync over NCCL, then the fusion benchmark beside PyTorch's (docs/performance.md).
-  CUDA_VISIBLE_DEVICES=$all phase fusion-test 300 "$bin/gpu_test_nccl_fusion"
-  CUDA_VISIBLE_DEVICES=0 phase codec-test 60 "$bin/gpu_test_nccl_codec"
-  # The codec and batched-copy kernels under compute-sanitizer's memcheck (memory errors; not the
-  # CUDA API errors NCCL provokes on purpose when it probes for kernels).
-  CUDA_VISIBLE_DEVICES=0 phase codec-memcheck 120 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
-    --error-exitcode 1 "$bin/gpu_test_nccl_codec"
-  # The fused compressed reduction's kernel, at 2 ranks (processes), under memcheck as well.
-  NCCLKIT_TEST_WORLD_SIZES=2 CUDA_VISIBLE_DEVICES=$all phase fused-memcheck 180 /usr/local/cuda/bin/compute-sanitizer \
-    --tool memcheck --report-api-errors no --error-exitcode 1 "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
+  # ncclkit against raw NCCL in one harness, a process per GPU; correctness checked up to
+  # 64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
+  # messages get 2000 timed calls (20 rounds of 100) and the middle sizes 1000 (20 rounds of
+  # 50): rounds of a dozen calls leave the comparison to noise, a median of 5 rounds lets
+  # single rows land +3 to +11 us off where 20 rounds stay within +1.8, and 5 rounds of 40
+  # at 1 MiB (a call of 11-18 us) moved the same code by 5-10% from one sweep to the next.
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 1000 -w 20 -R 20 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_large.csv"
+  # The peer: PyTorch's NCCL process group on the same sizes, the same method (exit 77, reported
+  # as not run, where PyTorch is missing); scripts/perf_targets.py sets its rows beside ncclkit's.
+  CUDA_VISIBLE_DEVICES=$all phase torch-p$n-small 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 8 -e 64K -f 2 \
+    -n 2000 -w 50 -R 20 --csv "$data/perf_torch_p${n}_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase torch-p$n 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 128K -e 64M -f 2 \
+    -n 1000 -w 20 -R 20 --csv "$data/perf_torch_p${n}.csv"
+  CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$data/enqueue.json"
+  CUDA_VISIBLE_DEVICES=$all phase gbench-enqueue 60 "$bin/gbench_nccl_enqueue" --benchmark_repetitions=3 \
+    --benchmark_out="$data/gbench_enqueue.json" --benchmark_out_format=json
+  CUDA_VISIBLE_DEVICES=0 phase completion-marks 30 "$bin/bench_completion_marks"
+  # One thread driving every GPU (-g: one grouped call per step), ncclkit and raw: every
+  # collective checked, then all_reduce timed, with 100 steps per round as in perf-p4-small
+  # (perf-p4 takes 50): with 40 (-n 200 -R 5 from 8 B) a round's start and end weigh on
+  # every step, and the raw step itself took 31 us instead of 22.
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
+    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n-small 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
+    -O all_reduce -d float --csv "$data/perf_g${n}_small.csv"
+  CUDA_VISIBLE_DEVICES=$all phase perf-g$n 90 "$bin/perf_nccl" -g "$n" --raw -b 128K -e 256M -f 4 -n 500 -w 20 -R 5 \
+    -O all_reduce -d float --csv "$data/perf_g${n}.csv"
+
+  # ---- fusion-bench: the fusion benchmark beside PyTorch's (docs/performance.md).
   CUDA_VISIBLE_DEVICES=$all phase fusion-bench-p$n 240 "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 8,50 \
     --codec-bucket-mb 50,100 --codec-chunks 2,4,8 --csv "$data/fusion_nccl_p$n.csv"
-  # Loose tensors against the batched copy's shape: blocks per SM (NCCLKIT_COPY_BLOCKS_PER_SM;
-  # 0, the default: one short-lived block a chunk) and chunk size (NCCLKIT_COPY_CHUNK_KB).
-  local shape c k
-  for shape in 4:64 0:64 0:16 0:32 0:128; do
-    c=${shape%:*} k=${shape#*:}
-    NCCLKIT_COPY_BLOCKS_PER_SM=$c NCCLKIT_COPY_CHUNK_KB=$k CUDA_VISIBLE_DEVICES=$all phase loose-copies-p$n-c$c-k$k 150 \
-      "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 100 --codec none --rows "loose 100,loose tuned,pack,bucketed" \
-      --csv "$data/loose_copies_p${n}_c${c}_k$k.csv"
-  done
   # Timelines (NCCLKIT_TIMELINE) of the ResNet-50 rows: one Chrome trace per row and rank, in data/.
   mkdir -p "$data/timeline"
   NCCLKIT_TIMELINE="$data/timeline/resnet50" NCCLKIT_TIMELINE_STEPS=4 CUDA_VISIBLE_DEVICES=$all phase fusion-timeline 120 \
@@ -192,91 +245,278 @@ run_all() {
     -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p$n.csv"
   CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n-high 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" \
     --nprocs "$n" --high-priority -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p${n}_high.csv"
-  # The matrix runs twice per world (a process per GPU, then one process driving all GPUs
-  # through a LocalGroup, whose host-side checks run one member after another): about 31 s
-  # for the process mode alone at worlds 1, 2, 4; about 100 s expected for both.
-  CUDA_VISIBLE_DEVICES=$all phase collectives-4gpu 300 "$bin/gpu_test_nccl_collectives"
-  # The same matrix (both modes) with all_to_all, gather and scatter on the grouped send/recv
-  # path of NCCL < 2.28 (built with NCCLKIT_NCCL_GROUPED_FALLBACKS); worlds 2 and 4 only, where
-  # the grouped path has peers to exchange with. The log says which path the binary took.
-  NCCLKIT_TEST_WORLD_SIZES=2,4 CUDA_VISIBLE_DEVICES=$all phase collectives-grouped 180 \
-    "$bin/gpu_test_nccl_collectives_grouped" "-tc=every collective*,single-process matrix*"
-  CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-4gpu 150 "$bin/gpu_test_nccl_watchdog"
-  # 2. Perf: ncclkit against raw NCCL in one harness, 4 processes; correctness checked up to
-  #    64 MiB (the engine's host check is single-threaded), 1 GiB by the large test. Small
-  #    messages get 2000 timed calls (20 rounds of 100) and the middle sizes 1000 (20 rounds of
-  #    50): rounds of a dozen calls leave the comparison to noise, a median of 5 rounds lets
-  #    single rows land +3 to +11 us off where 20 rounds stay within +1.8, and 5 rounds of 40
-  #    at 1 MiB (a call of 11-18 us) moved the same code by 5-10% from one sweep to the next.
-  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-small 120 "$bin/perf_nccl" -p "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_small.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-p$n 150 "$bin/perf_nccl" -p "$n" --raw -b 128K -e 64M -f 2 -n 1000 -w 20 -R 20 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-p$n-large 90 "$bin/perf_nccl" -p "$n" --raw -b 128M -e 1G -f 2 -n 20 -w 3 -R 5 -c 0 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float --csv "$data/perf_p${n}_large.csv"
-  # The peer: PyTorch's NCCL process group on the same sizes, the same method (exit 77, reported
-  # as skipped, where PyTorch is missing); scripts/perf_targets.py sets its rows beside ncclkit's.
-  CUDA_VISIBLE_DEVICES=$all phase torch-p$n-small 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 8 -e 64K -f 2 \
-    -n 2000 -w 50 -R 20 --csv "$data/perf_torch_p${n}_small.csv"
-  CUDA_VISIBLE_DEVICES=$all phase torch-p$n 90 python3 "$ROOT/bench/pytorch_nccl_bench.py" -p "$n" -b 128K -e 64M -f 2 \
-    -n 1000 -w 20 -R 20 --csv "$data/perf_torch_p${n}.csv"
-  CUDA_VISIBLE_DEVICES=$all phase enqueue-bench 60 "$bin/bench_nccl_enqueue" --json "$data/enqueue.json"
-  CUDA_VISIBLE_DEVICES=$all phase gbench-enqueue 60 "$bin/gbench_nccl_enqueue" --benchmark_repetitions=3 \
-    --benchmark_out="$data/gbench_enqueue.json" --benchmark_out_format=json
-  CUDA_VISIBLE_DEVICES=0 phase completion-marks 30 "$bin/bench_completion_marks"
-  # 3. NCCL's network transport between the GPUs of this host: a stand-in for two nodes.
-  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 CUDA_VISIBLE_DEVICES=$all phase watchdog-drills-net 150 "$bin/gpu_test_nccl_watchdog"
-  # (Both matrix modes: 23 s before the single-process matrix was added.)
-  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCLKIT_TEST_WORLD_SIZES=2,4 CUDA_VISIBLE_DEVICES=$all \
-    phase collectives-net 240 "$bin/gpu_test_nccl_collectives"
-  # 4. 1 GiB collectives.
-  CUDA_VISIBLE_DEVICES=$all phase large-1gib 180 "$bin/gpu_test_nccl_large"
-  # 5. The tests adapt to 1 and 2 visible GPUs (and say what they skip).
-  CUDA_VISIBLE_DEVICES=0 phase communicator-1gpu 90 "$bin/gpu_test_nccl_communicator"
-  CUDA_VISIBLE_DEVICES=0 phase watchdog-1gpu 30 "$bin/gpu_test_nccl_watchdog"
-  CUDA_VISIBLE_DEVICES=0,1 phase communicator-2gpu 90 "$bin/gpu_test_nccl_communicator"
-  # 6. One thread driving 4 GPUs (-g: one grouped call per step), ncclkit and raw: every
-  #    collective checked, then all_reduce timed, with 100 steps per round as in perf-p4-small
-  #    (perf-p4 takes 50): with 40 (-n 200 -R 5 from 8 B) a round's start and end weigh on
-  #    every step, and the raw step itself took 31 us instead of 22.
-  CUDA_VISIBLE_DEVICES=$all phase perf-g$n-check 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 4M -f 16 -n 10 -w 2 -R 2 \
-    -O all_reduce,all_gather,reduce_scatter,broadcast,all_to_all -d float,bfloat16,int32 -o sum,max
-  CUDA_VISIBLE_DEVICES=$all phase perf-g$n-small 60 "$bin/perf_nccl" -g "$n" --raw -b 8 -e 64K -f 2 -n 2000 -w 50 -R 20 \
-    -O all_reduce -d float --csv "$data/perf_g${n}_small.csv"
-  CUDA_VISIBLE_DEVICES=$all phase perf-g$n 90 "$bin/perf_nccl" -g "$n" --raw -b 128K -e 256M -f 4 -n 500 -w 20 -R 5 \
-    -O all_reduce -d float --csv "$data/perf_g${n}.csv"
 
+  # ---- copy-sweep: loose tensors against the batched copy's shape: blocks per SM
+  # (NCCLKIT_COPY_BLOCKS_PER_SM; 0, the default: one short-lived block a chunk) and chunk size
+  # (NCCLKIT_COPY_CHUNK_KB).
+  local shape c k
+  for shape in 4:64 0:64 0:16 0:32 0:128; do
+    c=${shape%:*} k=${shape#*:}
+    NCCLKIT_COPY_BLOCKS_PER_SM=$c NCCLKIT_COPY_CHUNK_KB=$k CUDA_VISIBLE_DEVICES=$all phase loose-copies-p$n-c$c-k$k 150 \
+      "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 100 --codec none --rows "loose 100,loose tuned,pack,bucketed" \
+      --csv "$data/loose_copies_p${n}_c${c}_k$k.csv"
+  done
+}
+
+# ---- the bookkeeping ---------------------------------------------------------------------------
+
+# The run's clock, in seconds since it started (dry runs advance it by their fake durations).
+now() { NOW=$((SECONDS - START + FAKE_ELAPSED)); }
+
+is_selected() { [[ " $SELECTED " == *" $1 "* ]]; }
+is_test_phase() { [[ " $TEST_PHASES " == *" $1 "* ]]; }
+
+# A selected phase that did not run, and why (reported as INCOMPLETE).
+not_run() {
+  NOT_RUN+=("$1: $2")
+  printf '%-44s NOT RUN: %s\n' "$1" "$2" >>"$SUMMARY"
+}
+
+# needs NAME GPUS: true where the machine has GPUS GPUs; else NAME, if selected, did not run.
+needs() {
+  SEEN+=" $1 "
+  ((GPUS >= $2)) && return 0
+  is_selected "$1" && not_run "$1" "needs $2 GPUs, this machine has $GPUS"
+  return 1
+}
+
+# covered NAME BY: on this machine phase NAME would repeat phase BY (the same GPUs).
+covered() {
+  SEEN+=" $1 "
+  is_selected "$1" || return 0
+  if is_selected "$2"; then
+    printf '%-44s the same as %s on %s GPU(s)\n' "$1" "$2" "$GPUS" >>"$SUMMARY"
+  else
+    not_run "$1" "the same as $2 on $GPUS GPU(s): select $2"
+  fi
+}
+
+# A fake phase for --dry-run: GPU_RUN_FAKE="name=RC[@SECONDS[@CASES]] ..." says how a phase
+# ends (default: exit 0 after 1 s, 3 test cases for a test phase); the clock advances by the
+# seconds without waiting; a phase that would outlast its limit ends as timed out.
+fake_phase() {
+  local name=$1 limit=$2 spec="" entry
+  for entry in ${GPU_RUN_FAKE:-}; do [[ ${entry%%=*} == "$name" ]] && spec=${entry#*=}; done
+  local rc=0 took=1 cases=3
+  IFS=@ read -r rc took cases <<<"${spec:-0@1@3}"
+  rc=${rc:-0} took=${took:-1} cases=${cases:-3}
+  if ((took > limit)); then
+    FAKE_ELAPSED=$((FAKE_ELAPSED + limit))
+    return 124
+  fi
+  FAKE_ELAPSED=$((FAKE_ELAPSED + took))
+  if ((rc == 77)); then
+    echo "SKIPPED: (fake)"
+  elif is_test_phase "$name"; then
+    local failed=$((rc == 0 ? 0 : 1))
+    echo "[doctest] test cases: $cases | $((cases - failed)) passed | $failed failed | 0 skipped"
+  fi
+  return "$rc"
+}
+
+# phase NAME LIMIT COMMAND...: runs one command with a timeout, logs it, tallies doctest's
+# counts.
+phase() {
+  local name="$1" limit="$2"
+  shift 2
+  SEEN+=" $name "
+  is_selected "$name" || return 0
+  now
+  local left=$((BUDGET - NOW))
+  if ((left < GPU_RUN_MIN_PHASE_S)); then
+    not_run "$name" "cut by the time budget (${NOW} s of ${BUDGET} s used)"
+    return 0
+  fi
+  # Never run past the budget: a phase gets at most what is left of it.
+  local given=$limit
+  ((given > left)) && given=$left
+  # The GPUs this phase makes visible: the tests must use all of them.
+  local visible=$GPUS devices
+  if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+    IFS=, read -ra devices <<<"$CUDA_VISIBLE_DEVICES"
+    visible=${#devices[@]}
+  fi
+  local log="$LOGS/$name.log"
+  local environment=""
+  local variable
+  for variable in CUDA_VISIBLE_DEVICES NCCLKIT_TEST_WORLD_SIZES NCCLKIT_TEST_COLLECTIVE_PATH NCCL_P2P_DISABLE \
+    NCCL_SHM_DISABLE NCCLKIT_CHECK_COLLECTIVES NCCLKIT_COPY_BLOCKS_PER_SM NCCLKIT_COPY_CHUNK_KB NCCLKIT_TIMELINE; do
+    [[ -n "${!variable+set}" ]] && environment+="$variable=${!variable} "
+  done
+  environment+="NCCLKIT_TEST_REQUIRE_GPUS=$visible"
+  echo "\$ $environment $*" >"$log"
+  ((DRY_RUN)) && echo "$name (limit ${limit} s): $environment $*"
+  local t0=$NOW rc
+  if ((DRY_RUN)); then
+    fake_phase "$name" "$given" >>"$log" 2>&1
+  else
+    NCCLKIT_TEST_REQUIRE_GPUS=$visible timeout --kill-after=10 "$given" "$@" >>"$log" 2>&1
+  fi
+  rc=$?
+  now
+  local took=$((NOW - t0))
+  # doctest's last tally ("[doctest] test cases: 3 | 3 passed | 0 failed | ...") and the SKIP lines.
+  local run passed failed skips
+  read -r run passed failed skips < <(awk '
+    /^\[doctest\] test cases:/ { gsub(/[|:]/, " "); run = $4; passed = $5; failed = $7 }
+    /^SKIP:/ { ++skips }
+    END { print run + 0, passed + 0, failed + 0, skips + 0 }' "$log")
+  CASES_RUN=$((CASES_RUN + run))
+  CASES_PASSED=$((CASES_PASSED + passed))
+  CASES_FAILED=$((CASES_FAILED + failed))
+  local verdict=ok
+  if ((rc == 77)); then
+    verdict="SKIPPED (exit 77)"
+    NOT_RUN+=("$name: skipped (exit 77; its log says why)")
+  elif ((rc == 124 || rc == 137)) && ((given < limit)); then
+    verdict="CUT after ${given} s"
+    NOT_RUN+=("$name: cut by the time budget after ${given} s")
+  elif ((rc == 124 || rc == 137)); then
+    verdict="TIMED OUT after ${limit} s"
+    FAILED+=("$name")
+  elif ((rc != 0)); then
+    verdict="FAILED rc=$rc"
+    FAILED+=("$name")
+  elif is_test_phase "$name" && ((run == 0)); then
+    verdict="FAILED: no test case"
+    FAILED+=("$name")
+  fi
+  printf '%-44s %-22s %4ss  cases %s run / %s passed / %s failed  SKIP lines %s\n' "$name" "$verdict" "$took" \
+    "$run" "$passed" "$failed" "$skips" >>"$SUMMARY"
+}
+
+# ---- the GPU machine's half ---------------------------------------------------------------------
+
+run_all() {
+  DRY_RUN=0
+  if [[ "${1:-}" == --dry-run ]]; then
+    DRY_RUN=1
+    shift
+  fi
+  local out="${1:-${OUT:-$ROOT/out}}"
+  BUDGET="${GPU_RUN_BUDGET:-540}"
+  GPU_RUN_MIN_PHASE_S="${GPU_RUN_MIN_PHASE_S:-15}"  # a phase starts only with this much budget left
+  LOGS="$out/logs" DATA="$out/data"
+  mkdir -p "$LOGS" "$DATA"
+  SUMMARY="$out/summary.txt"
+  : >"$SUMMARY"
+  START=$SECONDS FAKE_ELAPSED=0
+  CASES_RUN=0 CASES_PASSED=0 CASES_FAILED=0
+  FAILED=() NOT_RUN=() SEEN=""
+  # Rules of the GPU machines: no NVLink multicast, in every process we start too.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+  export LD_LIBRARY_PATH="$CARRY:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+  # The GPUs: nvidia-smi's list (capped at 4, what the tests use); --dry-run pretends
+  # GPU_RUN_FAKE_GPUS (default 2).
+  if ((DRY_RUN)); then
+    GPUS=${GPU_RUN_FAKE_GPUS:-2}
+  else
+    GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  fi
+  if ((GPUS < 1)); then
+    echo "gpu-run: nvidia-smi lists no GPU here: nothing can run" | tee -a "$SUMMARY"
+    return 1
+  fi
+  ((GPUS > 4)) && GPUS=4
+  ALL=$(seq -s, 0 $((GPUS - 1)))
+
+  TEST_PHASES=$(set_phases "$GPUS" tests)
+  local set="${GPU_RUN_SET:-tests}"
+  if [[ -n "${GPU_RUN_PHASES:-}" ]]; then
+    SELECTED=$(echo $GPU_RUN_PHASES)  # unquoted: one line, single spaces
+    set="(GPU_RUN_PHASES)"
+  elif ! SELECTED=$(set_phases "$GPUS" "$set"); then
+    echo "gpu-run: GPU_RUN_SET=$set is not a set: one of $SET_NAMES" | tee -a "$SUMMARY" >&2
+    return 2
+  fi
+
+  # PyTorch's NCCL, where its version is the one the binaries were built against: both sides of
+  # a comparison then run the same NCCL, and the fused compressed reduction (which reads NCCL's
+  # device structures as the build's nccl.h lays them out) runs where the system's NCCL is another
+  # version (2.28.3 on some H100 machines).
+  local torch_nccl="" built_nccl torch_version=""
+  built_nccl=$(sed -n 's/^nccl.h //p' "$CARRY/BUILD_INFO" 2>/dev/null)
+  ((DRY_RUN)) || torch_nccl=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  if [[ -n "$torch_nccl" && -e "$torch_nccl/lib/libnccl.so.2" ]]; then
+    torch_version=$(nccl_header_version "$torch_nccl/include/nccl.h")
+    if [[ -n "$built_nccl" && "$torch_version" == "$built_nccl" ]]; then
+      export LD_LIBRARY_PATH="$CARRY:$torch_nccl/lib:${LD_LIBRARY_PATH#"$CARRY:"}"
+    fi
+  fi
+
+  {
+    echo "# GPU run $(date -u +%Y-%m-%dT%H:%M:%SZ)$( ((DRY_RUN)) && echo ' (dry run: every phase faked)')"
+    cat "$CARRY/BUILD_INFO" 2>/dev/null
+    if ((!DRY_RUN)); then
+      nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader 2>&1
+      echo "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"  # host speed differs between machines
+      echo "NCCL: $(ls /lib/x86_64-linux-gnu/libnccl.so.* /usr/local/cuda/lib*/libnccl.so.* 2>/dev/null | tr '\n' ' ')"
+      if [[ "$LD_LIBRARY_PATH" == *"$torch_nccl/lib"* && -n "$torch_nccl" ]]; then
+        echo "NCCL used: PyTorch's $torch_version, $torch_nccl/lib/libnccl.so.2 (the build's is $built_nccl)"
+      else
+        echo "NCCL used: the system's (the build's is ${built_nccl:-unknown}; PyTorch's ${torch_version:-none})"
+      fi
+    fi
+    echo "GPUs used: $GPUS ($ALL); set $set: $SELECTED; budget $BUDGET s"
+  } >>"$SUMMARY" 2>&1
+  ((DRY_RUN)) || nvidia-smi topo -m >"$LOGS/topology.txt" 2>&1
+
+  define_phases
+
+  # Selected names that are no phase on this machine (a typo, or perf-p4 on 2 GPUs).
+  local name
+  for name in $SELECTED; do
+    [[ " $SEEN " == *" $name "* ]] || not_run "$name" "no such phase on $GPUS GPU(s)"
+  done
+
+  now
   # A plot of busbw against size from the perf CSVs (matplotlib is there on the GPU machines).
-  local csvs=()
-  for f in "$data"/perf_*.csv; do [[ -s "$f" ]] && csvs+=("$f"); done
+  local csvs=() f
+  for f in "$DATA"/perf_*.csv; do [[ -s "$f" ]] && csvs+=("$f"); done
   if ((${#csvs[@]})); then
     local card
     card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     python3 "$ROOT/scripts/plot_busbw.py" "$out/busbw.png" "${csvs[@]}" \
-      --title "perf_nccl, $card, $(date -u +%Y-%m-%d)" >>"$summary" 2>&1 || echo "plot failed" >>"$summary"
+      --title "perf_nccl, $card, $(date -u +%Y-%m-%d)" >>"$SUMMARY" 2>&1 || echo "plot failed" >>"$SUMMARY"
   fi
-  {
-    echo "TOTAL: $cases_run test cases run, $cases_passed passed, $cases_failed failed; $failures failed phases; $((SECONDS - start_time)) s"
-  } >>"$summary"
+  echo "TOTAL: $CASES_RUN test cases run, $CASES_PASSED passed, $CASES_FAILED failed; ${#FAILED[@]} failed phases; $NOW s" \
+    >>"$SUMMARY"
   # The targets, and PyTorch beside ncclkit, from the perf CSVs.
   if ((${#csvs[@]})); then
-    python3 "$ROOT/scripts/perf_targets.py" "${csvs[@]}" >>"$summary" 2>&1 || echo "perf_targets failed" >>"$summary"
+    python3 "$ROOT/scripts/perf_targets.py" "${csvs[@]}" >>"$SUMMARY" 2>&1 || echo "perf_targets failed" >>"$SUMMARY"
   fi
   # Few files come back from a GPU machine: the logs and the data travel as one archive.
-  tar -C "$out" -czf "$out/results.tar.gz" logs data && rm -rf "$logs" "$data"
-  cat "$summary"
-  if ((cases_run == 0)); then
-    echo "gpu-run: zero test cases ran: this is a failure" | tee -a "$summary"
-    return 1
-  fi
-  ((failures == 0 && cases_failed == 0))
+  tar -C "$out" -czf "$out/results.tar.gz" logs data && rm -rf "$LOGS" "$DATA"
+  local status=0
+  {
+    if ((${#FAILED[@]})); then
+      echo "FAILED: ${#FAILED[@]} phase(s): ${FAILED[*]}"
+      status=1
+    elif ((CASES_FAILED)); then
+      echo "FAILED: $CASES_FAILED test case(s)"
+      status=1
+    fi
+    if ((${#NOT_RUN[@]})); then
+      echo "INCOMPLETE: ${#NOT_RUN[@]} selected phase(s) did not run:"
+      printf '  %s\n' "${NOT_RUN[@]}"
+      ((status)) || status=3
+    fi
+    ((status)) || echo "PASSED: every selected phase ran and passed ($set)"
+  } >>"$SUMMARY"
+  cat "$SUMMARY"
+  return "$status"
 }
 
 case "${1:-}" in
   build) build ;;
-  run) shift; run_all "$@" ;;
+  run)
+    shift
+    run_all "$@"
+    ;;
   *)
-    echo "usage: scripts/gpu-run.sh build | run [OUT]" >&2
+    echo "usage: scripts/gpu-run.sh build | run [--dry-run] [OUT]" >&2
     exit 2
     ;;
 esac

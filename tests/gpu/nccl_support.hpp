@@ -1,26 +1,33 @@
 #pragma once
 // Helpers of the NCCL GPU tests: which world sizes to run, workers that report failures
 // through their exit code, deterministic random inputs, host references in higher precision
-// and the comparisons (norm-relative for floating reductions, exact for data movement).
+// and the comparisons (floating reductions element by element against their rounding bound,
+// with a norm-relative guard; exact for integers and data movement).
 //
 // All CUDA work happens in spawned workers: the test process itself never initialises CUDA,
 // since it forks (gpu_main.cu counts GPUs in a child for the same reason).
 #include <doctest/doctest.h>
 
+#include <algorithm>    // std::max, std::min
+#include <array>        // std::array (poison bytes)
+#include <bit>          // std::bit_cast
 #include <chrono>       // std::chrono
-#include <cmath>        // std::sqrt, std::isnan, std::fabs
+#include <cmath>        // std::fabs
 #include <cstdint>      // fixed-width integers
 #include <cstdio>       // std::printf
 #include <cstdlib>      // std::getenv, std::strtol
 #include <cstring>      // std::memcmp
 #include <span>         // std::span
 #include <string>       // std::string
-#include <type_traits>  // std::is_integral_v, std::is_same_v, std::type_identity_t
+#include <type_traits>  // std::is_integral_v, std::is_same_v, std::is_signed_v, std::type_identity_t
+#include <utility>      // std::pair
 #include <vector>       // std::vector
 
 #include "gpu/gpu_support.hpp"
 #include "support/checker.hpp"
 #include "support/element_conversions.hpp"
+#include "support/reduction_bound.hpp"
+#include "support/gpu_verdict.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/dtype.hpp"
@@ -35,41 +42,38 @@ using ncclkit::BFloat16;
 using ncclkit::Half;
 using ncclkit::ReduceOp;
 
-/// The world sizes 1, 2 and 4 that fit the visible GPUs; says which are skipped.
-/// NCCLKIT_TEST_WORLD_SIZES (e.g. "2,4") narrows the list, for runs that need only some.
-inline std::vector<int> world_sizes() {
-  std::vector<int> sizes;
-  const int gpus = visible_gpu_count();
-  std::vector<int> wanted{1, 2, 4};
-  if (const char* list = std::getenv("NCCLKIT_TEST_WORLD_SIZES"); list != nullptr && *list != '\0') {
-    wanted.clear();
-    for (const char* p = list; *p != '\0';) {
-      char* end = nullptr;
-      const long n = std::strtol(p, &end, 10);
-      if (end == p) break;
-      if (n > 0) wanted.push_back(static_cast<int>(n));
-      p = *end == ',' ? end + 1 : end;
-    }
-    std::printf("NCCLKIT_TEST_WORLD_SIZES=%s: testing only these world sizes\n", list);
+/// Prints `plan`'s SKIP lines (visible in the log, counted by scripts/gpu-run.sh) and fails a
+/// check for each of its failures.
+inline void report_plan(const GpuPlan& plan) {
+  for (const std::string& skip : plan.skips) {
+    std::printf("SKIP: %s\n", skip.c_str());
+    MESSAGE("skipped " << skip);
   }
-  for (int n : wanted) {
-    if (n <= gpus) {
-      sizes.push_back(n);
-    } else {
-      std::printf("SKIP: world size %d needs %d GPUs, %d visible\n", n, n, gpus);
-      MESSAGE("skipped world size " << n << ": needs " << n << " GPUs, " << gpus << " visible");
-    }
-  }
-  return sizes;
+  std::fflush(stdout);
+  for (const std::string& failure : plan.failures) FAIL_CHECK(failure);
 }
 
-/// Whether `n` GPUs are visible; prints a visible SKIP line when not.
+/// The world sizes 1, 2 and 4 that fit the visible GPUs (plan_world_sizes): says which are
+/// skipped, and fails where NCCLKIT_TEST_REQUIRE_GPUS asks for them. NCCLKIT_TEST_WORLD_SIZES
+/// (e.g. "2,4") narrows the list, for runs that need only some; one that leaves nothing to run
+/// is a failure.
+inline std::vector<int> world_sizes() {
+  const char* list = std::getenv("NCCLKIT_TEST_WORLD_SIZES");
+  if (list != nullptr && *list != '\0')
+    std::printf("NCCLKIT_TEST_WORLD_SIZES=%s: testing only these world sizes\n", list);
+  const GpuPlan plan =
+      plan_world_sizes(std::max(visible_gpu_count(), 0), list, std::getenv("NCCLKIT_TEST_REQUIRE_GPUS"));
+  report_plan(plan);
+  return plan.sizes;
+}
+
+/// Whether `n` GPUs are visible; prints a visible SKIP line when not, or fails where
+/// NCCLKIT_TEST_REQUIRE_GPUS asks for n or more (plan_feature).
 inline bool have_gpus(int n, const char* what) {
-  const int gpus = visible_gpu_count();
-  if (gpus >= n) return true;
-  std::printf("SKIP: %s needs %d GPUs, %d visible\n", what, n, gpus);
-  MESSAGE("skipped " << what << ": needs " << n << " GPUs, " << gpus << " visible");
-  return false;
+  const GpuPlan plan =
+      plan_feature(std::max(visible_gpu_count(), 0), n, what, std::getenv("NCCLKIT_TEST_REQUIRE_GPUS"));
+  report_plan(plan);
+  return plan.run;
 }
 
 /// Runs `fn(world, store)` in `n` worker processes (returning an exit code) and CHECKs that
@@ -104,6 +108,20 @@ inline double unit(std::uint64_t seed, int rank, std::size_t index) {
 template <class T>
 constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
+/// The range [lo, hi] of integer inputs of type T for `op`: results of up to kMaxWorld ranks
+/// (prod included) stay inside the type.
+template <class T>
+constexpr std::pair<long, long> integer_input_range(ReduceOp op) {
+  if (op == ReduceOp::kProd) {
+    if constexpr (std::is_same_v<T, std::uint8_t>) return {0, 3};
+    if constexpr (sizeof(T) == 1) return {-3, 3};
+    return {-30, 30};
+  }
+  if constexpr (std::is_same_v<T, std::uint8_t>) return {0, 50};
+  if constexpr (sizeof(T) == 1) return {-25, 25};
+  return {-100000, 100000};
+}
+
 /// Element `index` of rank `rank`'s input. Never zero-only; ranges keep integer results of
 /// up to 4 ranks inside the type (prod included) and keep products of floats well scaled.
 template <class T>
@@ -116,22 +134,7 @@ T sample(std::uint64_t seed, int rank, std::size_t index, ReduceOp op) {
     }
     return from_double<T>(2.0 * u - 1.0);
   } else {
-    long lo = 0, hi = 0;
-    if (op == ReduceOp::kProd) {
-      if constexpr (std::is_same_v<T, std::uint8_t>) {
-        lo = 0, hi = 3;
-      } else if constexpr (sizeof(T) == 1) {
-        lo = -3, hi = 3;
-      } else {
-        lo = -30, hi = 30;
-      }
-    } else if constexpr (std::is_same_v<T, std::uint8_t>) {
-      lo = 0, hi = 50;
-    } else if constexpr (sizeof(T) == 1) {
-      lo = -25, hi = 25;
-    } else {
-      lo = -100000, hi = 100000;
-    }
+    const auto [lo, hi] = integer_input_range<T>(op);
     return static_cast<T>(lo + static_cast<long>(u * static_cast<double>(hi - lo + 1)));
   }
 }
@@ -143,13 +146,22 @@ std::vector<T> make_input(std::uint64_t seed, int rank, std::size_t count, Reduc
   return values;
 }
 
-/// The reduction over ranks 0..world-1 of element `index` (at `index` in every rank's input),
-/// in long double (floats) or exact int64 (integers; avg truncates like C++).
+/// Element `index` of a reduction's expected result: `value`, the reduction over ranks
+/// 0..world-1 in long double (floats) or exact int64 (integers; avg truncates like C++), and
+/// `magnitude`, the sum of the inputs' absolute values (what bounds a float sum's rounding).
+struct Expected {
+  long double value = 0;
+  double magnitude = 0;
+};
+
 template <class T>
-long double reference(std::uint64_t seed, int world, std::size_t index, ReduceOp op) {
-  long double acc = as_double(sample<T>(seed, 0, index, op));
+Expected expected_at(std::uint64_t seed, int world, std::size_t index, ReduceOp op) {
+  const long double first = as_double(sample<T>(seed, 0, index, op));
+  long double acc = first;
+  double magnitude = std::fabs(static_cast<double>(first));
   for (int r = 1; r < world; ++r) {
     const long double v = as_double(sample<T>(seed, r, index, op));
+    magnitude += std::fabs(static_cast<double>(v));
     switch (op) {
       case ReduceOp::kSum:
       case ReduceOp::kAvg:
@@ -173,11 +185,17 @@ long double reference(std::uint64_t seed, int world, std::size_t index, ReduceOp
       acc = static_cast<long double>(static_cast<long long>(acc) / world);
     }
   }
-  return acc;
+  return {acc, magnitude};
 }
 
-/// Norm-relative tolerance of a floating reduction over at most 4 ranks: a few roundings of
-/// the type's unit roundoff (NCCL reduces 16-bit types hop by hop, rounding at each).
+/// The reduction over ranks 0..world-1 of element `index` (at `index` in every rank's input).
+template <class T>
+long double reference(std::uint64_t seed, int world, std::size_t index, ReduceOp op) {
+  return expected_at<T>(seed, world, index, op).value;
+}
+
+/// Norm-relative tolerance of a floating reduction over at most 4 ranks, the second guard
+/// beside the element-wise bound: a few roundings of the type's unit roundoff.
 template <class T>
 constexpr double tolerance() {
   if constexpr (std::is_same_v<T, double>) return 1e-12;
@@ -187,49 +205,46 @@ constexpr double tolerance() {
   return 0;
 }
 
-/// reference() for elements first .. first + count - 1, computed once and shared by every
-/// check of the same inputs (the matrix checks one reduction on several ranks and in and out
-/// of place; the reference is most of the host's work).
+/// expected_at() for elements first .. first + count - 1 of a reduction over `world` ranks,
+/// computed once and shared by every check of the same inputs (the matrix checks one reduction
+/// on several ranks and in and out of place; the reference is most of the host's work).
+struct References {
+  int world = 0;
+  std::vector<Expected> values;
+};
+
 template <class T>
-std::vector<long double> reference_values(std::uint64_t seed, int world, std::size_t first, std::size_t count,
-                                          ReduceOp op) {
-  std::vector<long double> values(count);
-  for (std::size_t i = 0; i < count; ++i) values[i] = reference<T>(seed, world, first + i, op);
-  return values;
+References reference_values(std::uint64_t seed, int world, std::size_t first, std::size_t count, ReduceOp op) {
+  References references{world, std::vector<Expected>(count)};
+  for (std::size_t i = 0; i < count; ++i) references.values[i] = expected_at<T>(seed, world, first + i, op);
+  return references;
 }
 
 namespace detail {
-/// check_reduction's comparison; `reference_at(i)` is the expected value of got[i].
-template <class T, class ReferenceAt>
-bool check_reduction_against(Checker& checker, const std::vector<T>& got, ReferenceAt&& reference_at, ReduceOp op,
-                             const std::string& what) {
-  long double error = 0, norm = 0;
-  std::size_t nan_count = 0, wrong = 0, first_wrong = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const long double ref = reference_at(i);
-    const long double value = as_double(got[i]);
-    if constexpr (is_float_v<T>) {
-      if (std::isnan(static_cast<double>(value))) {
-        if (nan_count++ == 0) first_wrong = i;
-        continue;
-      }
-      error += (value - ref) * (value - ref);
-      norm += ref * ref;
-    } else {
+/// check_reduction's comparison; `expected_at(i)` is the Expected of got[i].
+template <class T, class ExpectedAt>
+bool check_reduction_against(Checker& checker, const std::vector<T>& got, ExpectedAt&& expected_at, int world,
+                             ReduceOp op, const std::string& what) {
+  if constexpr (is_float_v<T>) {
+    // Every element within the rounding bound of its own reduction; the norm-relative error
+    // over the whole vector as a second guard. NaN (the outputs' poison) is outside any bound.
+    BoundCheck bounds;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const Expected e = expected_at(i);
+      const auto exact = static_cast<double>(e.value);
+      bounds.add(i, as_double(got[i]), exact, reduction_bound<T>(op, world, e.magnitude, exact));
+    }
+    return checker.expect(bounds.ok(tolerance<T>()), what + ": " + bounds.describe(tolerance<T>()));
+  } else {
+    std::size_t wrong = 0, first_wrong = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const long double ref = expected_at(i).value;
+      const long double value = as_double(got[i]);
       const long double diff = value > ref ? value - ref : ref - value;
       if (diff > (op == ReduceOp::kAvg ? 1 : 0)) {
         if (wrong++ == 0) first_wrong = i;
       }
     }
-  }
-  if constexpr (is_float_v<T>) {
-    const double relative =
-        norm > 0 ? std::sqrt(static_cast<double>(error / norm)) : std::sqrt(static_cast<double>(error));
-    return checker.expect(nan_count == 0 && relative <= tolerance<T>(),
-                          what + ": relative error " + std::to_string(relative) + " (tolerance " +
-                              std::to_string(tolerance<T>()) + "), " + std::to_string(nan_count) +
-                              " elements unwritten (NaN), first at " + std::to_string(first_wrong));
-  } else {
     return checker.expect(
         wrong == 0, what + ": " + std::to_string(wrong) + " wrong elements, first at " + std::to_string(first_wrong));
   }
@@ -237,21 +252,22 @@ bool check_reduction_against(Checker& checker, const std::vector<T>& got, Refere
 }  // namespace detail
 
 /// Compares `got` with the reduction of the inputs (element i of the result is element
-/// `first + i` of the inputs): floats by norm-relative error within tolerance<T>() and no NaN
-/// (outputs are poisoned with NaN), integers exactly (avg within 1).
+/// `first + i` of the inputs): floats element by element within their rounding bound
+/// (reduction_bound; no NaN, the outputs' poison) and by norm-relative error within
+/// tolerance<T>(); integers exactly (avg within 1).
 template <class T>
 bool check_reduction(Checker& checker, const std::vector<T>& got, std::uint64_t seed, int world, std::size_t first,
                      ReduceOp op, const std::string& what) {
   return detail::check_reduction_against(
-      checker, got, [&](std::size_t i) { return reference<T>(seed, world, first + i, op); }, op, what);
+      checker, got, [&](std::size_t i) { return expected_at<T>(seed, world, first + i, op); }, world, op, what);
 }
 /// The same against precomputed references (reference_values), one per element of `got`.
 template <class T>
-bool check_reduction(Checker& checker, const std::vector<T>& got, std::span<const long double> expected, ReduceOp op,
+bool check_reduction(Checker& checker, const std::vector<T>& got, const References& expected, ReduceOp op,
                      const std::string& what) {
-  if (got.size() != expected.size()) return checker.expect(false, what + ": sizes differ");
+  if (got.size() != expected.values.size()) return checker.expect(false, what + ": sizes differ");
   return detail::check_reduction_against(
-      checker, got, [&](std::size_t i) { return expected[i]; }, op, what);
+      checker, got, [&](std::size_t i) { return expected.values[i]; }, expected.world, op, what);
 }
 
 /// Exact comparison of moved data, byte for byte.
@@ -266,12 +282,53 @@ bool check_equal(Checker& checker, const std::vector<T>& got, const std::vector<
                                         " elements differ, first at " + std::to_string(first_wrong));
 }
 
-/// Poison byte for outputs: NaN for floating types, a value outside every input range for
-/// integers, so that an element the collective did not write is always caught.
+/// Poison byte for outputs: NaN for floating types; for integers a value outside every input
+/// and every result of up to kMaxWorld ranks (uint8 0xFF = 255 above sums of at most 200; int8
+/// 0x80 = -128 below sums of at least -100; wider types the same pattern, far outside), so that
+/// an element the collective did not write is always caught.
 template <class T>
 constexpr unsigned char poison_byte() {
-  return is_float_v<T> ? 0xFF : 0xA5;
+  if constexpr (is_float_v<T>) return 0xFF;
+  if constexpr (std::is_unsigned_v<T>) return 0xFF;
+  return 0x80;
 }
+
+namespace detail {
+/// The value of a T whose every byte is `byte`.
+template <class T>
+constexpr long long repeated_byte(unsigned char byte) {
+  std::array<unsigned char, sizeof(T)> bytes{};
+  bytes.fill(byte);
+  return static_cast<long long>(std::bit_cast<T>(bytes));
+}
+/// Whether T's poison lies outside [world * lo, world * hi] for every op's input range and
+/// every world up to kMaxWorld (sums, averages, minima and maxima lie there; products in
+/// [-hi^world, hi^world], covered by the prod range's powers).
+template <class T>
+constexpr bool poison_outside_results() {
+  const long long poison = repeated_byte<T>(poison_byte<T>());
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
+    const auto [lo, hi] = integer_input_range<T>(op);
+    long long low = std::min(0L, lo), high = std::max(0L, hi);
+    if (op == ReduceOp::kProd) {
+      const long long m = std::max(-lo, hi);
+      long long power = 1;
+      for (int i = 0; i < kMaxWorld; ++i) power *= m;
+      low = std::is_unsigned_v<T> ? 0 : -power;
+      high = power;
+    } else {
+      low = std::min<long long>(low * kMaxWorld, lo);
+      high = std::max<long long>(high * kMaxWorld, hi);
+    }
+    if (poison >= low && poison <= high) return false;
+  }
+  return true;
+}
+static_assert(poison_outside_results<std::int8_t>() && poison_outside_results<std::uint8_t>() &&
+                  poison_outside_results<std::int32_t>() && poison_outside_results<std::int64_t>(),
+              "an integer poison value lies inside the results of the tests' inputs: an unwritten element "
+              "could pass as written");
+}  // namespace detail
 
 // ---- device transfers ordered on a stream --------------------------------------------------
 

@@ -1,8 +1,9 @@
 // The NCCL backend's CodecBackend kernels (ncclkit/nccl/detail/codec_kernels.cuh, launched by
 // Communicator::cast and copy_batch) against the host: every pair of floating types, scaled,
-// aligned and misaligned, with non-finite outputs counted; batched copies of hundreds of odd
-// sizes and alignments beside one large copy, byte for byte. compute-sanitizer memcheck runs
-// this file on the GPU machine (scripts/gpu-run.sh, phase codec-memcheck).
+// aligned and misaligned, byte for byte (float64 to 16 bits against values rounded once, the
+// host's cast rounding through float), with non-finite outputs counted; batched copies of
+// hundreds of odd sizes and alignments beside one large copy, byte for byte. compute-sanitizer
+// memcheck runs this file on the GPU machine (scripts/gpu-run.sh, phase codec-memcheck).
 // ncclkit-test: labels=nccl timeout=300
 #include <doctest/doctest.h>
 
@@ -39,11 +40,30 @@ std::vector<std::byte> values_of(DataType type, std::size_t count) {
     doubles[i] = (unit(11, 0, i) - 0.5) * 2000.0;
     if (i % 97 == 5) doubles[i] = 1e5;
     if (i % 389 == 7) doubles[i] = std::numeric_limits<double>::infinity();
+    // Just above a tie of Half (1 + 2^-11) and of bfloat16 (1 + 2^-8), scaled by 4 against the
+    // casts' factor 0.25: rounded through float they become the tie and go to the even
+    // neighbour, rounded once they go up.
+    if (i % 1013 == 11) doubles[i] = 4.0 * (1.0 + 0x1p-11 + 0x1p-40);
+    if (i % 1013 == 12) doubles[i] = 4.0 * (1.0 + 0x1p-8 + 0x1p-40);
   }
   std::vector<std::byte> bytes(count * ncclkit::size_of(type));
   std::vector<double> scratch = doubles;
   ncclkit::detail::cast_on_host(TensorView{scratch.data(), count, DataType::kFloat64},
                                 TensorView{bytes.data(), count, type}, 1.0);
+  return bytes;
+}
+
+/// `count` float64 values (host bytes) times `factor`, each rounded once to the 16-bit `type`.
+std::vector<std::byte> rounded_once(const std::vector<std::byte>& doubles, std::size_t count, DataType type,
+                                    double factor) {
+  std::vector<std::byte> bytes(count * 2);
+  for (std::size_t i = 0; i < count; ++i) {
+    double value = 0;
+    std::memcpy(&value, doubles.data() + i * sizeof(double), sizeof value);
+    const std::uint16_t bits = type == DataType::kFloat16 ? round_nearest_even<ncclkit::Half>(value * factor).bits
+                                                          : round_nearest_even<ncclkit::BFloat16>(value * factor).bits;
+    std::memcpy(bytes.data() + i * 2, &bits, 2);
+  }
   return bytes;
 }
 
@@ -78,13 +98,25 @@ TEST_CASE("cast kernels equal the host cast for every pair of floating types, an
           std::vector<std::byte> expected(got.size());
           const std::uint64_t host_count = ncclkit::detail::cast_on_host(
               TensorView{const_cast<std::byte*>(host_in.data()), n, from}, TensorView{expected.data(), n, to}, 0.25);
+          const std::vector<std::byte> host_twice = expected;
           const std::string what = std::string(ncclkit::name_of(from)) + " to " + std::string(ncclkit::name_of(to)) +
                                    (shift ? " (misaligned)" : "");
-          // float64 to 16 bits rounds once on the GPU and twice (through float) on the host.
-          const bool exact = !(from == DataType::kFloat64 && ncclkit::size_of(to) == 2);
-          if (exact) {
-            checker.expect(std::memcmp(got.data(), expected.data(), got.size()) == 0, what + ": bytes differ");
+          // float64 to 16 bits rounds once on the GPU and twice (through float) on the host:
+          // there the reference is the double rounded once to nearest, ties to even.
+          if (from == DataType::kFloat64 && ncclkit::size_of(to) == 2) {
+            expected = rounded_once(host_in, n, to, 0.25);
+            std::size_t differ = 0, through_float = 0;
+            for (std::size_t i = 0; i < expected.size(); i += 2) {
+              if (std::memcmp(&got[i], &expected[i], 2) != 0) ++differ;
+            }
+            for (std::size_t i = 0; i < expected.size(); ++i) through_float += expected[i] != host_twice[i] ? 1 : 0;
+            checker.expect(differ == 0, what + ": " + std::to_string(differ) + " of " + std::to_string(n) +
+                                            " values differ from the correctly rounded ones");
+            // The inputs hold values where rounding twice goes wrong, so this compares more
+            // than the host cast would.
+            checker.expect(through_float > 0, what + ": no input where rounding through float differs");
           }
+          checker.expect(std::memcmp(got.data(), expected.data(), got.size()) == 0, what + ": bytes differ");
           checker.expect(gpu_count == host_count, what + ": " + std::to_string(gpu_count) + " non-finite counted, " +
                                                       std::to_string(host_count) + " on the host");
           checker.expect(host_count > 0, what + ": the data holds infinities, which must be counted");

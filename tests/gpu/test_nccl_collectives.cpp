@@ -15,6 +15,7 @@
 #include <cmath>    // std::sqrt
 #include <cstdint>  // fixed-width integers
 #include <cstdio>   // std::printf, std::fflush
+#include <cstdlib>  // std::getenv
 #include <memory>   // std::shared_ptr
 #include <span>     // std::span
 #include <string>   // std::string
@@ -164,7 +165,7 @@ void check_reductions(Ranks& ranks, Checker& checker, std::size_t count, std::ui
       });
     }
 
-    std::vector<std::vector<long double>> slices(ranks.members());
+    std::vector<References> slices(ranks.members());
     ranks.each([&](Communicator& comm, std::size_t i) {
       slices[i] = comm.rank() == 0 ? expected : reference_values<T>(seed, n, at(comm.rank()) * count, count, op);
     });
@@ -382,19 +383,34 @@ void run_matrix(Ranks& ranks, Checker& checker) {
   });
 }
 
-/// Says once, in the test's output, which path all_to_all, gather and scatter take in this
-/// binary (the grouped variant must be seen to run the grouped path).
-void announce_path() {
+/// Checks that all_to_all, gather and scatter take the path this binary must take, and says
+/// once which it is. The path that must be taken: NCCLKIT_TEST_COLLECTIVE_PATH ("native" or
+/// "grouped"; scripts/gpu-run.sh names it for each binary it runs) where set, else the build's
+/// intent: the grouped send/recv path with NCCLKIT_NCCL_GROUPED_FALLBACKS (tests_gpu_grouped) or
+/// an NCCL older than 2.28, NCCL's native calls otherwise.
+void check_path() {
+  const std::string taken = NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER ? "native" : "grouped";
+#if defined(NCCLKIT_NCCL_GROUPED_FALLBACKS) || NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+  std::string wanted = "grouped";
+#else
+  std::string wanted = "native";
+#endif
+  const char* named = std::getenv("NCCLKIT_TEST_COLLECTIVE_PATH");
+  if (named != nullptr && *named != '\0') wanted = named;
   static bool said = false;
-  if (said) return;
-  said = true;
-  const char* path = NCCLKIT_NCCL_NATIVE_ALLTOALL_GATHER_SCATTER
-                         ? "native ncclAlltoAll / ncclGather / ncclScatter"
-                         : "grouped send/recv (the path of NCCL < 2.28, NCCLKIT_NCCL_GROUPED_FALLBACKS)";
-  std::printf("collective matrix: all_to_all, gather and scatter use %s; nccl.h %d.%d.%d\n", path, NCCL_MAJOR,
-              NCCL_MINOR, NCCL_PATCH);
-  std::fflush(stdout);
-  MESSAGE("all_to_all, gather and scatter use " << std::string(path));
+  if (!said) {
+    said = true;
+    std::printf(
+        "collective matrix: all_to_all, gather and scatter take the %s path (%s); nccl.h %d.%d.%d\n", taken.c_str(),
+        taken == "native" ? "ncclAlltoAll / ncclGather / ncclScatter" : "grouped send/recv, the path of NCCL < 2.28",
+        NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+    std::fflush(stdout);
+  }
+  CHECK_MESSAGE((wanted == "native" || wanted == "grouped"),
+                "NCCLKIT_TEST_COLLECTIVE_PATH='" << wanted << "' is neither native nor grouped");
+  CHECK_MESSAGE(taken == wanted, "all_to_all, gather and scatter take the "
+                                     << taken << " path, and this binary must take the " << wanted << " path"
+                                     << (named != nullptr ? " (NCCLKIT_TEST_COLLECTIVE_PATH)" : ""));
 }
 
 int matrix_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
@@ -588,7 +604,7 @@ int api_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
 }
 
 TEST_CASE("every collective, type and op against a host reference, 1/2/4 GPUs") {
-  announce_path();
+  check_path();
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, matrix_worker, std::chrono::minutes(8));
@@ -596,7 +612,7 @@ TEST_CASE("every collective, type and op against a host reference, 1/2/4 GPUs") 
 }
 
 TEST_CASE("single-process matrix: every collective, type and op through one LocalGroup of 1/2/4 GPUs") {
-  announce_path();
+  check_path();
   for (int n : world_sizes()) {
     CAPTURE(n);
     // One worker drives all n GPUs: this test process must not initialise CUDA (it forks).

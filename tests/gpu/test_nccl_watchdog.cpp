@@ -1,9 +1,10 @@
 // Abort drills: one rank exits, one is stopped with SIGSTOP, one skips a collective, one
-// issues only after its peers gave up, and the survivors destroy a communicator with a hung
-// collective. The others must get CommError within the timeout + 5 s (naming the operation,
-// its sequence number, its bytes, the time waited and the rank that fell behind), every later
-// call must throw CommError too, and every process must exit cleanly. Two more drills destroy
-// an idle communicator after a peer exited or was stopped: that too must return in time.
+// issues only after its peers gave up (3 GPUs or more), and the survivors destroy a
+// communicator with a hung collective. The others must get CommError within the timeout + 5 s
+// (naming the operation, its sequence number, its bytes, the time waited and the rank that fell
+// behind), every later call must throw CommError too, and every process must exit cleanly. Two
+// more drills destroy an idle communicator after a peer exited or was stopped: that too must
+// return in time.
 // Over NVLink a lost peer is only caught by the timeout; with NCCL_P2P_DISABLE=1
 // NCCL_SHM_DISABLE=1 (scripts/gpu-run.sh runs that too) NCCL reports it.
 //
@@ -211,6 +212,7 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
   Checker checker(world.rank);
   std::optional<Communicator> comm(std::in_place, store, world, Options{.timeout = kTimeout, .name = "drill"});
   const int n = comm->size(), r = comm->rank(), victim = n - 1;
+  require(drill != Drill::kLate || kLateRank < victim, "the late-rank drill needs 3 ranks or more");
   const cudaStream_t s = comm->default_stream();
   DeviceBuffer<float> buffer(kCount, comm->device());
   upload(buffer, make_input<float>(1, r, kCount), s);
@@ -360,7 +362,9 @@ int drill_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, Dr
 }
 
 void run_drill(Drill drill) {
-  if (!have_gpus(2, drill_name(drill))) return;
+  // The late rank must be a survivor other than the victim (the last rank): with 2 ranks it
+  // would be the victim itself, and the drill would be the skip drill again.
+  if (!have_gpus(drill == Drill::kLate ? 3 : 2, drill_name(drill))) return;
   if (const char* p2p = std::getenv("NCCL_P2P_DISABLE");
       drill == Drill::kLate && p2p != nullptr && std::string(p2p) == "1") {
     // Over NCCL's network transport the late rank may see the peers' closed connections as an

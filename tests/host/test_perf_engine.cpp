@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -223,6 +224,42 @@ struct NullFile {
   }
 };
 
+/// Keeps the table, for its footer.
+struct TableFile {
+  std::FILE* file = std::tmpfile();
+  ~TableFile() {
+    if (file) std::fclose(file);
+  }
+  /// The table's line that starts with `prefix` ("" when none).
+  std::string line(const std::string& prefix) const {
+    std::fflush(file);
+    std::rewind(file);
+    char buffer[512];
+    while (std::fgets(buffer, sizeof buffer, file) != nullptr) {
+      std::string text(buffer);
+      if (text.rfind(prefix, 0) == 0) return text;
+    }
+    return "";
+  }
+};
+
+/// An implementation whose results on local rank 1 are off by one in the first element.
+ncclkit::perf::Implementation off_by_one(const ncclkit::perf::Implementation& good) {
+  auto broken = good;
+  broken.name = "broken";
+  auto last_out = std::make_shared<std::vector<TensorView>>(2);
+  broken.issue = [issue = good.issue, last_out](int l, ncclkit::perf::Collective c, TensorView in, TensorView out,
+                                                ReduceOp op, int root) {
+    (*last_out)[static_cast<std::size_t>(l)] = out;
+    issue(l, c, in, out, op, root);
+  };
+  broken.complete = [last_out] {
+    const TensorView& out = (*last_out)[1];
+    if (out.count > 0) LoopWorld::store(out, 0, LoopWorld::load(out, 0) + 1);
+  };
+  return broken;
+}
+
 }  // namespace
 
 TEST_CASE("the perf engine checks every case when one thread drives several local ranks") {
@@ -248,19 +285,7 @@ TEST_CASE("the perf engine checks every case when one thread drives several loca
 TEST_CASE("the perf engine counts wrong results on every local rank") {
   Local local(2);
   auto good = ncclkit::perf::backend_implementation(local.backends, "ncclkit", local.begin(), local.end());
-  // A second implementation whose results on local rank 1 are off by one in the first element.
-  auto broken = good;
-  broken.name = "broken";
-  auto last_out = std::make_shared<std::vector<TensorView>>(2);
-  broken.issue = [issue = good.issue, last_out](int l, ncclkit::perf::Collective c, TensorView in, TensorView out,
-                                                ReduceOp op, int root) {
-    (*last_out)[static_cast<std::size_t>(l)] = out;
-    issue(l, c, in, out, op, root);
-  };
-  broken.complete = [last_out] {
-    const TensorView& out = (*last_out)[1];
-    if (out.count > 0) LoopWorld::store(out, 0, LoopWorld::load(out, 0) + 1);
-  };
+  const auto broken = off_by_one(good);
   auto options = small_sweep();
   options.collectives = {ncclkit::perf::Collective::kAllReduce};
   options.types = {DataType::kInt32};
@@ -301,4 +326,50 @@ TEST_CASE("one local rank needs no group calls") {
   const auto summary = ncclkit::perf::run_perf(*local.backends[0], {impl}, small_sweep(), null.file);
   CHECK(summary.ok());
   CHECK_FALSE(summary.rows.empty());
+}
+
+TEST_CASE("a wrong result makes the tools exit non-zero, and the footer says FAILED") {
+  Local local(2);
+  auto good = ncclkit::perf::backend_implementation(local.backends, "ncclkit", local.begin(), local.end());
+  auto options = small_sweep();
+  options.collectives = {ncclkit::perf::Collective::kAllReduce};
+  options.types = {DataType::kInt32};
+  options.ops = {ReduceOp::kSum};
+  TableFile table;
+  const auto summary = ncclkit::perf::run_perf(local.backends, {good, off_by_one(good)}, options, local.begin(),
+                                               local.end(), table.file);
+  CHECK(summary.exit_code() != 0);
+  CHECK(summary.verdict() == std::to_string(summary.wrong) + " FAILED");
+  CHECK(table.line("# Out of bounds values") == "# Out of bounds values : " + summary.verdict() + "\n");
+}
+
+TEST_CASE("a checked run counts every measurement it checked, and its footer says OK") {
+  Local local(2);
+  auto impl = ncclkit::perf::backend_implementation(local.backends, "ncclkit", local.begin(), local.end());
+  TableFile table;
+  const auto summary =
+      ncclkit::perf::run_perf(local.backends, {impl}, small_sweep(), local.begin(), local.end(), table.file);
+  CHECK(summary.exit_code() == 0);
+  CHECK(summary.checked == static_cast<long long>(summary.rows.size()) * 2);  // both placements of every row
+  CHECK(table.line("# Out of bounds values") == "# Out of bounds values : 0 OK\n");
+}
+
+TEST_CASE("a run with -c 0 checks nothing and says so: not checked, never 0 OK") {
+  Local local(2);
+  auto good = ncclkit::perf::backend_implementation(local.backends, "ncclkit", local.begin(), local.end());
+  auto options = small_sweep();
+  options.check = 0;
+  TableFile table;
+  // Wrong results go unseen without the check: the footer must not call them OK.
+  const auto summary = ncclkit::perf::run_perf(local.backends, {good, off_by_one(good)}, options, local.begin(),
+                                               local.end(), table.file);
+  CHECK(summary.checked == 0);
+  CHECK(summary.wrong == 0);
+  CHECK(summary.exit_code() == 0);
+  CHECK(summary.verdict() == "not checked");
+  CHECK(table.line("# Out of bounds values") == "# Out of bounds values : not checked\n");
+  for (const auto& row : summary.rows) {
+    CHECK(row.out_of_place.wrong == -1);
+    CHECK(row.in_place.wrong == -1);
+  }
 }
