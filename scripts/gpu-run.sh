@@ -62,7 +62,7 @@ build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
   local target
-  for target in "${TESTS[@]}" "${BENCHES[@]}"; do
+  for target in "${TESTS[@]}" "${BENCHES[@]}" nvcc_consumer; do
     echo "== building $target"
     cmake --build "$BUILD" -j "$jobs" --target "$target" || return 1
   done
@@ -78,12 +78,20 @@ build() {
   # The phases below run one test file each, by the name of its CTest test: a script that runs
   # the GPU test executable on that file's test cases (the communicator's with the kernels').
   local name files
-  for name in check communicator collectives large watchdog fusion codec; do
+  for name in check communicator collectives large watchdog fusion gradient_sync codec; do
     files="*/test_nccl_$name.cpp"
     [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
     printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
   done
   printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
+  # A user's .cu over fusion and compression, compiled by nvcc; --gpu runs a tuned compressed step.
+  cp "$BUILD/tests/nvcc_consumer" "$CARRY/"
+  # The fusion benchmark of a baseline commit, for A/B rows in one call (GPU_RUN_SET=fusion-ab):
+  # BASELINE_FUSION=path/to/fusion_nccl scripts/gpu-run.sh build.
+  if [[ -n "${BASELINE_FUSION:-}" ]]; then
+    mkdir -p "$CARRY/baseline"
+    cp "$BASELINE_FUSION" "$CARRY/baseline/fusion_nccl"
+  fi
   chmod +x "$CARRY"/gpu_test_nccl_*
   local nccl_include
   nccl_include=$(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' "$BUILD/CMakeCache.txt")
@@ -106,7 +114,8 @@ set_phases() {
   local n=$1 names
   local tests_a="check communicator-4gpu collectives-4gpu collectives-grouped watchdog-drills-4gpu codec-test
     codec-memcheck communicator-1gpu watchdog-1gpu communicator-2gpu"
-  local tests_b="watchdog-drills-net collectives-net large-1gib fusion-test fused-memcheck"
+  local tests_b="watchdog-drills-net collectives-net large-1gib fusion-test fused-memcheck gradient-sync-test
+    nvcc-consumer"
   case "$2" in
     tests) names="$tests_a $tests_b" ;;
     tests-a) names="$tests_a" ;;
@@ -116,6 +125,7 @@ set_phases() {
         enqueue-bench gbench-enqueue completion-marks perf-g$n-check perf-g$n-small perf-g$n"
       ;;
     fusion-bench) names="fusion-bench-p$n fusion-timeline symmetric-windows torch-fusion-p$n torch-fusion-p$n-high" ;;
+    fusion-ab) names="fusion-ab-old-1 fusion-ab-new-1 fusion-ab-new-2 fusion-ab-old-2" ;;
     copy-sweep)
       names="loose-copies-p$n-c4-k64 loose-copies-p$n-c0-k64 loose-copies-p$n-c0-k16 loose-copies-p$n-c0-k32
         loose-copies-p$n-c0-k128"
@@ -124,7 +134,7 @@ set_phases() {
   esac
   echo $names  # unquoted: one line, single spaces
 }
-SET_NAMES="tests tests-a tests-b perf fusion-bench copy-sweep"
+SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep"
 
 # Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
 # limit (seconds) guards against a hang; a phase gets at most what is left of the budget.
@@ -194,6 +204,12 @@ define_phases() {
     /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
     "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
 
+  # GradientSync's per-bucket callback over NCCL; a peer failing during the fused reduction
+  # (exit and stall, four trials each, 3 s timeouts).
+  needs gradient-sync-test 2 && CUDA_VISIBLE_DEVICES=$all phase gradient-sync-test 240 "$bin/gpu_test_nccl_gradient_sync"
+  # A user's .cu, compiled by nvcc, running one tuned compressed GradientSync on one GPU.
+  CUDA_VISIBLE_DEVICES=0 phase nvcc-consumer 60 "$bin/nvcc_consumer" --gpu
+
   # ---- perf
   # What NCCLKIT_CHECK_COLLECTIVES costs per all_reduce (the same sweep without and with it).
   CUDA_VISIBLE_DEVICES=$all phase perf-p$n-check-off 60 "$bin/perf_nccl" -p "$n" -b 8 -e 1M -f 8 -n 400 -w 20 -R 5 \
@@ -245,6 +261,16 @@ define_phases() {
     -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p$n.csv"
   CUDA_VISIBLE_DEVICES=$all phase torch-fusion-p$n-high 180 python3 "$ROOT/bench/pytorch_fusion_bench.py" \
     --nprocs "$n" --high-priority -n 20 -w 5 -R 5 --csv "$data/pytorch_fusion_p${n}_high.csv"
+
+  # ---- fusion-ab: the fusion benchmark of a baseline build (carry/baseline) and of this one,
+  # alternating old, new, new, old, on the same machine: a change that must not cost speed.
+  local run which
+  for run in old-1 new-1 new-2 old-2; do
+    which="$bin/fusion_nccl"
+    [[ $run == old-* ]] && which="$bin/baseline/fusion_nccl"
+    CUDA_VISIBLE_DEVICES=$all phase fusion-ab-$run 150 "$which" -p "$n" -n 20 -w 5 -R 3 --codec fp16 \
+      --codec-chunks 4 --csv "$data/fusion_ab_$run.csv"
+  done
 
   # ---- copy-sweep: loose tensors against the batched copy's shape: blocks per SM
   # (NCCLKIT_COPY_BLOCKS_PER_SM; 0, the default: one short-lived block a chunk) and chunk size
@@ -422,7 +448,9 @@ run_all() {
   ((GPUS > 4)) && GPUS=4
   ALL=$(seq -s, 0 $((GPUS - 1)))
 
+  # The doctest phases of the tests set (the nvcc consumer is a plain program: its exit status says it).
   TEST_PHASES=$(set_phases "$GPUS" tests)
+  TEST_PHASES=${TEST_PHASES/ nvcc-consumer/}
   local set="${GPU_RUN_SET:-tests}"
   if [[ -n "${GPU_RUN_PHASES:-}" ]]; then
     SELECTED=$(echo $GPU_RUN_PHASES)  # unquoted: one line, single spaces

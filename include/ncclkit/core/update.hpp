@@ -1,0 +1,82 @@
+#pragma once
+/// `UpdateRule`: one optimizer update of float32 parameters, element by element, as a backend's
+/// `update` runs it (a CUDA kernel on GPUs, a loop on CPUs; core/backend.hpp), and the
+/// arithmetic both share (`update_element`), so that CPU and GPU results agree to the rounding
+/// of float. trainer/optimizer.hpp fills the rule from its options, the step and the schedule.
+///
+/// SGD, PyTorch's `torch.optim.SGD`: g = scale·grad (+ weight_decay·p); with momentum,
+/// buf = g on the first step, momentum·buf + (1 − dampening)·g after; g = g + momentum·buf
+/// (Nesterov) or buf; p −= lr·g.
+/// AdamW, PyTorch's `torch.optim.AdamW`: p ·= 1 − lr·weight_decay; m = β1·m + (1 − β1)·g;
+/// v = β2·v + (1 − β2)·g²; p −= (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε).
+
+#include <cmath>    // std::sqrt
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint8_t
+
+namespace ncclkit {
+
+struct UpdateRule {
+  enum class Kind : std::uint8_t { kSgd, kAdamW };
+  Kind kind = Kind::kSgd;
+  float lr = 0.0f;
+  /// SGD: L2 added to the gradient; AdamW: decoupled (parameters shrink by lr·weight_decay).
+  float weight_decay = 0.0f;
+  /// Multiplies every gradient before anything else (a clipping factor, an accumulation factor).
+  float grad_scale = 1.0f;
+  // SGD
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  bool nesterov = false;
+  /// The momentum buffer is the first step's gradient, not a blend with the zeros it holds.
+  bool first_step = false;
+  // AdamW
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  /// 1 − β1^t and 1 − β2^t for step t (from 1), computed on the host in double.
+  float bias_correction1 = 1.0f;
+  float bias_correction2 = 1.0f;
+
+  /// How many float32 state values per parameter the rule keeps: 0 (SGD without momentum), 1
+  /// (SGD's momentum buffer), 2 (AdamW's m and v).
+  int state_count() const { return kind == Kind::kAdamW ? 2 : momentum != 0.0f ? 1 : 0; }
+};
+
+/// One element's update: `p` the parameter, `g` its gradient, `s0` and `s1` its state (only the
+/// rule's state_count() of them are touched). Host and device code alike (CUDA: __host__
+/// __device__ through the macro the kernels define).
+#if defined(__CUDACC__)
+#define NCCLKIT_UPDATE_FN __host__ __device__ inline
+#else
+#define NCCLKIT_UPDATE_FN inline
+#endif
+NCCLKIT_UPDATE_FN void update_element(const UpdateRule& r, float& p, float grad, float& s0, float& s1) {
+  float g = grad * r.grad_scale;
+  if (r.kind == UpdateRule::Kind::kSgd) {
+    if (r.weight_decay != 0.0f) g += r.weight_decay * p;
+    if (r.momentum != 0.0f) {
+      s0 = r.first_step ? g : r.momentum * s0 + (1.0f - r.dampening) * g;
+      g = r.nesterov ? g + r.momentum * s0 : s0;
+    }
+    p -= r.lr * g;
+    return;
+  }
+  p *= 1.0f - r.lr * r.weight_decay;
+  s0 = r.beta1 * s0 + (1.0f - r.beta1) * g;
+  s1 = r.beta2 * s1 + (1.0f - r.beta2) * g * g;
+#if defined(__CUDA_ARCH__)
+  const float denominator = sqrtf(s1) / sqrtf(r.bias_correction2) + r.eps;
+#else
+  const float denominator = std::sqrt(s1) / std::sqrt(r.bias_correction2) + r.eps;
+#endif
+  p -= (r.lr / r.bias_correction1) * s0 / denominator;
+}
+#undef NCCLKIT_UPDATE_FN
+
+/// A backend's `sum_squares(in, out, stream)` takes `out` as this many doubles of its memory:
+/// out[0] gets the sum of squares of `in` added to it; the rest is its scratch (the GPU kernel's
+/// per-block partial sums, added in a fixed order so that every rank gets the same bits).
+inline constexpr std::size_t kSquareSumWords = 1 + 256;
+
+}  // namespace ncclkit
