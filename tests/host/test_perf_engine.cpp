@@ -15,6 +15,7 @@
 
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/detail/cast.hpp"
+#include "ncclkit/core/detail/update_on_host.hpp"
 #include "ncclkit/core/error.hpp"
 #include "perf_engine.hpp"
 
@@ -176,6 +177,10 @@ class LoopBackend {
   }
   CopyBatch prepare_copies(std::span<const ncclkit::CopyItem> items) { return CopyBatch(items.begin(), items.end()); }
   void copy_batch(const CopyBatch& batch, Stream) { ncclkit::detail::copy_batch_on_host(batch); }
+  void update(const ncclkit::UpdateRule& rule, TensorView p, TensorView g, TensorView s0, TensorView s1, Stream) {
+    ncclkit::detail::update_on_host(rule, p, g, s0, s1);
+  }
+  void sum_squares(TensorView in, double* out, Stream) { ncclkit::detail::sum_squares_on_host(in, out); }
 
  private:
   LoopWorld* world_;

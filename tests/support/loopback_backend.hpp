@@ -40,6 +40,7 @@
 
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/detail/cast.hpp"
+#include "ncclkit/core/detail/update_on_host.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -470,6 +471,20 @@ class LoopbackBackend {
     ++copy_batches_;
     const CopyBatch* items = &batch;
     run_on(stream, [items] { ncclkit::detail::copy_batch_on_host(*items); });
+  }
+
+  void update(const UpdateRule& rule, TensorView param, TensorView grad, TensorView state0, TensorView state1,
+              Stream stream) {
+    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1);
+        !problem.empty()) {
+      throw ConfigError("LoopbackBackend::update: " + problem);
+    }
+    run_on(stream, [rule, param, grad, state0, state1] {
+      ncclkit::detail::update_on_host(rule, param, grad, state0, state1);
+    });
+  }
+  void sum_squares(TensorView in, double* out, Stream stream) {
+    run_on(stream, [in, out] { ncclkit::detail::sum_squares_on_host(in, out); });
   }
 
   /// The fused compressed all-reduce (CompressedReduceBackend), emulated by cast, 16-bit sum

@@ -39,6 +39,7 @@
 
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/core/update.hpp"
 
 namespace ncclkit {
 
@@ -66,6 +67,10 @@ struct CopyItem {
 ///   - `prepare_copies(items)`: a batch of copies, made once (on GPUs its table moves to device
 ///     memory once), then run as often as wanted by `copy_batch(batch, stream)`: one kernel
 ///     on GPUs, not one copy per item. The batch must not outlive the backend.
+///   - `update(rule, param, grad, state0, state1, stream)`: one optimizer step of float32
+///     parameters, element by element (core/update.hpp: SGD, AdamW); `sum_squares(in, out,
+///     stream)`: out[0] += Σ in[i]², where `out` is kSquareSumWords doubles of the backend's
+///     memory (the rest its scratch), the same bits for the same input (the trainer's clipping).
 ///   - Timing events: `create_timing_event()` makes an `Event` recorded and waited for like
 ///     `create_event()`'s that also keeps when the work it marks was done (costlier to record:
 ///     made only where a timeline asks for it); `elapsed_ms(start, end)` is the time between two
@@ -75,7 +80,8 @@ template <class B>
 concept Backend = requires(B& backend, const B& const_backend, TensorView in, TensorView out, ReduceOp op, int root,
                            typename B::Stream stream, typename B::Event& event, const typename B::Event& done,
                            std::size_t bytes, void* pointer, const void* const_pointer, double factor,
-                           std::uint64_t* nonfinite, std::span<const CopyItem> items, const typename B::CopyBatch& batch) {
+                           std::uint64_t* nonfinite, std::span<const CopyItem> items, const typename B::CopyBatch& batch,
+                           const UpdateRule& rule, double* squares) {
   typename B::Stream;
   typename B::Event;
   typename B::CopyBatch;
@@ -113,6 +119,8 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   backend.cast(in, out, factor, nonfinite, stream);
   { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
   backend.copy_batch(batch, stream);
+  backend.update(rule, out, in, out, out, stream);
+  backend.sum_squares(in, squares, stream);
 };
 
 /// A Backend that can also run a compressed all-reduce as one fused operation, the 16-bit

@@ -61,6 +61,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/detail/cast.hpp"
+#include "ncclkit/core/detail/update_on_host.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
@@ -527,6 +528,25 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   }
 
   // ---- compression and packing ------------------------------------------------------------
+
+  // ---- optimizer work (the Backend concept; core/update.hpp) ---------------------------------
+
+  /// One optimizer update of float32 `param` by `grad` (and the rule's state), on `stream`.
+  void update(const UpdateRule& rule, TensorView param, TensorView grad, TensorView state0, TensorView state1,
+              Stream stream = {}) {
+    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1);
+        !problem.empty()) {
+      throw ConfigError(state().who() + ": " + problem);
+    }
+    run_local(stream, [rule, param, grad, state0, state1] {
+      ncclkit::detail::update_on_host(rule, param, grad, state0, state1);
+    });
+  }
+  /// Adds the sum of squares of `in` (floating types) to out[0] (kSquareSumWords doubles), in
+  /// double, in order, on `stream`.
+  void sum_squares(TensorView in, double* out, Stream stream = {}) {
+    run_local(stream, [in, out] { ncclkit::detail::sum_squares_on_host(in, out); });
+  }
 
   /// A batch of copies: host memory needs no table on a device, so it is the list itself.
   using CopyBatch = std::vector<CopyItem>;

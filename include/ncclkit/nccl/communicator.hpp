@@ -80,6 +80,7 @@
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
+#include "ncclkit/core/detail/update_on_host.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
@@ -594,6 +595,42 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     const auto launcher = kernel_launcher(detail::copy_batch_launcher(), "copy_batch");
     DeviceGuard guard(core().device);
     launcher(batch.table_, batch.count_, batch.chunks_, batch.chunk_bytes_, call.stream().stream);
+  }
+
+  // ---- optimizer work (the Backend concept; core/update.hpp) ---------------------------------
+
+  /// One optimizer update of float32 `param` by `grad` (and the rule's state), one kernel on
+  /// `stream`.
+  void update(const UpdateRule& rule, TensorView param, TensorView grad, TensorView state0, TensorView state1,
+              StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "update", stream);
+    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1);
+        !problem.empty()) {
+      call.misuse(problem);
+    }
+    if (param.count == 0) return;
+    call.buffer("parameters", param);
+    call.buffer("gradients", grad);
+    const int states = rule.state_count();
+    if (states > 0) call.buffer("state", state0);
+    if (states > 1) call.buffer("state", state1);
+    const auto launcher = kernel_launcher(detail::update_launcher(), "update");
+    DeviceGuard guard(core().device);
+    launcher(rule, static_cast<float*>(param.data), static_cast<const float*>(grad.data),
+             states > 0 ? static_cast<float*>(state0.data) : nullptr, states > 1 ? static_cast<float*>(state1.data) : nullptr,
+             param.count, call.stream().stream);
+  }
+  /// Adds the sum of squares of `in` (floating types) to out[0], where `out` is kSquareSumWords
+  /// doubles of this GPU's memory (the rest its scratch), on `stream`; the same bits for the same
+  /// input on every GPU.
+  void sum_squares(TensorView in, double* out, StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "sum_squares", stream);
+    if (in.count == 0) return;
+    call.buffer("input", in);
+    call.buffer("output", TensorView{out, kSquareSumWords, DataType::kFloat64, MemoryKind::kDevice});
+    const auto launcher = kernel_launcher(detail::sum_squares_launcher(), "sum_squares");
+    DeviceGuard guard(core().device);
+    launcher(in.data, in.dtype, in.count, out, call.stream().stream);
   }
 
   // ---- compression fused into the transfer (the CompressedReduceBackend concept) -----------

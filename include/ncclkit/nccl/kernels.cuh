@@ -25,6 +25,7 @@
 #include "ncclkit/nccl/detail/codec_kernels.cuh"
 #include "ncclkit/nccl/detail/compressed_reduce_kernels.cuh"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
+#include "ncclkit/nccl/detail/update_kernels.cuh"
 
 namespace ncclkit::nccl::detail {
 

@@ -14,6 +14,7 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/update.hpp"
 
 namespace ncclkit::nccl::detail {
 
@@ -103,6 +104,22 @@ inline constexpr int kCompressedReduceThreads = 512;
 using CompressedReduceLauncher = cudaError_t (*)(const CompressedReduceArgs& args, cudaStream_t stream);
 inline CompressedReduceLauncher& compressed_reduce_launcher() {
   static CompressedReduceLauncher launcher = nullptr;
+  return launcher;
+}
+
+/// One optimizer update (core/update.hpp) of `count` float32 parameters, gradients and state
+/// values (`state0`, `state1` null where the rule keeps none).
+using UpdateLauncher = void (*)(const UpdateRule& rule, float* param, const float* grad, float* state0, float* state1,
+                                std::size_t count, cudaStream_t stream);
+inline UpdateLauncher& update_launcher() {
+  static UpdateLauncher launcher = nullptr;
+  return launcher;
+}
+/// Adds the sum of squares of `count` elements of `type` to out[0] (`out`: kSquareSumWords
+/// doubles of device memory, the rest its scratch), the same bits for the same input.
+using SumSquaresLauncher = void (*)(const void* in, DataType type, std::size_t count, double* out, cudaStream_t stream);
+inline SumSquaresLauncher& sum_squares_launcher() {
+  static SumSquaresLauncher launcher = nullptr;
   return launcher;
 }
 

@@ -1,0 +1,125 @@
+#pragma once
+/// The NCCL backend's optimizer kernels (Communicator::update and sum_squares; core/update.hpp):
+/// an element-wise update in one pass, and a sum of squares whose partial sums are added in a
+/// fixed order, so that every rank, holding the same gradients, gets the same bits (a clipping
+/// factor that differed in the last bit would let replicas drift apart). Compiled only by nvcc,
+/// through ncclkit/nccl/kernels.cuh, which registers the launchers (detail/kernel_hooks.hpp).
+
+#if !defined(__CUDACC__)
+#error "ncclkit/nccl/detail/update_kernels.cuh holds CUDA kernels: include it only from nvcc"
+#endif
+
+#include <cuda_bf16.h>         // __nv_bfloat16
+#include <cuda_fp16.h>         // __half
+#include <cuda_runtime_api.h>  // cudaStream_t
+
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint32_t
+
+#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/update.hpp"
+#include "ncclkit/nccl/cuda_check.hpp"
+#include "ncclkit/nccl/detail/kernel_hooks.hpp"
+
+namespace ncclkit::nccl::detail {
+
+__global__ void update_kernel(UpdateRule rule, float* __restrict__ param, const float* __restrict__ grad,
+                              float* __restrict__ state0, float* __restrict__ state1, std::size_t count) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  float unused0 = 0.0f, unused1 = 0.0f;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    update_element(rule, param[i], grad[i], state0 != nullptr ? state0[i] : unused0,
+                   state1 != nullptr ? state1[i] : unused1);
+  }
+}
+
+inline void launch_update(const UpdateRule& rule, float* param, const float* grad, float* state0, float* state1,
+                          std::size_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  constexpr unsigned kBlock = 256;
+  const std::size_t wanted = (count + kBlock - 1) / kBlock;
+  const auto blocks = static_cast<unsigned>(wanted < 8192 ? wanted : 8192);
+  update_kernel<<<blocks, kBlock, 0, stream>>>(rule, param, grad, state0, state1, count);
+  NCCLKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+__device__ inline double square_of(T x) {
+  const double v = static_cast<double>(static_cast<float>(x));
+  return v * v;
+}
+template <>
+__device__ inline double square_of<double>(double x) {
+  return x * x;
+}
+template <>
+__device__ inline double square_of<__half>(__half x) {
+  const double v = static_cast<double>(__half2float(x));
+  return v * v;
+}
+template <>
+__device__ inline double square_of<__nv_bfloat16>(__nv_bfloat16 x) {
+  const double v = static_cast<double>(__bfloat162float(x));
+  return v * v;
+}
+
+inline constexpr unsigned kSquareSumBlocks = kSquareSumWords - 1;
+inline constexpr unsigned kSquareSumThreads = 256;
+
+/// Block b sums elements b·256 + t, stepping by the grid, in a fixed tree; its partial goes to
+/// out[1 + b]. Fixed grid and fixed trees: the same input gives the same partials.
+template <class T>
+__global__ void __launch_bounds__(kSquareSumThreads) square_partials_kernel(const T* in, std::size_t count,
+                                                                           double* out) {
+  __shared__ double sums[kSquareSumThreads];
+  double sum = 0.0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    sum += square_of(in[i]);
+  }
+  sums[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned half = kSquareSumThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[1 + blockIdx.x] = sums[0];
+}
+
+/// out[0] += the partials, in block order (one thread: 256 additions).
+__global__ void add_partials_kernel(double* out) {
+  double sum = 0.0;
+  for (unsigned b = 0; b < kSquareSumBlocks; ++b) sum += out[1 + b];
+  out[0] += sum;
+}
+
+template <class T>
+void launch_square_sum_typed(const void* in, std::size_t count, double* out, cudaStream_t stream) {
+  square_partials_kernel<T><<<kSquareSumBlocks, kSquareSumThreads, 0, stream>>>(static_cast<const T*>(in), count, out);
+  NCCLKIT_CUDA_CHECK(cudaGetLastError());
+  add_partials_kernel<<<1, 1, 0, stream>>>(out);
+  NCCLKIT_CUDA_CHECK(cudaGetLastError());
+}
+
+inline void launch_sum_squares(const void* in, DataType type, std::size_t count, double* out, cudaStream_t stream) {
+  if (count == 0) return;
+  switch (type) {
+    case DataType::kFloat16:
+      return launch_square_sum_typed<__half>(in, count, out, stream);
+    case DataType::kBFloat16:
+      return launch_square_sum_typed<__nv_bfloat16>(in, count, out, stream);
+    case DataType::kFloat32:
+      return launch_square_sum_typed<float>(in, count, out, stream);
+    case DataType::kFloat64:
+      return launch_square_sum_typed<double>(in, count, out, stream);
+    default:
+      throw ConfigError("sum_squares: " + std::string(name_of(type)) + " is not a floating type");
+  }
+}
+
+/// Registers the launchers for the whole program (see kernel_hooks.hpp).
+inline const bool kUpdateLaunchersRegistered =
+    (update_launcher() = &launch_update, sum_squares_launcher() = &launch_sum_squares, true);
+
+}  // namespace ncclkit::nccl::detail
