@@ -19,6 +19,7 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
+#include "ncclkit/bootstrap/local_gpus.hpp"  // GpuInventory
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 
@@ -235,6 +236,13 @@ inline LaunchOptions parse_launch_args(int argc, const char* const* argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   return parse_launch_args(args);
+}
+
+/// Workers to start on this node: the number asked for, or for `auto` (nullopt) one per
+/// visible GPU, and 1 where no GPU is visible.
+inline int resolve_nproc_per_node(const std::optional<int>& requested, const GpuInventory& gpus) {
+  if (requested) return *requested;
+  return gpus.visible.empty() ? 1 : static_cast<int>(gpus.visible.size());
 }
 
 }  // namespace ncclkit::launch

@@ -27,7 +27,7 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 
 namespace ncclkit {
 

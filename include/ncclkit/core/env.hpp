@@ -11,7 +11,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
-#include "ncclkit/core/deadline.hpp"  // detail::kLongestTimeout
+#include "ncclkit/core/detail/deadline.hpp"  // detail::kLongestTimeout
 #include "ncclkit/core/error.hpp"
 
 namespace ncclkit {
@@ -56,7 +56,7 @@ inline std::optional<std::int64_t> env_int(const char* name) {
   return value;
 }
 
-/// The longest timeout ncclkit takes, in seconds: detail::kLongestTimeout (core/deadline.hpp),
+/// The longest timeout ncclkit takes, in seconds: detail::kLongestTimeout (core/detail/deadline.hpp),
 /// the one limit, in the unit that timeouts are written in.
 inline constexpr double kMaxTimeoutSeconds = std::chrono::duration<double>(detail::kLongestTimeout).count();
 

@@ -51,11 +51,11 @@
 #include <unordered_set>  // std::unordered_set (wait's folder listing)
 #include <vector>         // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/file_io.hpp"
 #include "ncclkit/store/detail/file_lock.hpp"

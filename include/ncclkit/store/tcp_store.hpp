@@ -42,11 +42,11 @@
 #include <utility>      // std::move
 #include <vector>       // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/printable_key.hpp"
 #include "ncclkit/store/detail/socket.hpp"

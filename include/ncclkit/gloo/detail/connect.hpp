@@ -15,11 +15,11 @@
 #include <string>     // std::string
 #include <vector>     // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/gloo/detail/algorithms.hpp"
 #include "ncclkit/gloo/detail/argument_check.hpp"

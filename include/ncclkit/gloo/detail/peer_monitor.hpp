@@ -53,9 +53,9 @@
 #include <utility>             // std::move
 #include <vector>              // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 
 namespace ncclkit::gloo::detail {
 

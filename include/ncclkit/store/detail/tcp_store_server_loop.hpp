@@ -28,10 +28,10 @@
 #include <utility>        // std::pair, std::move
 #include <vector>         // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/rate_limiter.hpp"
+#include "ncclkit/core/detail/rate_limiter.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/printable_key.hpp"
 #include "ncclkit/store/detail/socket.hpp"
