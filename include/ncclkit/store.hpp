@@ -11,6 +11,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/core/half.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"

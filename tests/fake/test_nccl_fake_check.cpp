@@ -307,10 +307,11 @@ TEST_CASE("ranks that disagree on the check get a ConfigError at creation, on bo
 
 TEST_CASE("the variable turns it on; unset, mismatched calls reach NCCL as before") {
   FakeSession session;
+  // The options a communicator is created with (make_core applies the environment).
   ::setenv("NCCLKIT_CHECK_COLLECTIVES", "1", 1);
-  CHECK(ncclkit_test::fake_options("x").check_collectives);
+  CHECK(ncclkit::nccl::detail::with_environment(ncclkit_test::fake_options("x")).check_collectives);
   ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
-  CHECK_FALSE(ncclkit_test::fake_options("x").check_collectives);
+  CHECK_FALSE(ncclkit::nccl::detail::with_environment(ncclkit_test::fake_options("x")).check_collectives);
   std::vector<int> launched(2, -1);
   const auto logs =
       two_ranks([](int) { return ncclkit_test::fake_options("unchecked"); },

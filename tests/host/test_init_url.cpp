@@ -314,7 +314,7 @@ TEST_CASE("a single process needs no setup") {
   CHECK(from_env_url->add("n", 5) == 5);
 }
 
-TEST_CASE("timeouts: options > URL > NCCLKIT_STORE_TIMEOUT, and they reach the store") {
+TEST_CASE("timeouts: NCCLKIT_STORE_TIMEOUT > options > URL, and they reach the store") {
   char pattern[] = "/tmp/ncclkit-test-url-XXXXXX";
   REQUIRE(::mkdtemp(pattern) != nullptr);
   const std::string dir = std::string("file://") + pattern;
@@ -331,10 +331,12 @@ TEST_CASE("timeouts: options > URL > NCCLKIT_STORE_TIMEOUT, and they reach the s
   CHECK(ncclkit::make_store(dir + "/b?timeout=5", world, {.timeout = 700ms})->default_timeout() == 700ms);
   ::setenv("NCCLKIT_STORE_TIMEOUT", "2", 1);
   auto from_environment = ncclkit::make_store(dir + "/c", world)->default_timeout();
-  auto url_beats_environment = ncclkit::make_store(dir + "/d?timeout=4", world)->default_timeout();
+  auto environment_beats_url = ncclkit::make_store(dir + "/d?timeout=4", world)->default_timeout();
+  auto environment_beats_options = ncclkit::make_store(dir + "/g", world, {.timeout = 700ms})->default_timeout();
   ::unsetenv("NCCLKIT_STORE_TIMEOUT");
   CHECK(from_environment == 2s);
-  CHECK(url_beats_environment == 4s);
+  CHECK(environment_beats_url == 2s);
+  CHECK(environment_beats_options == 2s);
   CHECK(ncclkit::make_store(dir + "/e", world)->default_timeout() == 300s);
   CHECK_THROWS_WITH_AS(ncclkit::make_store(dir + "/f", world, {.timeout = 0ms}), doctest::Contains("must be positive"),
                        ConfigError);

@@ -702,7 +702,7 @@ class GradientSync {
   /// Makes the timeline the options or the environment ask for, and records its anchor on the
   /// comm stream, which must be idle.
   void start_timeline() {
-    const std::optional<TimelineOptions> wanted = options_.timeline ? options_.timeline : timeline_options_from_env();
+    const std::optional<TimelineOptions> wanted = timeline_with_environment(options_.timeline);
     if (!wanted || wanted->prefix.empty()) return;
     std::string label = "GradientSync (" + std::to_string(tracker_.plan().size()) + " buckets";
     if (options_.codec != compression::Codec::kNone) label += ", " + std::string(compression::name_of(options_.codec));

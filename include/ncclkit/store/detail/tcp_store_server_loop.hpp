@@ -69,7 +69,7 @@ class TcpStoreServerLoop {
         token_(resolve_store_token(options.token)),
         port_(local_port(listener_.get())),
         host_(local_host(listener_.get())),
-        handshake_timeout_(options.handshake_timeout) {
+        handshake_timeout_(environment_overrides(knob("NCCLKIT_STORE_HANDSHAKE_TIMEOUT"), options.handshake_timeout)) {
     if (options.max_value_bytes == 0 || options.max_value_bytes > (std::size_t{1} << 40)) {
       throw ConfigError("TcpStoreServerOptions::max_value_bytes=" + std::to_string(options.max_value_bytes) +
                         " must be in [1, 2^40]");
