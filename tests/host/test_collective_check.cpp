@@ -2,6 +2,7 @@
 // the fingerprint, its fixed-size encoding, and the comparison that every rank makes into the
 // message it raises. No backend, no processes: the backends' tests (test_gloo_check.cpp,
 // tests/fake/test_nccl_fake_check.cpp, tests/gpu/test_nccl_check.cu) prove the exchange.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <stdlib.h>  // setenv, unsetenv

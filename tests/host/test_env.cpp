@@ -1,5 +1,6 @@
 // Tests of ncclkit/core/env.hpp (the readers of variables outside the knob table, and the
 // parsers the knobs share) and WorldInfo validation.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <chrono>

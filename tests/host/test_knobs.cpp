@@ -1,8 +1,9 @@
 // The knob table (ncclkit/core/knobs.hpp): every entry documented in docs/environment.md with
 // its default, every NCCLKIT_ variable documented there or named in include/ and tools/
 // declared in it; a bad value of each kind is a ConfigError naming the variable, the value and
-// what is allowed; the environment overrides a field when set and only then. Knobs read once
-// per process are tested in child processes (test_knobs_processes.cpp).
+// what is allowed; the environment overrides a field when set and only then. Where each knob
+// is read (stores, and in child processes the knobs read once per process):
+// test_knobs_readers.cpp.
 // ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
@@ -23,10 +24,7 @@
 
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/knobs.hpp"
-#include "ncclkit/store/file_store.hpp"
-#include "ncclkit/store/memory_store.hpp"
-#include "ncclkit/store/tcp_store_options.hpp"
-#include "support/temp_dir.hpp"
+#include "support/env_variable.hpp"
 #include "support/text.hpp"
 
 namespace knobs_test {
@@ -72,22 +70,6 @@ std::map<std::string, std::string> documented_defaults() {
   return rows;
 }
 
-/// Sets a variable for the lifetime of the object, restoring what was there.
-class KnobVariable {
- public:
-  KnobVariable(std::string_view name, const std::string& value) : name_(name) {
-    if (const char* before = std::getenv(name_.c_str())) before_ = before;
-    ::setenv(name_.c_str(), value.c_str(), 1);
-  }
-  ~KnobVariable() { before_ ? (void)::setenv(name_.c_str(), before_->c_str(), 1) : (void)::unsetenv(name_.c_str()); }
-  KnobVariable(const KnobVariable&) = delete;
-  KnobVariable& operator=(const KnobVariable&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> before_;
-};
-
 /// A value a knob of `kind` cannot take, or "" for kText (which takes anything).
 std::string bad_value_of(const ncclkit::Knob& knob) {
   switch (knob.kind) {
@@ -109,23 +91,14 @@ std::string bad_value_of(const ncclkit::Knob& knob) {
   return "";
 }
 
-/// The message of the ConfigError `call` throws, or "" when it throws none.
-template <class Call>
-std::string knob_error_of(Call&& call) {
-  try {
-    call();
-  } catch (const ncclkit::ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace knobs_test
 
 using namespace knobs_test;
 using ncclkit::knob;
 using ncclkit::KnobKind;
+using ncclkit_test::config_error_of;
 using ncclkit_test::contains;
+using ncclkit_test::EnvVariable;
 
 TEST_CASE("every knob is documented in docs/environment.md with its default, and every documented one is a knob") {
   const auto documented = documented_defaults();
@@ -196,8 +169,8 @@ TEST_CASE("a bad value of every knob is a ConfigError naming the variable, the v
     CAPTURE(k.name);
     CAPTURE(bad);
     kinds.insert(k.kind);
-    KnobVariable variable(k.name, bad);
-    const std::string message = knob_error_of([&] { ncclkit::check_knob(k); });
+    EnvVariable variable(k.name, bad);
+    const std::string message = config_error_of([&] { ncclkit::check_knob(k); });
     CHECK(contains(message, std::string(k.name) + "='" + bad + "'"));
     CHECK(contains(message, "is not " + k.allowed()));
     CHECK(contains(message, "unset it for the default (" + std::string(k.default_value) + ")"));
@@ -205,13 +178,13 @@ TEST_CASE("a bad value of every knob is a ConfigError naming the variable, the v
   CHECK(kinds.size() == 6);  // every kind but kText has a knob and a bad value
 
   // An empty value is unset; a good one is parsed by its kind.
-  KnobVariable empty("NCCLKIT_COPY_CHUNK_KB", "");
+  EnvVariable empty("NCCLKIT_COPY_CHUNK_KB", "");
   CHECK_FALSE(ncclkit::knob_integer(knob("NCCLKIT_COPY_CHUNK_KB")));
-  KnobVariable seconds("NCCLKIT_STORE_LINGER", "0");
+  EnvVariable seconds("NCCLKIT_STORE_LINGER", "0");
   CHECK(ncclkit::knob_seconds(knob("NCCLKIT_STORE_LINGER")) == std::chrono::milliseconds(0));
-  KnobVariable fraction("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "2.5");
+  EnvVariable fraction("NCCLKIT_STORE_HANDSHAKE_TIMEOUT", "2.5");
   CHECK(ncclkit::knob_seconds(knob("NCCLKIT_STORE_HANDSHAKE_TIMEOUT")) == std::chrono::milliseconds(2500));
-  KnobVariable choice("NCCLKIT_GLOO_ISA", "generic");
+  EnvVariable choice("NCCLKIT_GLOO_ISA", "generic");
   CHECK(ncclkit::knob_text(knob("NCCLKIT_GLOO_ISA")) == "generic");
 }
 
@@ -220,47 +193,20 @@ TEST_CASE("the environment overrides a field when set, and only then") {
   ::unsetenv("NCCLKIT_STORE_TIMEOUT");
   CHECK(ncclkit::environment_overrides(timeout, std::chrono::milliseconds(700)) == std::chrono::milliseconds(700));
   {
-    KnobVariable set("NCCLKIT_STORE_TIMEOUT", "2");
+    EnvVariable set("NCCLKIT_STORE_TIMEOUT", "2");
     CHECK(ncclkit::environment_overrides(timeout, std::chrono::milliseconds(700)) == std::chrono::seconds(2));
   }
   {
-    KnobVariable set("NCCLKIT_GLOO_HOSTNAME", "10.0.0.1");
+    EnvVariable set("NCCLKIT_GLOO_HOSTNAME", "10.0.0.1");
     CHECK(ncclkit::environment_overrides(knob("NCCLKIT_GLOO_HOSTNAME"), std::string("node7")) == "10.0.0.1");
   }
   CHECK(ncclkit::environment_overrides(knob("NCCLKIT_GLOO_HOSTNAME"), std::string("node7")) == "node7");
   {
-    KnobVariable set("NCCLKIT_CHECK_POINTERS", "0");
+    EnvVariable set("NCCLKIT_CHECK_POINTERS", "0");
     CHECK_FALSE(ncclkit::environment_overrides(knob("NCCLKIT_CHECK_POINTERS"), true));
   }
   {
-    KnobVariable set("NCCLKIT_COPY_BLOCKS_PER_SM", "3");
+    EnvVariable set("NCCLKIT_COPY_BLOCKS_PER_SM", "3");
     CHECK(ncclkit::environment_overrides(knob("NCCLKIT_COPY_BLOCKS_PER_SM"), 0) == 3);
-  }
-
-  // The stores: a field's default is the table's; the variable overrides the options given.
-  CHECK(ncclkit::TcpStoreOptions{}.timeout == std::chrono::seconds(300));
-  CHECK(ncclkit::TcpStoreOptions{}.linger == std::chrono::seconds(30));
-  CHECK(ncclkit::TcpStoreServerOptions{}.handshake_timeout == std::chrono::seconds(10));
-  ncclkit_test::TempDir dir("knobs");
-  {
-    KnobVariable set("NCCLKIT_STORE_TIMEOUT", "1.5");
-    CHECK(ncclkit::MemoryStore().default_timeout() == std::chrono::milliseconds(1500));
-    ncclkit::FileStore store(dir.path, ncclkit::FileStoreOptions{.world_size = 1, .timeout = std::chrono::seconds(9)});
-    CHECK(store.default_timeout() == std::chrono::milliseconds(1500));
-  }
-  CHECK(ncclkit::MemoryStore().default_timeout() == std::chrono::seconds(300));
-}
-
-TEST_CASE("a bad variable is an error where the object it configures is made, naming the variable") {
-  ncclkit_test::TempDir dir("knobs");
-  {
-    KnobVariable bad("NCCLKIT_STORE_TIMEOUT", "soon");
-    CHECK(contains(knob_error_of([&] { ncclkit::FileStore store(dir.path, {.world_size = 1}); }),
-                   "NCCLKIT_STORE_TIMEOUT='soon'"));
-    CHECK(contains(knob_error_of([] { ncclkit::MemoryStore store; }), "NCCLKIT_STORE_TIMEOUT='soon'"));
-  }
-  {
-    KnobVariable bad("NCCLKIT_RUN_ID", "job-7");  // kText: anything is a value
-    CHECK(knob_error_of([&] { ncclkit::FileStore store(dir.path, {.world_size = 1}); }).empty());
   }
 }

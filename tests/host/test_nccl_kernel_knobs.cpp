@@ -2,40 +2,19 @@
 // with the table's default, its environment variable overrides it when set (what make_core
 // applies at creation), and a value it cannot take is a ConfigError naming the variable (from
 // the environment) or the field (from the options), the value and the range. Host code only.
-// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
-#include <cstdlib>  // setenv, unsetenv
-#include <string>   // std::string
+#include <string>  // std::string
 
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/options.hpp"
+#include "support/env_variable.hpp"
 #include "support/text.hpp"
 
-namespace {
-
 using ncclkit::nccl::Options;
+using ncclkit_test::config_error_of;
 using ncclkit_test::contains;
-
-/// The message of the ConfigError `call` throws, or "" when it throws none.
-template <class Call>
-std::string config_error_of(Call&& call) {
-  try {
-    call();
-  } catch (const ncclkit::ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-/// Sets `name` to `value` for the lifetime of the object.
-struct KernelKnobVariable {
-  const char* name;
-  KernelKnobVariable(const char* n, const char* value) : name(n) { ::setenv(name, value, 1); }
-  ~KernelKnobVariable() { ::unsetenv(name); }
-};
-
-}  // namespace
+using ncclkit_test::EnvVariable;
 
 TEST_CASE("kernel knobs: the table's defaults, and the environment overrides the options' values") {
   const Options defaults;
@@ -54,11 +33,11 @@ TEST_CASE("kernel knobs: the table's defaults, and the environment overrides the
   CHECK(unchanged.codec_blocks_per_sm == 2);
   CHECK(unchanged.copy_chunk_kb == 64);
   {
-    KernelKnobVariable codec("NCCLKIT_CODEC_BLOCKS_PER_SM", "8");
-    KernelKnobVariable copy("NCCLKIT_COPY_BLOCKS_PER_SM", "0");
-    KernelKnobVariable chunk("NCCLKIT_COPY_CHUNK_KB", "1024");
-    KernelKnobVariable fused("NCCLKIT_COMPRESSED_REDUCE", "0");
-    KernelKnobVariable blocks("NCCLKIT_COMPRESSED_REDUCE_BLOCKS", "7");
+    EnvVariable codec("NCCLKIT_CODEC_BLOCKS_PER_SM", "8");
+    EnvVariable copy("NCCLKIT_COPY_BLOCKS_PER_SM", "0");
+    EnvVariable chunk("NCCLKIT_COPY_CHUNK_KB", "1024");
+    EnvVariable fused("NCCLKIT_COMPRESSED_REDUCE", "0");
+    EnvVariable blocks("NCCLKIT_COMPRESSED_REDUCE_BLOCKS", "7");
     const Options overridden = ncclkit::nccl::detail::with_environment(given);
     CHECK(overridden.codec_blocks_per_sm == 8);
     CHECK(overridden.copy_blocks_per_sm == 0);
@@ -86,7 +65,7 @@ TEST_CASE("kernel knobs: a bad variable names it, its value and the range") {
   for (const auto& c : cases) {
     CAPTURE(c.name);
     CAPTURE(c.value);
-    KernelKnobVariable variable(c.name, c.value);
+    EnvVariable variable(c.name, c.value);
     const std::string message = config_error_of([] { (void)ncclkit::nccl::detail::with_environment(Options{}); });
     CHECK(contains(message, std::string(c.name) + "='" + c.value + "'"));
     CHECK(contains(message, c.range));

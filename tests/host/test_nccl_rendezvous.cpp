@@ -114,11 +114,4 @@ TEST_CASE("two scopes on one store do not mix") {
   CHECK_MESSAGE(result.ok(), result.describe());
 }
 
-TEST_CASE("rank lists are compressed into ranges") {
-  using ncclkit::nccl::detail::format_ranks;
-  CHECK(format_ranks({}) == "");
-  CHECK(format_ranks({3}) == "3");
-  CHECK(format_ranks({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8");
-}
-
 }  // namespace

@@ -1,12 +1,15 @@
-// The knobs read once per process (ncclkit/core/knobs.hpp): NCCLKIT_LOG_LEVEL and
-// NCCLKIT_GLOO_ISA. A value they cannot take is a ConfigError naming the variable, the value and
-// what is allowed, raised where it can be (the first store made; the first use of the Gloo
-// loops), never from a log line. Each case runs in a child process of its own.
+// Where the knobs of ncclkit/core/knobs.hpp are read: the stores take the table's defaults and
+// let the variable override their options when made, and a bad value is an error there. The
+// knobs read once per process, NCCLKIT_LOG_LEVEL and NCCLKIT_GLOO_ISA, in child processes of
+// their own: a value they cannot take is a ConfigError naming the variable, the value and what
+// is allowed, raised where it can be (the first store made; the first use of the Gloo loops),
+// never from a log line.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>  // waitpid, WIFEXITED, WEXITSTATUS
 #include <unistd.h>    // fork, _exit
 
+#include <chrono>      // std::chrono
 #include <cstdlib>     // setenv
 #include <cstring>     // std::strstr
 #include <functional>  // std::function
@@ -15,9 +18,14 @@
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/gloo/reduce_kernels.hpp"
+#include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/memory_store.hpp"
+#include "ncclkit/store/tcp_store_options.hpp"
+#include "support/env_variable.hpp"
+#include "support/temp_dir.hpp"
+#include "support/text.hpp"
 
-namespace knobs_processes_test {
+namespace knob_readers_test {
 
 /// Exit status of a child that sets `name` to `value` and runs `body`: 0 when `body` throws a
 /// ConfigError whose message holds every one of `expected` (or, with `expected` empty, when it
@@ -44,9 +52,12 @@ int child_status(const char* name, const char* value, const std::function<void()
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-}  // namespace knobs_processes_test
+}  // namespace knob_readers_test
 
-using knobs_processes_test::child_status;
+using knob_readers_test::child_status;
+using ncclkit_test::config_error_of;
+using ncclkit_test::contains;
+using ncclkit_test::EnvVariable;
 
 TEST_CASE(
     "NCCLKIT_LOG_LEVEL: read once per process; a bad value is a ConfigError from the first store, not a log line") {
@@ -80,4 +91,32 @@ TEST_CASE("NCCLKIT_GLOO_ISA: read once per process; a value that is no ISA is a 
                        }
                      },
                      {}) == 0);
+}
+
+TEST_CASE("the stores take the table's defaults, and the variable overrides the options they are given") {
+  CHECK(ncclkit::TcpStoreOptions{}.timeout == std::chrono::seconds(300));
+  CHECK(ncclkit::TcpStoreOptions{}.linger == std::chrono::seconds(30));
+  CHECK(ncclkit::TcpStoreServerOptions{}.handshake_timeout == std::chrono::seconds(10));
+  ncclkit_test::TempDir dir("knobs");
+  {
+    EnvVariable set("NCCLKIT_STORE_TIMEOUT", "1.5");
+    CHECK(ncclkit::MemoryStore().default_timeout() == std::chrono::milliseconds(1500));
+    ncclkit::FileStore store(dir.path, ncclkit::FileStoreOptions{.world_size = 1, .timeout = std::chrono::seconds(9)});
+    CHECK(store.default_timeout() == std::chrono::milliseconds(1500));
+  }
+  CHECK(ncclkit::MemoryStore().default_timeout() == std::chrono::seconds(300));
+}
+
+TEST_CASE("a bad variable is an error where the object it configures is made, naming the variable") {
+  ncclkit_test::TempDir dir("knobs");
+  {
+    EnvVariable bad("NCCLKIT_STORE_TIMEOUT", "soon");
+    CHECK(contains(config_error_of([&] { ncclkit::FileStore store(dir.path, {.world_size = 1}); }),
+                   "NCCLKIT_STORE_TIMEOUT='soon'"));
+    CHECK(contains(config_error_of([] { ncclkit::MemoryStore store; }), "NCCLKIT_STORE_TIMEOUT='soon'"));
+  }
+  {
+    EnvVariable bad("NCCLKIT_RUN_ID", "job-7");  // kText: anything is a value
+    CHECK(config_error_of([&] { ncclkit::FileStore store(dir.path, {.world_size = 1}); }).empty());
+  }
 }
