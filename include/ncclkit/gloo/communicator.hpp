@@ -329,8 +329,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     bool in_place = false;
     validated(kOp, stream, [&] {
       if (counts.size() != static_cast<std::size_t>(s.size)) {
-        throw ConfigError(s.who() + ": " + kOp + " needs one count per rank: got " + std::to_string(counts.size()) +
-                          " counts for " + std::to_string(s.size) + " ranks");
+        detail::misuse(s, kOp,
+                       "counts has " + std::to_string(counts.size()) + " entries for " + std::to_string(s.size) +
+                           " ranks; give one count per rank");
       }
       detail::check_views(s, kOp, in, out);
       const auto mine = counts[static_cast<std::size_t>(s.rank)];
@@ -384,13 +385,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
       detail::check_views(s, kOp, in, out);
       if (in.count != out.count) detail::mismatch(s, kOp, "in.count == out.count", in.count, out.count);
       if (in.count % static_cast<std::size_t>(s.size) != 0) {
-        throw ConfigError(s.who() + ": " + kOp + " in.count " + std::to_string(in.count) +
-                          " is not a multiple of size() " + std::to_string(s.size));
+        detail::misuse(s, kOp,
+                       "in.count " + std::to_string(in.count) + " is not a multiple of size() " +
+                           std::to_string(s.size) + "; give every rank the same number of elements");
       }
       if (detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) {
-        throw ConfigError(s.who() + ": " + kOp +
-                          " input and output overlap; all_to_all is out of place only: pass "
-                          "separate buffers");
+        detail::misuse(s, kOp, "input and output overlap; all_to_all is out of place only: pass separate buffers");
       }
     });
     auto op_info = info(kOp, in.count, in.dtype, "");
@@ -409,7 +409,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     auto& s = state();
     validated(kOp, stream, [&] {
       detail::check_root(s, kOp, root);
-      detail::check_view(s, kOp, in);
+      detail::check_view(s, kOp, in, "input");
       if (s.rank != root) return;
       detail::check_views(s, kOp, in, out);
       if (out.count != in.count * static_cast<std::size_t>(s.size)) {
@@ -434,7 +434,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     auto& s = state();
     validated(kOp, stream, [&] {
       detail::check_root(s, kOp, root);
-      detail::check_view(s, kOp, out);
+      detail::check_view(s, kOp, out, "output");
       if (s.rank != root) return;
       detail::check_views(s, kOp, in, out);
       if (in.count != out.count * static_cast<std::size_t>(s.size)) {
@@ -460,7 +460,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     static constexpr const char* kOp = "send";
     auto& s = state();
     detail::check_peer(s, kOp, peer);
-    detail::check_view(s, kOp, in);
+    detail::check_view(s, kOp, in, "input");
     auto op_info = info(kOp, in.count, in.dtype, "to rank " + std::to_string(peer), /*checked=*/false);
     submit(stream, std::move(op_info), [in, peer](detail::CommunicatorState& s, auto deadline) {
       detail::send_now(s, in.data, in.bytes(), peer, deadline);
@@ -472,7 +472,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     static constexpr const char* kOp = "recv";
     auto& s = state();
     detail::check_peer(s, kOp, peer);
-    detail::check_view(s, kOp, out);
+    detail::check_view(s, kOp, out, "output");
     auto op_info = info(kOp, out.count, out.dtype, "from rank " + std::to_string(peer), /*checked=*/false);
     submit(stream, std::move(op_info), [out, peer](detail::CommunicatorState& s, auto deadline) {
       detail::recv_now(s, out.data, out.bytes(), peer, deadline);
@@ -514,7 +514,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 
   /// out[i] *= factor, in out's element type (see ncclkit::gloo::scale), on `stream`.
   void scale(TensorView out, double factor, Stream stream = {}) {
-    if (out.where != MemoryKind::kHost) throw ConfigError(state().who() + ": scale needs host memory");
+    detail::misuse_if(state(), "scale",
+                      ncclkit::detail::memory_problem("buffer", out, MemoryKind::kHost, detail::kHostMemoryRemedy));
     const KernelIsa isa = state().isa;
     run_local(stream, [out, factor, isa] { gloo::scale(out.dtype, out.data, out.data, out.count, factor, isa); });
   }
@@ -528,12 +529,11 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   /// CodecBackend). Where `nonfinite` is not null, the number of non-finite outputs is added to
   /// it (atomically).
   void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite = nullptr, Stream stream = {}) {
-    if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
-      throw ConfigError(state().who() + ": cast needs host memory");
-    }
-    if (const std::string problem = ncclkit::detail::cast_problem(in, out); !problem.empty()) {
-      throw ConfigError(state().who() + ": " + problem);
-    }
+    detail::misuse_if(state(), "cast",
+                      ncclkit::detail::memory_problem("input", in, MemoryKind::kHost, detail::kHostMemoryRemedy));
+    detail::misuse_if(state(), "cast",
+                      ncclkit::detail::memory_problem("output", out, MemoryKind::kHost, detail::kHostMemoryRemedy));
+    detail::misuse_if(state(), "cast", ncclkit::detail::cast_problem(in, out));
     const KernelIsa isa = state().isa;
     run_local(stream, [in, out, factor, nonfinite, isa] {
       const std::uint64_t bad = gloo::cast(in, out, factor, isa);
@@ -542,9 +542,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   }
   /// The batch, checked; empty copies dropped.
   CopyBatch prepare_copies(std::span<const CopyItem> items) {
-    if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
-      throw ConfigError(state().who() + ": prepare_copies: " + problem);
-    }
+    detail::misuse_if(state(), "prepare_copies", ncclkit::detail::copy_batch_problem(items));
     CopyBatch batch;
     for (const CopyItem& item : items) {
       if (item.bytes != 0) batch.push_back(item);
@@ -623,9 +621,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     try {
       checks();
     } catch (const ConfigError& e) {
-      std::string_view reason = e.what();
-      const std::string prefix = s->who() + ": ";
-      if (reason.starts_with(prefix)) reason.remove_prefix(prefix.size());
+      const std::string_view reason = ncclkit::detail::misuse_what(e.what(), name, s->who());
       auto op = info(name, 0, DataType::kUint8, "arguments rejected on this rank");
       op.fingerprint = CollectiveFingerprint::of(name).with_rejection(reason);
       auto task = [s, op = std::move(op)] {

@@ -76,6 +76,7 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/argument_checks.hpp"
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
@@ -220,7 +221,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
       std::optional<DeviceGuard> on_device;
       if (s == cudaStreamLegacy) on_device.emplace(c.device);
       if (detail::is_capturing(s)) {
-        throw ConfigError("ncclkit synchronize on " + c.who() + ": " + std::string(detail::kCaptureRefusal));
+        throw ConfigError(ncclkit::detail::misuse_message("synchronize", c.who(), detail::kCaptureRefusal));
       }
       NCCLKIT_CUDA_CHECK(cudaEventRecord(c.sync_event.get(), s));
     }
@@ -550,7 +551,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// Options::copy_chunk_kb. Run it with copy_batch as often as wanted; empty copies are dropped.
   CopyBatch prepare_copies(std::span<const CopyItem> items) {
     if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
-      throw ConfigError("ncclkit prepare_copies on " + core().who() + ": " + problem);
+      throw ConfigError(ncclkit::detail::misuse_message("prepare_copies", core().who(), problem));
     }
     std::vector<detail::DeviceCopy> table;
     const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(core().options.copy_chunk_kb) << 10;
@@ -613,8 +614,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     throw_if_failed();
     auto& c = core();
     if (wire != DataType::kFloat16 && wire != DataType::kBFloat16) {
-      throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": wire type " +
-                        std::string(name_of(wire)) + " is not float16 or bfloat16");
+      throw ConfigError(
+          ncclkit::detail::misuse_message("prepare_compressed_reduce", c.who(),
+                                          "wire type " + std::string(name_of(wire)) + " is not float16 or bfloat16"));
     }
     int lsa_rank = 0;
     const bool able = CompressedReduce::local_verdict(c, lsa_rank).empty();
@@ -627,10 +629,11 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     // than two per SM could leave partners of a barrier waiting for a place on the GPU.
     const std::int64_t asked = c.options.compressed_reduce_blocks;
     if (asked > 2 * static_cast<std::int64_t>(sms)) {
-      throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": Options::compressed_reduce_blocks " +
-                        "(or NCCLKIT_COMPRESSED_REDUCE_BLOCKS) = " + std::to_string(asked) + " is more than 2 x the " +
-                        std::to_string(sms) + " SMs of this GPU; give 1 to " + std::to_string(2 * sms) +
-                        ", or 0 for one per SM");
+      throw ConfigError(ncclkit::detail::misuse_message(
+          "prepare_compressed_reduce", c.who(),
+          "Options::compressed_reduce_blocks (or NCCLKIT_COMPRESSED_REDUCE_BLOCKS) = " + std::to_string(asked) +
+              " is more than 2 x the " + std::to_string(sms) + " SMs of this GPU; give 1 to " +
+              std::to_string(2 * sms) + ", or 0 for one per SM"));
     }
     const std::int64_t blocks = asked == 0 ? sms : asked;
     const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
@@ -642,7 +645,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     for (int r = 0; r < size(); ++r) {
       const std::uint64_t* theirs = &all[4 * static_cast<std::size_t>(r)];
       if (theirs[2] != max_count || theirs[3] != static_cast<std::uint64_t>(wire)) {
-        throw ConfigError("ncclkit prepare_compressed_reduce on " + c.who() + ": rank " + std::to_string(r) +
+        throw ConfigError("ncclkit: prepare_compressed_reduce on " + c.who() + ": rank " + std::to_string(r) +
                           " asked for " + std::to_string(theirs[2]) + " values of " +
                           std::string(name_of(static_cast<DataType>(theirs[3]))) + ", this rank for " +
                           std::to_string(max_count) + " of " + std::string(name_of(wire)) +
@@ -707,8 +710,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
                     StreamArg stream) {
     if (bytes == 0) return;
     if (destination == nullptr || source == nullptr) {
-      throw ConfigError(std::string("ncclkit ") + what + " on " + core().who() + ": null pointer with " +
-                        std::to_string(bytes) + " bytes");
+      throw ConfigError(ncclkit::detail::misuse_message(
+          what, core().who(),
+          "a null pointer with " + std::to_string(bytes) + " bytes; pass both buffers' addresses, or 0 bytes"));
     }
     DeviceGuard guard(core().device);  // the stream is this GPU's, which may not be current
     NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, kind, stream.resolve(core().default_stream)));

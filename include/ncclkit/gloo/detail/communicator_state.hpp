@@ -21,6 +21,7 @@
 
 #include "ncclkit/core/byte_format.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/argument_checks.hpp"  // overlaps
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
@@ -51,11 +52,7 @@ struct OpInfo {
 
 inline std::byte* byte_ptr(void* p) { return static_cast<std::byte*>(p); }
 
-inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
-  const auto* x = static_cast<const std::byte*>(a);
-  const auto* y = static_cast<const std::byte*>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
+using ncclkit::detail::overlaps;
 
 /// Time left until `deadline`, at least 1 ms (Gloo treats 0 as "no timeout").
 inline std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
