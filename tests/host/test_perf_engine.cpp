@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -146,25 +147,36 @@ class LoopBackend {
   void wait(Event, Stream) {}
   void synchronize(Stream) {}
   void all_reduce(TensorView in, TensorView out, ReduceOp op, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kAllReduce, in, out, op, 0});
   }
   void broadcast(TensorView in, TensorView out, int root, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kBroadcast, in, out, ReduceOp::kSum, root});
   }
   void all_gather(TensorView in, TensorView out, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kAllGather, in, out, ReduceOp::kSum, 0});
   }
   void reduce_scatter(TensorView in, TensorView out, ReduceOp op, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kReduceScatter, in, out, op, 0});
   }
   void* allocate(std::size_t bytes) { return bytes ? ::operator new(bytes) : nullptr; }
   void deallocate(void* pointer) { ::operator delete(pointer); }
   void copy(void* to, const void* from, std::size_t bytes, Stream) { std::memcpy(to, from, bytes); }
   void scale(TensorView, double, Stream) {}
+  /// Later collectives throw CommError (the perf engine never aborts; the concept asks for it).
+  void abort(std::string reason = "abort() was called") { aborted_ = std::move(reason); }
 
  private:
+  void throw_if_aborted() const {
+    if (!aborted_.empty()) throw ncclkit::CommError(aborted_);
+  }
+
   LoopWorld* world_;
   int rank_;
+  std::string aborted_;
 };
 static_assert(ncclkit::Backend<LoopBackend>);
 

@@ -153,8 +153,18 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   const Options& options() const { return state().options; }
   /// The limit of each collective (Options::timeout, bounded).
   std::chrono::milliseconds timeout() const { return state().options.timeout; }
-  /// Whether an earlier failure made the communicator unusable.
+  /// Whether an earlier failure (or abort()) made the communicator unusable.
   bool failed() const { return state().failed.load(); }
+
+  /// Aborts the communicator now, from any thread, as a failure would: every later call throws
+  /// CommError naming `reason`. A collective in flight (inline in another thread, or on the comm
+  /// stream) ends at once with CommError, and work queued behind it does too; this rank's
+  /// connections are closed, so peers waiting on it fail at once (naming this rank) instead of
+  /// at their timeout. Returns at once: it waits for nothing (a Gloo call that does not wait on
+  /// a transport buffer still ends within the timeout). The destructor then closes what is
+  /// left, without the barrier. A second abort, or one after a failure, changes nothing but
+  /// keeps the first reason.
+  void abort(std::string reason = "abort() was called") { state().abort(reason); }
   /// Collectives (send and recv included) issued so far: the last one's sequence number.
   std::uint64_t issued_sequence() const { return state().issued.load(); }
   /// Collectives whose run has ended so far (successfully or not); issued_sequence() minus
