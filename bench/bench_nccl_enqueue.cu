@@ -37,10 +37,10 @@
 #include <string>
 #include <vector>
 
-#include "launch/gpus.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
-#include "ncclkit/core/coarse_clock.hpp"
+#include "ncclkit/core/detail/coarse_clock.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
@@ -337,7 +337,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  const auto inventory = ncclkit::launch::find_gpus();  // no CUDA before fork
+  const auto inventory = ncclkit::find_gpus();  // no CUDA before fork
   if (inventory.visible.empty()) {
     std::printf("SKIPPED: no GPU visible\n");
     return 77;

@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
-#include "launch/gpus.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
@@ -227,7 +227,7 @@ BENCHMARK(BM_NcclkitGroupOf8)->Apply([](benchmark::internal::Benchmark* b) { app
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);  // parses the flags; touches no GPU
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  const auto inventory = ncclkit::launch::find_gpus();  // no CUDA before fork
+  const auto inventory = ncclkit::find_gpus();  // no CUDA before fork
   if (inventory.visible.empty()) {
     std::printf("SKIPPED: no GPU visible\n");
     return 77;

@@ -45,9 +45,9 @@
 #include "perf_engine.hpp"
 #include "raw_nccl_comm.hpp"
 
-#include "launch/gpus.hpp"
 #include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/nccl/communicator.hpp"
@@ -349,7 +349,7 @@ int main(int argc, char** argv) {
     if (detected.world_size > 1) return run_rank(detected, perf, tool);
     int processes = tool.processes;
     if (processes == 0) {
-      const auto inventory = ncclkit::launch::find_gpus();  // without initialising CUDA before fork
+      const auto inventory = ncclkit::find_gpus();  // without initialising CUDA before fork
       processes = std::max<int>(1, static_cast<int>(inventory.visible.size()));
     }
     auto result =

@@ -41,10 +41,9 @@ int worker(const ncclkit::WorldInfo& world) {
   // All-reduce 1 Mi floats over Gloo: each rank contributes values from its own seed, and
   // every rank checks the sum against a double-precision reference it computes itself.
   ncclkit::gloo::Options options;
-  if (world.num_nodes == 1 && options.interface.empty() && !ncclkit::env_string("NCCLKIT_GLOO_HOSTNAME") &&
-      !ncclkit::env_string("NCCLKIT_GLOO_SOCKET_IFNAME")) {
-    options.hostname = "127.0.0.1";  // all ranks on this host: loopback always works
-  }
+  // All ranks on this host: loopback always works (NCCLKIT_GLOO_HOSTNAME or
+  // NCCLKIT_GLOO_SOCKET_IFNAME, where set, override it).
+  if (world.num_nodes == 1) options.hostname = "127.0.0.1";
   ncclkit::gloo::Communicator comm(store, world, options);
   constexpr std::size_t kCount = 1 << 20;
   auto values_of = [](int rank) {

@@ -1,7 +1,8 @@
 #pragma once
 /// Entry header for rendezvous without a backend: stores, barrier, WorldInfo and its detection,
-/// init URLs and make_store(), spawn(), and the core types (errors, dtypes, Half/BFloat16,
-/// tensor views). C++20 and POSIX only. <ncclkit/gloo.hpp> and <ncclkit/nccl.hpp> include it.
+/// init URLs and make_store(), spawn(), this node's GPUs (found without CUDA), and the core
+/// types (errors, dtypes, Half/BFloat16, tensor views). C++20 and POSIX only.
+/// <ncclkit/gloo.hpp> and <ncclkit/nccl.hpp> include it.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -10,6 +11,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/core/half.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -25,5 +27,6 @@
 
 #include "ncclkit/bootstrap/environment.hpp"
 #include "ncclkit/bootstrap/init_url.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/bootstrap/world_info.hpp"

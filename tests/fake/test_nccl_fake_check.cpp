@@ -271,19 +271,20 @@ TEST_CASE("a rank whose own arguments are bad makes the other raise a mismatch n
     const std::string& count_error = log.errors[0];
     const std::string& root_error = log.errors[1];
     if (rank == 1) {
-      CHECK_MESSAGE(contains(count_error, "other: ncclkit all_reduce on"), count_error);
+      CHECK_MESSAGE(contains(count_error, "other: ncclkit: all_reduce on"), count_error);
       CHECK_MESSAGE(contains(root_error, "mismatch: "), root_error);
       CHECK_MESSAGE(contains(root_error,
-                             "rank 0 rejected its own arguments to reduce: root 2 is outside [0, 2); rank 1 "
-                             "called reduce("),
+                             "rank 0 rejected its own arguments to reduce: root 2 is outside [0, 2); give a "
+                             "rank of this communicator, the same on every rank; rank 1 called reduce("),
                     root_error);
     } else {
       CHECK_MESSAGE(contains(count_error, "mismatch: "), count_error);
       CHECK_MESSAGE(contains(count_error,
                              "rank 1 rejected its own arguments to all_reduce: sizes do not match (in.count "
-                             "== out.count): 16 and 15 elements; rank 0 called all_reduce(count=16"),
+                             "== out.count): 16 and 15 elements; size the buffers so that in.count == out.count; "
+                             "rank 0 called all_reduce(count=16"),
                     count_error);
-      CHECK_MESSAGE(contains(root_error, "other: ncclkit reduce on"), root_error);
+      CHECK_MESSAGE(contains(root_error, "other: ncclkit: reduce on"), root_error);
       CHECK_MESSAGE(contains(root_error, "root 2 is outside"), root_error);
     }
     CHECK_MESSAGE(log.errors[2].empty(), log.errors[2]);
@@ -307,10 +308,11 @@ TEST_CASE("ranks that disagree on the check get a ConfigError at creation, on bo
 
 TEST_CASE("the variable turns it on; unset, mismatched calls reach NCCL as before") {
   FakeSession session;
+  // The options a communicator is created with (make_core applies the environment).
   ::setenv("NCCLKIT_CHECK_COLLECTIVES", "1", 1);
-  CHECK(ncclkit_test::fake_options("x").check_collectives);
+  CHECK(ncclkit::nccl::detail::with_environment(ncclkit_test::fake_options("x")).check_collectives);
   ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
-  CHECK_FALSE(ncclkit_test::fake_options("x").check_collectives);
+  CHECK_FALSE(ncclkit::nccl::detail::with_environment(ncclkit_test::fake_options("x")).check_collectives);
   std::vector<int> launched(2, -1);
   const auto logs =
       two_ranks([](int) { return ncclkit_test::fake_options("unchecked"); },

@@ -1,4 +1,4 @@
-// The NCCL backend's CodecBackend kernels (ncclkit/nccl/detail/codec_kernels.cuh, launched by
+// The NCCL backend's codec kernels (ncclkit/nccl/detail/codec_kernels.cuh, launched by
 // Communicator::cast and copy_batch) against the host: every pair of floating types, scaled,
 // aligned and misaligned, byte for byte (float64 to 16 bits against values rounded once, the
 // host's cast rounding through float), with non-finite outputs counted; batched copies of

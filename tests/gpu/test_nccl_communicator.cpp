@@ -29,7 +29,7 @@
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/local_group.hpp"
-#include "ncclkit/nccl/rendezvous.hpp"
+#include "ncclkit/nccl/detail/rendezvous.hpp"
 #include "ncclkit/nccl/types.hpp"
 #include "ncclkit/store/prefix_store.hpp"
 #include "support/temp_dir.hpp"

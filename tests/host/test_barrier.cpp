@@ -13,7 +13,7 @@
 #include <vector>      // std::vector
 
 #include "ncclkit/bootstrap/spawn.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "support/checker.hpp"

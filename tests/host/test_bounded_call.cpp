@@ -8,7 +8,7 @@
 #include <string>  // std::string
 #include <thread>  // std::this_thread
 
-#include "ncclkit/core/bounded_call.hpp"
+#include "ncclkit/core/detail/bounded_call.hpp"
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;

@@ -1,4 +1,5 @@
 // ncclkit::format_bytes: the one way byte counts appear in messages.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <cstddef>

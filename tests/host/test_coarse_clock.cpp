@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "ncclkit/core/coarse_clock.hpp"
+#include "ncclkit/core/detail/coarse_clock.hpp"
 
 using namespace std::chrono_literals;
 

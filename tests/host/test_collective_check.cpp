@@ -2,6 +2,7 @@
 // the fingerprint, its fixed-size encoding, and the comparison that every rank makes into the
 // message it raises. No backend, no processes: the backends' tests (test_gloo_check.cpp,
 // tests/fake/test_nccl_fake_check.cpp, tests/gpu/test_nccl_check.cu) prove the exchange.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <stdlib.h>  // setenv, unsetenv
@@ -13,6 +14,7 @@
 #include <vector>   // std::vector
 
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "support/text.hpp"
 
 namespace {
@@ -200,15 +202,17 @@ TEST_CASE("a rank that rejected its own arguments carries its reason, and is nam
   CHECK(contains(*find_mismatch(every), "ranks 0-1 rejected their own arguments"));
 }
 
-TEST_CASE("NCCLKIT_CHECK_COLLECTIVES: unset or 0 is off, another integer on, anything else an error") {
+TEST_CASE("NCCLKIT_CHECK_COLLECTIVES: unset keeps the option, 0 is off, another integer on, anything else an error") {
+  const ncclkit::Knob& variable = ncclkit::knob("NCCLKIT_CHECK_COLLECTIVES");
   ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
-  CHECK_FALSE(ncclkit::default_check_collectives());
+  CHECK_FALSE(ncclkit::environment_overrides(variable, false));
+  CHECK(ncclkit::environment_overrides(variable, true));
   ::setenv("NCCLKIT_CHECK_COLLECTIVES", "0", 1);
-  CHECK_FALSE(ncclkit::default_check_collectives());
+  CHECK_FALSE(ncclkit::environment_overrides(variable, true));
   ::setenv("NCCLKIT_CHECK_COLLECTIVES", "1", 1);
-  CHECK(ncclkit::default_check_collectives());
+  CHECK(ncclkit::environment_overrides(variable, false));
   ::setenv("NCCLKIT_CHECK_COLLECTIVES", "yes", 1);
-  CHECK_THROWS_AS(ncclkit::default_check_collectives(), ncclkit::ConfigError);
+  CHECK_THROWS_AS(ncclkit::environment_overrides(variable, false), ncclkit::ConfigError);
   ::unsetenv("NCCLKIT_CHECK_COLLECTIVES");
 }
 

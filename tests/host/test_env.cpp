@@ -1,6 +1,9 @@
-// Tests of ncclkit/core/env.hpp and WorldInfo validation.
+// Tests of ncclkit/core/env.hpp (the readers of variables outside the knob table, and the
+// parsers the knobs share) and WorldInfo validation.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -36,7 +39,7 @@ TEST_CASE("parse_timeout_seconds: positive seconds up to 1e9, in whole milliseco
   }
 }
 
-TEST_CASE("env_int and env_seconds name the variable on bad values") {
+TEST_CASE("env_int and env_seconds, for variables outside the knob table, name the variable on bad values") {
   ::setenv("NCCLKIT_TEST_INT", "abc", 1);
   CHECK_THROWS_WITH_AS(ncclkit::env_int("NCCLKIT_TEST_INT"), doctest::Contains("NCCLKIT_TEST_INT='abc'"),
                        ncclkit::ConfigError);
@@ -45,32 +48,13 @@ TEST_CASE("env_int and env_seconds name the variable on bad values") {
   ::unsetenv("NCCLKIT_TEST_INT");
   CHECK_FALSE(ncclkit::env_int("NCCLKIT_TEST_INT"));
 
-  ::setenv("NCCLKIT_STORE_TIMEOUT", "2.5", 1);
-  CHECK(ncclkit::default_store_timeout().count() == 2500);
-  ::setenv("NCCLKIT_STORE_TIMEOUT", "-1", 1);
-  CHECK_THROWS_AS(ncclkit::default_store_timeout(), ncclkit::ConfigError);
-  ::unsetenv("NCCLKIT_STORE_TIMEOUT");
-  CHECK(ncclkit::default_store_timeout().count() == 300000);
-}
-
-TEST_CASE("NCCLKIT_STORE_LINGER takes seconds >= 0, and 0 means no linger") {
-  using std::chrono::milliseconds;
-  ::unsetenv("NCCLKIT_STORE_LINGER");
-  CHECK(ncclkit::default_store_linger() == milliseconds(30000));
-  for (const char* zero : {"0", "0.0", "0e0"}) {
-    CAPTURE(zero);
-    ::setenv("NCCLKIT_STORE_LINGER", zero, 1);
-    CHECK(ncclkit::default_store_linger() == milliseconds(0));
-  }
-  ::setenv("NCCLKIT_STORE_LINGER", "2.5", 1);
-  CHECK(ncclkit::default_store_linger() == milliseconds(2500));
-  for (const char* bad : {"-1", "abc", "1x"}) {
-    CAPTURE(bad);
-    ::setenv("NCCLKIT_STORE_LINGER", bad, 1);
-    CHECK_THROWS_WITH_AS(ncclkit::default_store_linger(), doctest::Contains("NCCLKIT_STORE_LINGER=0 for none"),
-                         ncclkit::ConfigError);
-  }
-  ::unsetenv("NCCLKIT_STORE_LINGER");
+  ::setenv("NCCLKIT_TEST_SECONDS", "2.5", 1);
+  CHECK(ncclkit::env_seconds("NCCLKIT_TEST_SECONDS", std::chrono::seconds(1)).count() == 2500);
+  ::setenv("NCCLKIT_TEST_SECONDS", "-1", 1);
+  CHECK_THROWS_WITH_AS(ncclkit::env_seconds("NCCLKIT_TEST_SECONDS", std::chrono::seconds(1)),
+                       doctest::Contains("NCCLKIT_TEST_SECONDS='-1'"), ncclkit::ConfigError);
+  ::unsetenv("NCCLKIT_TEST_SECONDS");
+  CHECK(ncclkit::env_seconds("NCCLKIT_TEST_SECONDS", std::chrono::seconds(1)).count() == 1000);
 }
 
 TEST_CASE("WorldInfo::validate lists every problem") {

@@ -1,4 +1,5 @@
 // Tests of ncclkit/bootstrap/environment.hpp: detect_world() over fake environments.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <cstdlib>  // setenv, unsetenv

@@ -1,6 +1,7 @@
 // Tests of ncclkit/fusion/bucket_plan.hpp: buckets that tile each allocation within the caps,
 // launch order, whole tensors, the bucket counts of ResNet-50 and GPT-2 small, a fingerprint
 // pinned to an independent computation, and serialise/parse with malformed input refused.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <cstddef>   // std::byte, std::size_t

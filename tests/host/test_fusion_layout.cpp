@@ -1,6 +1,7 @@
 // Tests of ncclkit/fusion/layout.hpp: offsets in reverse registration order, aligned and
 // without overlap, one allocation per element type, zero-element tensors, the real shapes of
 // ResNet-50 and GPT-2 small, and bad input named in the error.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <cstddef>  // std::size_t

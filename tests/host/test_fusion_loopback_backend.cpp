@@ -1,13 +1,15 @@
 // Tests of tests/support/loopback_backend.hpp, the in-process fake backend the fusion tests run
 // ranks on as threads: it models the Backend concept, its collectives compute the right values
 // over all ranks, its comm stream really runs later (events and waits order it), and a rank
-// that never arrives fails the others with TimeoutError instead of hanging.
+// that never arrives fails the others with TimeoutError instead of hanging, and abort() ends a
+// collective in flight and refuses later calls, as a communicator's does.
 #include <doctest/doctest.h>
 
 #include <chrono>     // std::chrono
 #include <cstdint>    // std::uint64_t
 #include <exception>  // std::exception_ptr
 #include <string>     // std::string
+#include <thread>     // std::thread, std::this_thread::sleep_for
 #include <vector>     // std::vector
 
 #include "support/loopback_backend.hpp"
@@ -108,6 +110,47 @@ TEST_CASE("a loopback rank that never arrives makes the others fail with Timeout
   INFO(message_of(errors[0]));
   CHECK(message_of(errors[0]).find("waited 200 ms in collective 0") != std::string::npos);
   CHECK(message_of(errors[1]) == "");
+}
+
+TEST_CASE("loopback abort() ends the collective in flight at once, refuses later calls and fails the other ranks") {
+  LoopbackWorld world(3, std::chrono::seconds(30));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> later(3);
+  const auto errors = run_ranks(3, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    std::vector<float> v = {1.f};
+    if (rank == 2) return;  // never arrives: ranks 0 and 1 block until rank 0 aborts
+    std::thread aborter;
+    if (rank == 0) {
+      aborter = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        backend.abort("the trainer gave up");
+      });
+    }
+    std::string error;
+    try {
+      backend.all_reduce(TensorView::of(std::span(v)), TensorView::of(std::span(v)), ReduceOp::kSum,
+                         backend.default_stream());
+    } catch (const ncclkit::CommError& e) {
+      error = e.what();
+    }
+    if (aborter.joinable()) aborter.join();
+    try {
+      backend.synchronize(backend.default_stream());
+    } catch (const ncclkit::CommError& e) {
+      later[static_cast<std::size_t>(rank)] = e.what();
+    }
+    if (!error.empty()) throw ncclkit::CommError(error);
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    CHECK(message_of(errors[static_cast<std::size_t>(rank)]).find("rank 0 was aborted: the trainer gave up") !=
+          std::string::npos);
+  }
+  CHECK(later[0].find("the trainer gave up") != std::string::npos);  // rank 0 refuses later calls
+  CHECK(later[1].empty());                                           // rank 1 itself was not aborted
+  CHECK(message_of(errors[2]) == "");
 }
 
 TEST_CASE("loopback ranks that issue different collectives all get a CommError") {

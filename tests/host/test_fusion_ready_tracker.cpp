@@ -2,6 +2,7 @@
 // order allows, whatever order tensors become ready in (random, seeded orders on real models);
 // double marks and never-marked tensors are named; the reduce-as-zeros option; zero-element
 // tensors; steps and reset.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle, std::find

@@ -229,15 +229,13 @@ TEST_CASE("only the first max_steps steps are recorded, and the file is written 
   }
 }
 
-TEST_CASE("off, a sync makes no file and no timing event, even with NCCLKIT_TIMELINE set, when its options say so") {
+TEST_CASE("off, a sync makes no file and no timing event; NCCLKIT_TIMELINE, where set, overrides the options' off") {
   TempDir dir("timeline");
-  ::setenv("NCCLKIT_TIMELINE", (dir.path + "/env").c_str(), 1);
   LoopbackWorld world(1);
   LoopbackBackend backend(world, 0);
   Buffer buffer(backend, small_layout());
   {
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket), {.timeline = TimelineOptions{}});
-    ::unsetenv("NCCLKIT_TIMELINE");
     for (int step = 0; step < 3; ++step) {
       for (auto slot : shuffled_slots(buffer.layout().size(), 0, step)) sync.mark_ready(slot);
       sync.finish();
@@ -253,6 +251,12 @@ TEST_CASE("off, a sync makes no file and no timing event, even with NCCLKIT_TIME
   }
   CHECK(backend.timing_events_created() == 0);
   CHECK(ncclkit_test::entries(dir.path).empty());
+
+  ::setenv("NCCLKIT_TIMELINE", (dir.path + "/env").c_str(), 1);
+  Sync overridden(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket), {.timeline = TimelineOptions{}});
+  ::unsetenv("NCCLKIT_TIMELINE");
+  REQUIRE(overridden.timeline() != nullptr);
+  CHECK(overridden.timeline()->path().rfind(dir.path + "/env.rank0", 0) == 0);
 }
 
 TEST_CASE("timing events are made once, at construction, not per step") {
@@ -295,10 +299,10 @@ TEST_CASE(
     CHECK(second.timeline()->path() == prefix + ".rank0.1.json");
     ::setenv("NCCLKIT_TIMELINE_STEPS", "0", 1);
     CHECK_THROWS_WITH_AS(Sync(buffer, BucketPlan::compute(buffer.layout())),
-                         doctest::Contains("NCCLKIT_TIMELINE_STEPS=0 is not a number of steps >= 1"), ConfigError);
+                         doctest::Contains("NCCLKIT_TIMELINE_STEPS='0' is not an integer from 1 to"), ConfigError);
     ::setenv("NCCLKIT_TIMELINE_STEPS", "many", 1);
     CHECK_THROWS_WITH_AS(Sync(buffer, BucketPlan::compute(buffer.layout())),
-                         doctest::Contains("NCCLKIT_TIMELINE_STEPS='many' is not an integer"), ConfigError);
+                         doctest::Contains("NCCLKIT_TIMELINE_STEPS='many' is not an integer from 1 to"), ConfigError);
   }
   ::unsetenv("NCCLKIT_TIMELINE");
   ::unsetenv("NCCLKIT_TIMELINE_STEPS");

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "ncclkit/core/env.hpp"
+#include "ncclkit/store/memory_store.hpp"
 #include "support/gloo_testing.hpp"
 
 using namespace std::chrono_literals;
@@ -463,4 +464,92 @@ TEST_CASE("a peer that dies mid-collective is detected within a second or two at
     CHECK(waits.size() == static_cast<std::size_t>(trials * (world_size - 1)));
   }
   ::rmdir(folder);
+}
+
+TEST_CASE(
+    "abort() from another thread ends the collective in flight at once, refuses later calls, and the peers fail "
+    "promptly naming the aborted rank") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  // A long timeout: every prompt end below comes from the abort, not from a timeout.
+  constexpr auto kLongTimeout = 60s;
+  const auto start = Clock::now();
+  auto result = ncclkit::spawn(
+      3,
+      [&](const WorldInfo& world) {
+        auto store = ncclkit::make_store(world.init_url, world);
+        Checker check(world.rank);
+        Communicator comm(store, world, {.timeout = kLongTimeout});
+        std::vector<float> data(1 << 16, 1.0f);
+        comm.all_reduce(std::span<float>(data));
+        check.expect(data[0] == 3.0f, "the first all_reduce worked");
+        if (world.rank == 2) {
+          // Skips the next collective, so ranks 0 and 1 block in it, until rank 0 has aborted.
+          store->wait({std::string("aborted")}, 30s);
+          expect_comm_error(
+              check, "a collective after a peer aborted", [&] { comm.all_reduce(std::span<float>(data)); },
+              /*expect_timeout_in_message=*/false, /*blame=*/0);
+          return check.code();
+        }
+        std::thread aborter;
+        if (world.rank == 0) {
+          aborter = std::thread([&] {
+            std::this_thread::sleep_for(1s);  // the all_reduce below is in flight by then
+            comm.abort("the test's watchdog gave up");
+            store->set("aborted", "1");
+          });
+        }
+        const auto issued = Clock::now();
+        try {
+          comm.all_reduce(std::span<float>(data));
+          check.expect(false, "the collective in flight returned");
+        } catch (const CommError& e) {
+          const double waited = std::chrono::duration<double>(Clock::now() - issued).count();
+          const std::string message = e.what();
+          check.expect(waited < 5.0, "the collective in flight ended only after " + std::to_string(waited) + " s");
+          if (world.rank == 0) {
+            check.expect(message.find("aborted on this rank: the test's watchdog gave up") != std::string::npos &&
+                             message.find("abort() was called on this rank") != std::string::npos,
+                         "the aborted rank's message: " + message);
+          } else {
+            check.expect(message.find("connection to rank 0 failed") != std::string::npos,
+                         "the peer's message does not name rank 0: " + message);
+          }
+        }
+        if (aborter.joinable()) aborter.join();
+        check.expect(comm.failed(), "failed() after the abort");
+        if (world.rank == 0) {
+          try {
+            comm.barrier(comm.comm_stream());
+            comm.synchronize(comm.comm_stream());
+            check.expect(false, "a call after abort() was not refused");
+          } catch (const CommError& e) {
+            check.expect(std::string(e.what()).find("the test's watchdog gave up") != std::string::npos,
+                         std::string("the refusal does not give the reason: ") + e.what());
+          }
+          comm.abort("a second abort");  // changes nothing
+        }
+        const auto destroying = Clock::now();
+        { Communicator gone = std::move(comm); }
+        check.expect(Clock::now() - destroying < 3s, "the destructor after the abort took long");
+        return check.code();
+      },
+      {.timeout = 90s});
+  CHECK_MESSAGE(result.ok(), result.describe());
+  CHECK(Clock::now() - start < 45s);
+}
+
+TEST_CASE("abort() on an idle communicator: every later call throws CommError with the first reason") {
+  ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  ncclkit::MemoryStore store;
+  Communicator comm(store, WorldInfo{}, {.timeout = 5s});
+  std::vector<float> x(4, 1.0f);
+  comm.all_reduce(std::span<float>(x));
+  CHECK_FALSE(comm.failed());
+  comm.abort("stopping the job");
+  comm.abort("a later reason");
+  CHECK(comm.failed());
+  CHECK_THROWS_WITH_AS(comm.all_reduce(std::span<float>(x)), doctest::Contains("stopping the job"), CommError);
+  CHECK_THROWS_WITH_AS(comm.all_reduce(std::span<float>(x), ReduceOp::kSum, comm.comm_stream()),
+                       doctest::Contains("unusable"), CommError);
+  CHECK_THROWS_AS(comm.barrier(), CommError);
 }

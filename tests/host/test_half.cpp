@@ -1,4 +1,5 @@
 // Tests of ncclkit/core/half.hpp against the compiler's own _Float16 and exact bfloat16 rules.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <bit>

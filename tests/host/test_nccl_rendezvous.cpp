@@ -1,4 +1,4 @@
-// The store protocol NCCL communicators are created with (ncclkit/nccl/rendezvous.hpp): version
+// The store protocol NCCL communicators are created with (ncclkit/nccl/detail/rendezvous.hpp): version
 // exchange, the unique id from rank 0, errors that name ranks. Pure store logic, so it runs
 // here, on machines without a GPU, with ranks as threads on a MemoryStore.
 #include <doctest/doctest.h>
@@ -7,7 +7,7 @@
 #include <string>  // std::string
 #include <vector>  // std::vector
 
-#include "ncclkit/nccl/rendezvous.hpp"
+#include "ncclkit/nccl/detail/rendezvous.hpp"
 #include "ncclkit/store/prefix_store.hpp"
 #include "support/thread_ranks.hpp"
 
@@ -112,13 +112,6 @@ TEST_CASE("two scopes on one store do not mix") {
     return second_failed && id == fake_id() ? 0 : 2;
   });
   CHECK_MESSAGE(result.ok(), result.describe());
-}
-
-TEST_CASE("rank lists are compressed into ranges") {
-  using ncclkit::nccl::detail::format_ranks;
-  CHECK(format_ranks({}) == "");
-  CHECK(format_ranks({3}) == "3");
-  CHECK(format_ranks({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8");
 }
 
 }  // namespace

@@ -150,15 +150,19 @@ class LoopBackend {
   void wait(Event, Stream) {}
   void synchronize(Stream) {}
   void all_reduce(TensorView in, TensorView out, ReduceOp op, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kAllReduce, in, out, op, 0});
   }
   void broadcast(TensorView in, TensorView out, int root, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kBroadcast, in, out, ReduceOp::kSum, root});
   }
   void all_gather(TensorView in, TensorView out, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kAllGather, in, out, ReduceOp::kSum, 0});
   }
   void reduce_scatter(TensorView in, TensorView out, ReduceOp op, Stream) {
+    throw_if_aborted();
     world_->submit(rank_, {LoopWorld::Kind::kReduceScatter, in, out, op, 0});
   }
   void* allocate(std::size_t bytes) { return bytes ? ::operator new(bytes) : nullptr; }
@@ -181,10 +185,17 @@ class LoopBackend {
     ncclkit::detail::update_on_host(rule, p, g, s0, s1);
   }
   void sum_squares(TensorView in, double* out, Stream) { ncclkit::detail::sum_squares_on_host(in, out); }
+  /// Later collectives throw CommError (the perf engine never aborts; the concept asks for it).
+  void abort(std::string reason = "abort() was called") { aborted_ = std::move(reason); }
 
  private:
+  void throw_if_aborted() const {
+    if (!aborted_.empty()) throw ncclkit::CommError(aborted_);
+  }
+
   LoopWorld* world_;
   int rank_;
+  std::string aborted_;
 };
 static_assert(ncclkit::Backend<LoopBackend>);
 

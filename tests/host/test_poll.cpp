@@ -1,16 +1,16 @@
-// poll_until (core/poll.hpp) returns as soon as its condition holds, gives up at the deadline
+// poll_until (core/detail/poll.hpp) returns as soon as its condition holds, gives up at the deadline
 // so that the caller can throw its own error, and never pauses longer than its cap; and the one
-// limit of timeouts (core/deadline.hpp) is the one that environment variables are held to.
+// limit of timeouts (core/detail/deadline.hpp) is the one that environment variables are held to.
 #include <doctest/doctest.h>
 
 #include <chrono>     // std::chrono
 #include <stdexcept>  // std::runtime_error
 #include <string>     // std::string
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 
 using namespace std::chrono_literals;

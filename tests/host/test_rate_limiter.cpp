@@ -1,4 +1,4 @@
-// Tests of ncclkit/core/rate_limiter.hpp: a burst per window, the count of what was left out,
+// Tests of ncclkit/core/detail/rate_limiter.hpp: a burst per window, the count of what was left out,
 // and a fresh window after the interval (times given explicitly: no sleeping).
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <cstdint>  // std::uint64_t
 #include <string>   // std::string
 
-#include "ncclkit/core/rate_limiter.hpp"
+#include "ncclkit/core/detail/rate_limiter.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::detail::RateLimiter;

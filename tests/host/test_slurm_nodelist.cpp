@@ -1,4 +1,5 @@
 // Tests of ncclkit/bootstrap/slurm_nodelist.hpp: SLURM host lists and task counts per node.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <string>  // std::string

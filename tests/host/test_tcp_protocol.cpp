@@ -1,6 +1,7 @@
 // Tests of ncclkit/store/detail/tcp_protocol.hpp: parse_frame on hand-made frames (every
 // field written out byte by byte, independent of FrameWriter), FrameWriter round trips, and
 // the rejection of every kind of malformed input.
+// ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
 #include <cstdint>  // std::uint8_t, std::uint64_t

@@ -311,13 +311,14 @@ TEST_CASE("a wrong or missing token is rejected with a clear StoreError; the rig
   good.set("k", "v");
   CHECK(good.get_string("k") == "v");
 
-  // The default comes from NCCLKIT_STORE_TOKEN, for servers and clients alike.
+  // NCCLKIT_STORE_TOKEN, where set, is the token of servers and clients alike, over the options'.
   ::setenv("NCCLKIT_STORE_TOKEN", "from-env", 1);
-  TcpStoreServer env_server;
+  TcpStoreServer env_server({.token = "overridden"});
   TcpStore env_client({.port = env_server.port(), .timeout = 10s});
-  CHECK_THROWS_AS(TcpStore({.port = env_server.port(), .timeout = 10s, .token = "other"}), ncclkit::StoreError);
+  TcpStore overridden_client({.port = env_server.port(), .timeout = 10s, .token = "other"});
   ::unsetenv("NCCLKIT_STORE_TOKEN");
   CHECK_THROWS_AS(TcpStore({.port = env_server.port(), .timeout = 10s}), ncclkit::StoreError);
+  CHECK_THROWS_AS(TcpStore({.port = env_server.port(), .timeout = 10s, .token = "overridden"}), ncclkit::StoreError);
   env_client.set("k", "v");
   // A raw connection that skips the handshake cannot read or write.
   auto raw = raw_connect(env_server.port());
@@ -621,11 +622,11 @@ TEST_CASE("the lingering host gives up after its linger time when a client never
 
 TEST_CASE("NCCLKIT_STORE_LINGER=0 means the hosting rank does not linger for connected clients") {
   ncclkit::set_log_level(ncclkit::LogLevel::kError);
+  TcpStoreOptions options{.port = 0, .is_server = true, .timeout = 5s};
+  CHECK(options.linger == 30s);
   ::setenv("NCCLKIT_STORE_LINGER", "0", 1);
-  TcpStoreOptions options{.port = 0, .is_server = true, .timeout = 5s};  // linger from the variable
+  auto host = std::make_unique<TcpStore>(options);  // the variable overrides the linger
   ::unsetenv("NCCLKIT_STORE_LINGER");
-  CHECK(options.linger == 0ms);
-  auto host = std::make_unique<TcpStore>(options);
   TcpStore client(TcpStoreOptions{.port = host->port(), .timeout = 5s});
   client.set("k", "v");
   const auto start = Clock::now();

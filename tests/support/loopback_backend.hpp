@@ -9,6 +9,9 @@
 //   wait is bounded by the world's timeout: a broken test fails with TimeoutError, never hangs,
 //   and the world stays broken so the other ranks fail fast too. Ranks that issue different
 //   collectives (kind, type, count, op, root) get a CommError on every rank.
+// - abort(reason), from any thread: this rank's later calls throw CommError, and the world
+//   breaks, so every collective waiting in it (this rank's and the others') ends with
+//   CommError at once, as a communicator's abort closes its connections.
 // - Streams: the default stream runs work inline in the calling thread; the comm stream hands
 //   it to one worker thread per rank that runs it in order. Events and waits are real: an event
 //   recorded on the comm stream completes when the worker reaches it.
@@ -65,6 +68,14 @@ class LoopbackWorld {
   }
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// Breaks the world with `message` (the first break stays): every collective waiting in it,
+  /// and every later one, throws CommError.
+  void abort(const std::string& message) {
+    std::lock_guard lock(mutex_);
+    if (broken_.empty()) broken_ = message;
+    changed_.notify_all();
+  }
 
   /// Rank `rank`'s collective number `sequence`: blocks until every rank has issued its own,
   /// then returns with every rank's `out` written.
@@ -340,6 +351,7 @@ class LoopbackBackend {
     return event;
   }
   void record(Event& event, Stream stream) {
+    throw_if_aborted();
     if (stream.queue == Stream::Queue::kInline) {
       event.marker_ = nullptr;  // inline work is done already
       if (event.timed_) {
@@ -359,6 +371,7 @@ class LoopbackBackend {
   }
   /// Takes what `event` marks now: a later `record` of it does not change this wait.
   void wait(const Event& event, Stream stream) {
+    throw_if_aborted();
     auto marker = event.marker_;
     if (!marker) return;
     // Longer than a collective's timeout, so that a collective that times out before the event
@@ -395,6 +408,20 @@ class LoopbackBackend {
       wait(event, default_stream());
     }
     queue_.rethrow();
+    throw_if_aborted();
+  }
+
+  /// Aborts this rank (Backend::abort), from any thread: every later call throws CommError
+  /// naming `reason`, and the world breaks (see the top of this file).
+  void abort(std::string reason = "abort() was called") {
+    {
+      std::lock_guard lock(abort_mutex_);
+      if (abort_message_.empty()) {
+        abort_message_ = "LoopbackBackend rank " + std::to_string(rank_) + " was aborted: " + reason;
+      }
+    }
+    aborted_.store(true, std::memory_order_release);
+    world_->abort(abort_message_);
   }
 
   void all_reduce(TensorView in, TensorView out, ReduceOp op, Stream stream) {
@@ -551,7 +578,13 @@ class LoopbackBackend {
       throw ConfigError(std::string("LoopbackBackend::") + what + ": element types or counts do not fit");
     }
   }
+  void throw_if_aborted() const {
+    if (!aborted_.load(std::memory_order_acquire)) return;
+    std::lock_guard lock(abort_mutex_);
+    throw CommError(abort_message_);
+  }
   void issue(const LoopbackWorld::Call& call, Stream stream) {
+    throw_if_aborted();
     if (!fail_next_.empty()) throw CommError(std::exchange(fail_next_, std::string()));
     const std::uint64_t sequence = sequence_++;
     ++issued_;
@@ -576,6 +609,9 @@ class LoopbackBackend {
   std::atomic<std::size_t> issued_{0};
   std::atomic<long> allocations_{0};
   std::string fail_next_;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_message_;  ///< guarded by abort_mutex_
   std::atomic<std::size_t> casts_{0};
   std::atomic<std::size_t> copy_batches_{0};
   bool compressed_reduce_allowed_ = false;

@@ -33,7 +33,6 @@
 #include <thread>     // std::thread (the listener)
 #include <vector>     // std::vector
 
-#include "launch/gpus.hpp"
 #include "launch/interfaces.hpp"
 #include "launch/launcher_store.hpp"
 #include "launch/options.hpp"
@@ -41,6 +40,7 @@
 #include "launch/store_coordinator.hpp"
 #include "launch/supervisor.hpp"
 #include "launch/versions.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/time_format.hpp"

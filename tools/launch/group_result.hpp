@@ -23,7 +23,7 @@
 #include <vector>     // std::vector
 
 #include "launch/signals.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 #include "ncclkit/core/time_format.hpp"
 
 namespace ncclkit::launch {

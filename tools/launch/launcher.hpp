@@ -17,13 +17,13 @@
 #include <vector>    // std::vector
 
 #include "launch/coordinator.hpp"
-#include "launch/gpus.hpp"
 #include "launch/launcher_store.hpp"
 #include "launch/options.hpp"
 #include "launch/signals.hpp"
 #include "launch/store_coordinator.hpp"
 #include "launch/supervisor.hpp"
 #include "launch/worker_env.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "ncclkit/core/log.hpp"
 
 namespace ncclkit::launch {

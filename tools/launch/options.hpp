@@ -19,8 +19,10 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
+#include "ncclkit/bootstrap/local_gpus.hpp"  // GpuInventory
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/knobs.hpp"
 
 namespace ncclkit::launch {
 
@@ -46,8 +48,9 @@ struct LaunchOptions {
   std::string log_dir;
   /// Between SIGTERM and SIGKILL when the group is stopped.
   std::chrono::milliseconds grace_period = std::chrono::seconds(5);
-  /// Limit of every wait for the other nodes (rendezvous, restarts, --check).
-  std::chrono::milliseconds rdzv_timeout = default_store_timeout();
+  /// Limit of every wait for the other nodes (rendezvous, restarts, --check); the launcher's
+  /// stores take it too. NCCLKIT_STORE_TIMEOUT overrides it, as it does every store's timeout.
+  std::chrono::milliseconds rdzv_timeout = knob_default<std::chrono::milliseconds>("NCCLKIT_STORE_TIMEOUT");
   bool check = false;
   bool help = false;
   bool version = false;
@@ -82,7 +85,8 @@ options:
   --max-restarts R         restart the whole group up to R times after a failure (default 0)
   --log-dir DIR            also write each rank's output to DIR/rank_<R>.log
   --grace-period S         seconds between SIGTERM and SIGKILL when stopping workers (default 5)
-  --rdzv-timeout S         seconds to wait for the other nodes (default NCCLKIT_STORE_TIMEOUT or 300)
+  --rdzv-timeout S         seconds to wait for the other nodes (default 300; NCCLKIT_STORE_TIMEOUT,
+                           when set, overrides it)
   --check                  check this node and the connections between nodes, print a report
   --help, --version
 
@@ -198,6 +202,7 @@ inline LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   }
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   if (options.help || options.version) return options;
+  options.rdzv_timeout = environment_overrides(knob("NCCLKIT_STORE_TIMEOUT"), options.rdzv_timeout);
 
   if (!options.master_addr.empty() && !options.rdzv_dir.empty()) {
     throw ConfigError(
@@ -235,6 +240,13 @@ inline LaunchOptions parse_launch_args(int argc, const char* const* argv) {
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
   return parse_launch_args(args);
+}
+
+/// Workers to start on this node: the number asked for, or for `auto` (nullopt) one per
+/// visible GPU, and 1 where no GPU is visible.
+inline int resolve_nproc_per_node(const std::optional<int>& requested, const GpuInventory& gpus) {
+  if (requested) return *requested;
+  return gpus.visible.empty() ? 1 : static_cast<int>(gpus.visible.size());
 }
 
 }  // namespace ncclkit::launch

@@ -45,7 +45,7 @@
 #include "launch/launcher_store.hpp"
 #include "launch/options.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/store.hpp"
 #include "ncclkit/store/tcp_store.hpp"

@@ -26,6 +26,7 @@
 #include "ncclkit/bootstrap/world_info.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/file_store.hpp"
 #include "ncclkit/store/store.hpp"
@@ -219,9 +220,10 @@ inline InitUrl parse_init_url(std::string_view url) {
 /// Options of make_store().
 struct MakeStoreOptions {
   /// Default timeout of the store's blocking calls (and how long a TcpStore client retries
-  /// connecting). Unset: the URL's ?timeout=SECONDS, else NCCLKIT_STORE_TIMEOUT, else 300 s.
+  /// connecting). Unset: the URL's ?timeout=SECONDS, else 300 s. NCCLKIT_STORE_TIMEOUT, where
+  /// set, overrides all three.
   std::optional<std::chrono::milliseconds> timeout{};
-  /// Shared secret of a TcpStore; unset: NCCLKIT_STORE_TOKEN (read by TcpStore), else none.
+  /// Shared secret of a TcpStore; unset: none. NCCLKIT_STORE_TOKEN overrides it (in TcpStore).
   std::optional<std::string> token{};
 };
 
@@ -239,9 +241,11 @@ inline std::shared_ptr<Store> make_store(const std::string& url, const WorldInfo
                                          MakeStoreOptions options = {}) {
   const InitUrl parsed = parse_init_url(url);
   world.validate();
-  const std::chrono::milliseconds timeout = options.timeout  ? *options.timeout
-                                            : parsed.timeout ? *parsed.timeout
-                                                             : default_store_timeout();
+  const std::chrono::milliseconds timeout =
+      environment_overrides(knob("NCCLKIT_STORE_TIMEOUT"),
+                            options.timeout  ? *options.timeout
+                            : parsed.timeout ? *parsed.timeout
+                                             : knob_default<std::chrono::milliseconds>("NCCLKIT_STORE_TIMEOUT"));
   if (timeout.count() <= 0) {
     throw ConfigError("make_store('" + url + "'): the timeout must be positive, got " + format_seconds(timeout));
   }

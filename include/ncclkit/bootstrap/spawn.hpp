@@ -25,11 +25,11 @@
 #include <vector>       // std::vector
 
 #include "ncclkit/bootstrap/world_info.hpp"
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 #include "ncclkit/store/tcp_store.hpp"
 

@@ -28,7 +28,11 @@
 /// means `out.data == in.data` (for all_gather: `in` is the rank's slice of `out`; for
 /// reduce_scatter: `out` is the rank's slice of `in`). Every rank must issue the same
 /// collectives in the same order. A failure (peer lost, timeout) throws `CommError` (at issue
-/// or at synchronize) and leaves the communicator unusable.
+/// or at synchronize) and leaves the communicator unusable. `abort(reason)`, callable from any
+/// thread, is the one failure path generic code takes on purpose: the communicator becomes
+/// unusable as after a failure (every later call throws `CommError` naming `reason`), work in
+/// flight ends as soon as the backend can end it (bounded by the timeout), and its peers learn
+/// of it; the destructor stays bounded and never throws.
 
 #include <concepts>  // std::same_as, std::convertible_to
 #include <optional>  // std::optional
@@ -107,6 +111,9 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   backend.broadcast(in, out, root, stream);     // in read on root only
   backend.all_gather(in, out, stream);          // out.count == in.count * size()
   backend.reduce_scatter(in, out, op, stream);  // in.count == out.count * size()
+
+  // Failure on purpose (see above).
+  backend.abort(std::string());
 
   // Memory of the backend's kind, and the element-wise work of fusion and compression.
   { backend.allocate(bytes) } -> std::same_as<void*>;

@@ -25,9 +25,8 @@
 
 #include "ncclkit/core/detail/hex.hpp"
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 
 namespace ncclkit {
 
@@ -38,14 +37,6 @@ class CollectiveMismatchError : public ConfigError {
  public:
   using ConfigError::ConfigError;
 };
-
-/// Whether collectives are checked by default: NCCLKIT_CHECK_COLLECTIVES set to a non-zero
-/// integer (a value that is not an integer is a ConfigError naming the variable). The options
-/// of both backends take their default from here; an explicit option wins.
-inline bool default_check_collectives() {
-  const auto value = env_int("NCCLKIT_CHECK_COLLECTIVES");
-  return value && *value != 0;
-}
 
 /// What one rank's call of a collective is compared by. Fields a collective does not have keep
 /// their "none" values, so that e.g. a broadcast and an all_reduce differ in op and root too.

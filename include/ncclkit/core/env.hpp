@@ -1,6 +1,7 @@
 #pragma once
-/// Reading configuration from environment variables, with errors that name the variable.
-/// ncclkit's own variables carry the prefix `NCCLKIT_`; docs/environment.md lists them all.
+/// Reading environment variables, with errors that name the variable. ncclkit's own variables
+/// (prefix `NCCLKIT_`) are declared in core/knobs.hpp and read through it; these readers are
+/// for the others (a launcher's, a test's own) and for the parsers the knobs share.
 
 #include <algorithm>    // std::max
 #include <chrono>       // std::chrono::milliseconds
@@ -11,7 +12,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
-#include "ncclkit/core/deadline.hpp"  // detail::kLongestTimeout
+#include "ncclkit/core/detail/deadline.hpp"  // detail::kLongestTimeout
 #include "ncclkit/core/error.hpp"
 
 namespace ncclkit {
@@ -56,7 +57,7 @@ inline std::optional<std::int64_t> env_int(const char* name) {
   return value;
 }
 
-/// The longest timeout ncclkit takes, in seconds: detail::kLongestTimeout (core/deadline.hpp),
+/// The longest timeout ncclkit takes, in seconds: detail::kLongestTimeout (core/detail/deadline.hpp),
 /// the one limit, in the unit that timeouts are written in.
 inline constexpr double kMaxTimeoutSeconds = std::chrono::duration<double>(detail::kLongestTimeout).count();
 
@@ -84,40 +85,6 @@ inline std::chrono::milliseconds env_seconds(const char* name, std::chrono::mill
                       "' is not a positive number of seconds; set it like " + name + "=300");
   }
   return *timeout;
-}
-
-/// Default timeout of store calls and rendezvous: NCCLKIT_STORE_TIMEOUT seconds, else 300 s.
-inline std::chrono::milliseconds default_store_timeout() {
-  return env_seconds("NCCLKIT_STORE_TIMEOUT", std::chrono::seconds(300));
-}
-
-/// A duration in seconds that may be 0 ("none"), e.g. how long to linger; `fallback` when unset.
-/// A value that is not a number of seconds >= 0 is a ConfigError naming the variable.
-inline std::chrono::milliseconds env_seconds_or_zero(const char* name, std::chrono::milliseconds fallback) {
-  auto text = env_string(name);
-  if (!text) return fallback;
-  char* end = nullptr;
-  const double seconds = std::strtod(text->c_str(), &end);
-  if (end != text->c_str() && end == text->c_str() + text->size() && seconds == 0) {
-    return std::chrono::milliseconds(0);
-  }
-  const auto duration = parse_timeout_seconds(*text);
-  if (!duration) {
-    throw ConfigError(std::string("environment variable ") + name + "='" + *text +
-                      "' is not a number of seconds >= 0; set it like " + name + "=30, or " + name + "=0 for none");
-  }
-  return *duration;
-}
-
-/// How long a TcpStore that hosts the server keeps serving, at its destruction, clients still
-/// connected: NCCLKIT_STORE_LINGER seconds (0: not at all), else 30 s.
-inline std::chrono::milliseconds default_store_linger() {
-  return env_seconds_or_zero("NCCLKIT_STORE_LINGER", std::chrono::seconds(30));
-}
-
-/// Default timeout of collectives and communicator init: NCCLKIT_TIMEOUT seconds, else 600 s.
-inline std::chrono::milliseconds default_comm_timeout() {
-  return env_seconds("NCCLKIT_TIMEOUT", std::chrono::seconds(600));
 }
 
 }  // namespace ncclkit

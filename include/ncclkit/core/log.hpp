@@ -1,7 +1,7 @@
 #pragma once
 /// Rank-prefixed logging to stderr. One write(2) per line, so lines of concurrent processes and
 /// threads never interleave mid-line. Level from NCCLKIT_LOG_LEVEL (error, warn, info, debug;
-/// default warn).
+/// default warn), read once per process.
 
 #include <unistd.h>  // write, getpid
 
@@ -10,7 +10,8 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/error.hpp"
+#include "ncclkit/core/knobs.hpp"
 
 namespace ncclkit {
 
@@ -21,17 +22,36 @@ inline std::atomic<int>& log_rank_slot() {
   static std::atomic<int> rank{-1};
   return rank;
 }
-inline LogLevel parse_log_level() {
-  auto text = env_string("NCCLKIT_LOG_LEVEL");
-  if (!text) return LogLevel::kWarn;
-  if (*text == "error") return LogLevel::kError;
-  if (*text == "warn" || *text == "warning") return LogLevel::kWarn;
-  if (*text == "info") return LogLevel::kInfo;
-  if (*text == "debug") return LogLevel::kDebug;
-  return LogLevel::kWarn;
+/// The level NCCLKIT_LOG_LEVEL asks for, read once per process. A value it cannot take leaves
+/// the default in force and is kept in `problem`: logging runs in destructors, which must not
+/// throw, so the ConfigError is raised by check_log_level() where one can be thrown.
+struct LogLevelSetting {
+  LogLevel level = LogLevel::kWarn;
+  std::string problem;
+};
+inline const LogLevelSetting& log_level_setting() {
+  static const LogLevelSetting setting = [] {
+    LogLevelSetting result;
+    try {
+      const auto text = knob_text(knob("NCCLKIT_LOG_LEVEL"));
+      if (!text) return result;
+      if (*text == "error") result.level = LogLevel::kError;
+      if (*text == "info") result.level = LogLevel::kInfo;
+      if (*text == "debug") result.level = LogLevel::kDebug;
+    } catch (const ConfigError& e) {
+      result.problem = e.what();
+    }
+    return result;
+  }();
+  return setting;
+}
+/// ConfigError when NCCLKIT_LOG_LEVEL has a value it cannot take. Every store's constructor
+/// calls it, so a job that meets its peers learns of the mistake at once.
+inline void check_log_level() {
+  if (!log_level_setting().problem.empty()) throw ConfigError(log_level_setting().problem);
 }
 inline std::atomic<int>& log_level_slot() {
-  static std::atomic<int> level{static_cast<int>(parse_log_level())};
+  static std::atomic<int> level{static_cast<int>(log_level_setting().level)};
   return level;
 }
 }  // namespace detail

@@ -270,7 +270,7 @@ class GradientSync {
   }
 
   void start_timeline(PlanState& s) {
-    const std::optional<TimelineOptions> wanted = options_.timeline ? options_.timeline : timeline_options_from_env();
+    const std::optional<TimelineOptions> wanted = timeline_with_environment(options_.timeline);
     if (!wanted || wanted->prefix.empty()) return;
     const BucketReducer<B>& r = *s.reducer;
     std::string label = "GradientSync (" + std::to_string(s.tracker.plan().size()) + " buckets";

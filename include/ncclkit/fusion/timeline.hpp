@@ -10,8 +10,9 @@
 /// once, at construction, onto the system clock, so that the files of ranks on several nodes line
 /// up as well as the nodes' clocks do (tools/merge_timelines.py puts them in one file).
 ///
-/// `GradientSync` fills one when NCCLKIT_TIMELINE is set or `GradientSyncOptions::timeline`
-/// asks for it; this header is the file format and its options, usable on its own.
+/// `GradientSync` fills one when `GradientSyncOptions::timeline` asks for it or NCCLKIT_TIMELINE
+/// is set (which overrides the prefix, as NCCLKIT_TIMELINE_STEPS does the steps); this header is
+/// the file format and its options, usable on its own.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -24,13 +25,13 @@
 #include <utility>      // std::move, std::pair
 #include <vector>       // std::vector
 
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/fusion/detail/chrome_trace.hpp"
 
 namespace ncclkit::fusion {
 
-/// Steps a timeline records unless told otherwise (NCCLKIT_TIMELINE_STEPS).
-inline constexpr std::size_t kDefaultTimelineSteps = 20;
+/// Steps a timeline records unless told otherwise.
+inline constexpr std::size_t kDefaultTimelineSteps = knob_default<std::size_t>("NCCLKIT_TIMELINE_STEPS");
 
 /// Turns a GradientSync's timeline on (GradientSyncOptions::timeline).
 struct TimelineOptions {
@@ -38,25 +39,23 @@ struct TimelineOptions {
   /// rank: `<prefix>.rank<R>.<N>.json`, N = 1, 2, ...); the folder must exist. Empty: no timeline.
   std::string prefix;
   /// Steps recorded, from the first: the file is written once the last of them is known, and
-  /// later steps cost nothing. At least 1.
+  /// later steps cost nothing. At least 1. NCCLKIT_TIMELINE_STEPS overrides it.
   std::size_t max_steps = kDefaultTimelineSteps;
 };
 
-/// The timeline the environment asks for: NCCLKIT_TIMELINE=prefix and NCCLKIT_TIMELINE_STEPS
-/// (default 20); nullopt when NCCLKIT_TIMELINE is unset or empty. ConfigError, naming the
-/// variable, when NCCLKIT_TIMELINE_STEPS is not a whole number >= 1.
-inline std::optional<TimelineOptions> timeline_options_from_env() {
-  auto prefix = env_string("NCCLKIT_TIMELINE");
-  if (!prefix) return std::nullopt;
-  TimelineOptions options{.prefix = std::move(*prefix)};
-  if (const auto steps = env_int("NCCLKIT_TIMELINE_STEPS")) {
-    if (*steps < 1) {
-      throw ConfigError("environment variable NCCLKIT_TIMELINE_STEPS=" + std::to_string(*steps) +
-                        " is not a number of steps >= 1; set it like NCCLKIT_TIMELINE_STEPS=20, or unset it");
-    }
-    options.max_steps = static_cast<std::size_t>(*steps);
+/// The timeline in force for a sync whose options ask for `field`: NCCLKIT_TIMELINE, when set,
+/// overrides the prefix (turning the timeline on), NCCLKIT_TIMELINE_STEPS the steps; nullopt
+/// when neither the options nor the environment turn it on. ConfigError naming the variable
+/// for a value it cannot take.
+inline std::optional<TimelineOptions> timeline_with_environment(std::optional<TimelineOptions> field) {
+  std::optional<std::string> prefix = knob_text(knob("NCCLKIT_TIMELINE"));
+  const std::optional<std::int64_t> steps = knob_integer(knob("NCCLKIT_TIMELINE_STEPS"));
+  if (prefix) {
+    if (!field) field.emplace();
+    field->prefix = std::move(*prefix);
   }
-  return options;
+  if (field && steps) field->max_steps = static_cast<std::size_t>(*steps);
+  return field;
 }
 
 /// A row of the trace.

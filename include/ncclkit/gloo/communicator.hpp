@@ -154,8 +154,18 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   const Options& options() const { return state().options; }
   /// The limit of each collective (Options::timeout, bounded).
   std::chrono::milliseconds timeout() const { return state().options.timeout; }
-  /// Whether an earlier failure made the communicator unusable.
+  /// Whether an earlier failure (or abort()) made the communicator unusable.
   bool failed() const { return state().failed.load(); }
+
+  /// Aborts the communicator now, from any thread, as a failure would: every later call throws
+  /// CommError naming `reason`. A collective in flight (inline in another thread, or on the comm
+  /// stream) ends at once with CommError, and work queued behind it does too; this rank's
+  /// connections are closed, so peers waiting on it fail at once (naming this rank) instead of
+  /// at their timeout. Returns at once: it waits for nothing (a Gloo call that does not wait on
+  /// a transport buffer still ends within the timeout). The destructor then closes what is
+  /// left, without the barrier. A second abort, or one after a failure, changes nothing but
+  /// keeps the first reason.
+  void abort(std::string reason = "abort() was called") { state().abort(reason); }
   /// Collectives (send and recv included) issued so far: the last one's sequence number.
   std::uint64_t issued_sequence() const { return state().issued.load(); }
   /// Collectives whose run has ended so far (successfully or not); issued_sequence() minus
@@ -330,8 +340,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     bool in_place = false;
     validated(kOp, stream, [&] {
       if (counts.size() != static_cast<std::size_t>(s.size)) {
-        throw ConfigError(s.who() + ": " + kOp + " needs one count per rank: got " + std::to_string(counts.size()) +
-                          " counts for " + std::to_string(s.size) + " ranks");
+        detail::misuse(s, kOp,
+                       "counts has " + std::to_string(counts.size()) + " entries for " + std::to_string(s.size) +
+                           " ranks; give one count per rank");
       }
       detail::check_views(s, kOp, in, out);
       const auto mine = counts[static_cast<std::size_t>(s.rank)];
@@ -385,13 +396,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
       detail::check_views(s, kOp, in, out);
       if (in.count != out.count) detail::mismatch(s, kOp, "in.count == out.count", in.count, out.count);
       if (in.count % static_cast<std::size_t>(s.size) != 0) {
-        throw ConfigError(s.who() + ": " + kOp + " in.count " + std::to_string(in.count) +
-                          " is not a multiple of size() " + std::to_string(s.size));
+        detail::misuse(s, kOp,
+                       "in.count " + std::to_string(in.count) + " is not a multiple of size() " +
+                           std::to_string(s.size) + "; give every rank the same number of elements");
       }
       if (detail::overlaps(in.data, in.bytes(), out.data, out.bytes())) {
-        throw ConfigError(s.who() + ": " + kOp +
-                          " input and output overlap; all_to_all is out of place only: pass "
-                          "separate buffers");
+        detail::misuse(s, kOp, "input and output overlap; all_to_all is out of place only: pass separate buffers");
       }
     });
     auto op_info = info(kOp, in.count, in.dtype, "");
@@ -410,7 +420,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     auto& s = state();
     validated(kOp, stream, [&] {
       detail::check_root(s, kOp, root);
-      detail::check_view(s, kOp, in);
+      detail::check_view(s, kOp, in, "input");
       if (s.rank != root) return;
       detail::check_views(s, kOp, in, out);
       if (out.count != in.count * static_cast<std::size_t>(s.size)) {
@@ -435,7 +445,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     auto& s = state();
     validated(kOp, stream, [&] {
       detail::check_root(s, kOp, root);
-      detail::check_view(s, kOp, out);
+      detail::check_view(s, kOp, out, "output");
       if (s.rank != root) return;
       detail::check_views(s, kOp, in, out);
       if (in.count != out.count * static_cast<std::size_t>(s.size)) {
@@ -461,7 +471,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     static constexpr const char* kOp = "send";
     auto& s = state();
     detail::check_peer(s, kOp, peer);
-    detail::check_view(s, kOp, in);
+    detail::check_view(s, kOp, in, "input");
     auto op_info = info(kOp, in.count, in.dtype, "to rank " + std::to_string(peer), /*checked=*/false);
     submit(stream, std::move(op_info), [in, peer](detail::CommunicatorState& s, auto deadline) {
       detail::send_now(s, in.data, in.bytes(), peer, deadline);
@@ -473,7 +483,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     static constexpr const char* kOp = "recv";
     auto& s = state();
     detail::check_peer(s, kOp, peer);
-    detail::check_view(s, kOp, out);
+    detail::check_view(s, kOp, out, "output");
     auto op_info = info(kOp, out.count, out.dtype, "from rank " + std::to_string(peer), /*checked=*/false);
     submit(stream, std::move(op_info), [out, peer](detail::CommunicatorState& s, auto deadline) {
       detail::recv_now(s, out.data, out.bytes(), peer, deadline);
@@ -522,7 +532,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   }
   /// out[i] *= factor, in out's element type (see ncclkit::gloo::scale), on `stream`.
   void scale(TensorView out, double factor, Stream stream = {}) {
-    if (out.where != MemoryKind::kHost) throw ConfigError(state().who() + ": scale needs host memory");
+    detail::misuse_if(state(), "scale",
+                      ncclkit::detail::memory_problem("buffer", out, MemoryKind::kHost, detail::kHostMemoryRemedy));
     const KernelIsa isa = state().isa;
     run_local(stream, [out, factor, isa] { gloo::scale(out.dtype, out.data, out.data, out.count, factor, isa); });
   }
@@ -555,12 +566,11 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   /// the Backend concept). Where `nonfinite` is not null, the number of non-finite outputs is added to
   /// it (atomically).
   void cast(TensorView in, TensorView out, double factor, std::uint64_t* nonfinite = nullptr, Stream stream = {}) {
-    if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
-      throw ConfigError(state().who() + ": cast needs host memory");
-    }
-    if (const std::string problem = ncclkit::detail::cast_problem(in, out); !problem.empty()) {
-      throw ConfigError(state().who() + ": " + problem);
-    }
+    detail::misuse_if(state(), "cast",
+                      ncclkit::detail::memory_problem("input", in, MemoryKind::kHost, detail::kHostMemoryRemedy));
+    detail::misuse_if(state(), "cast",
+                      ncclkit::detail::memory_problem("output", out, MemoryKind::kHost, detail::kHostMemoryRemedy));
+    detail::misuse_if(state(), "cast", ncclkit::detail::cast_problem(in, out));
     const KernelIsa isa = state().isa;
     run_local(stream, [in, out, factor, nonfinite, isa] {
       const std::uint64_t bad = gloo::cast(in, out, factor, isa);
@@ -569,9 +579,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
   }
   /// The batch, checked; empty copies dropped.
   CopyBatch prepare_copies(std::span<const CopyItem> items) {
-    if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
-      throw ConfigError(state().who() + ": prepare_copies: " + problem);
-    }
+    detail::misuse_if(state(), "prepare_copies", ncclkit::detail::copy_batch_problem(items));
     CopyBatch batch;
     for (const CopyItem& item : items) {
       if (item.bytes != 0) batch.push_back(item);
@@ -650,9 +658,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
     try {
       checks();
     } catch (const ConfigError& e) {
-      std::string_view reason = e.what();
-      const std::string prefix = s->who() + ": ";
-      if (reason.starts_with(prefix)) reason.remove_prefix(prefix.size());
+      const std::string_view reason = ncclkit::detail::misuse_what(e.what(), name, s->who());
       auto op = info(name, 0, DataType::kUint8, "arguments rejected on this rank");
       op.fingerprint = CollectiveFingerprint::of(name).with_rejection(reason);
       auto task = [s, op = std::move(op)] {

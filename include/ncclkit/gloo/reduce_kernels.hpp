@@ -31,7 +31,7 @@
 
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/half.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -172,11 +172,8 @@ inline bool isa_supported(KernelIsa isa) { return isa == KernelIsa::kGeneric || 
 /// `NCCLKIT_GLOO_ISA=generic` (or `avx2`) overrides. Decided once per process.
 inline KernelIsa default_isa() {
   static const KernelIsa isa = [] {
-    const auto wanted = env_string("NCCLKIT_GLOO_ISA");
+    const auto wanted = knob_text(knob("NCCLKIT_GLOO_ISA"));
     if (wanted && *wanted == "generic") return KernelIsa::kGeneric;
-    if (wanted && *wanted != "avx2") {
-      throw ConfigError("NCCLKIT_GLOO_ISA='" + *wanted + "' is not one of: generic, avx2; unset it or fix it");
-    }
     if (wanted && !detail::cpu_has_avx2_f16c()) {
       throw ConfigError("NCCLKIT_GLOO_ISA=avx2, but this CPU lacks AVX2 or F16C; unset it");
     }
@@ -212,7 +209,7 @@ inline void scale(DataType type, void* out, const void* in, std::size_t count, d
   });
 }
 
-/// out = in * factor converted to out's element type, for floating views (see CodecBackend's
+/// out = in * factor converted to out's element type, for floating views (see the Backend concept's
 /// cast); returns the number of non-finite outputs. Between float and float16/bfloat16 (the
 /// codecs' casts) it runs vectorised loops, elsewhere ncclkit's portable loop. Precondition:
 /// `ncclkit::detail::cast_problem(in, out)` is empty and `isa_supported(isa)`.

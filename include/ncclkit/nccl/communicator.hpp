@@ -77,6 +77,7 @@
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/detail/agreement.hpp"
+#include "ncclkit/core/detail/argument_checks.hpp"
 #include "ncclkit/core/detail/backend_memory.hpp"
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/core/detail/typed_collectives.hpp"
@@ -222,7 +223,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
       std::optional<DeviceGuard> on_device;
       if (s == cudaStreamLegacy) on_device.emplace(c.device);
       if (detail::is_capturing(s)) {
-        throw ConfigError("ncclkit synchronize on " + c.who() + ": " + std::string(detail::kCaptureRefusal));
+        throw ConfigError(ncclkit::detail::misuse_message("synchronize", c.who(), detail::kCaptureRefusal));
       }
       NCCLKIT_CUDA_CHECK(cudaEventRecord(c.sync_event.get(), s));
     }
@@ -551,18 +552,19 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     call.buffer("output", out);
     const auto launcher = kernel_launcher(detail::cast_launcher(), "cast");
     DeviceGuard guard(core().device);
-    launcher(in.data, in.dtype, out.data, out.dtype, in.count, factor, nonfinite, call.stream().stream);
+    launcher(in.data, in.dtype, out.data, out.dtype, in.count, factor, nonfinite,
+             static_cast<unsigned>(core().options.codec_blocks_per_sm), call.stream().stream);
   }
 
   /// A batch of device-to-device copies (pointers into this GPU's memory, not overlapping),
-  /// its table copied to the GPU once, now (this call waits for that copy). Run it with
-  /// copy_batch as often as wanted; empty copies are dropped.
+  /// its table copied to the GPU once, now (this call waits for that copy), in chunks of
+  /// Options::copy_chunk_kb. Run it with copy_batch as often as wanted; empty copies are dropped.
   CopyBatch prepare_copies(std::span<const CopyItem> items) {
     if (const std::string problem = ncclkit::detail::copy_batch_problem(items); !problem.empty()) {
-      throw ConfigError("ncclkit prepare_copies on " + core().who() + ": " + problem);
+      throw ConfigError(ncclkit::detail::misuse_message("prepare_copies", core().who(), problem));
     }
     std::vector<detail::DeviceCopy> table;
-    const std::uint64_t chunk_bytes = detail::copy_chunk_bytes();
+    const std::uint64_t chunk_bytes = static_cast<std::uint64_t>(core().options.copy_chunk_kb) << 10;
     std::uint64_t chunks = 0;
     std::uint64_t bytes = 0;
     for (const CopyItem& item : items) {
@@ -594,7 +596,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     }
     const auto launcher = kernel_launcher(detail::copy_batch_launcher(), "copy_batch");
     DeviceGuard guard(core().device);
-    launcher(batch.table_, batch.count_, batch.chunks_, batch.chunk_bytes_, call.stream().stream);
+    launcher(batch.table_, batch.count_, batch.chunks_, batch.chunk_bytes_,
+             static_cast<unsigned>(core().options.copy_blocks_per_sm), call.stream().stream);
   }
 
   // ---- optimizer work (the Backend concept; core/update.hpp) ---------------------------------
@@ -641,8 +644,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// needs every rank's GPU in reach of every other's memory (one node, NVLink or PCIe peer
   /// access), NCCL 2.28 at build time and the very same version at run time (the kernel reads
   /// NCCL's window structure as its headers lay it out), and ncclkit's kernels.
-  /// NCCLKIT_COMPRESSED_REDUCE=0 turns it off. prepare_compressed_reduce runs it only where
-  /// every rank can.
+  /// Options::compressed_reduce = false (or NCCLKIT_COMPRESSED_REDUCE=0) turns it off.
+  /// prepare_compressed_reduce runs it only where every rank can.
   std::string compressed_reduce_unavailable() {
     int lsa_rank = 0;
     return CompressedReduce::local_verdict(core(), lsa_rank);
@@ -651,17 +654,13 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// `wire` (float16 or bfloat16), or none, on every rank alike, where any rank cannot run it.
   /// A collective: every rank calls it with the same arguments (compared: a ConfigError on every
   /// rank when they differ); it all-gathers each rank's verdict, registers a symmetric window and
-  /// ends in a barrier. The kernel gets the fewest blocks any rank asked for.
+  /// ends in a barrier. The kernel gets the fewest blocks any rank asked for
+  /// (Options::compressed_reduce_blocks; more than 2 x the GPU's SMs is a ConfigError).
   std::optional<CompressedReduce> prepare_compressed_reduce(std::size_t max_count, DataType wire) {
     throw_if_failed();
     auto& c = core();
     const std::string who = "ncclkit prepare_compressed_reduce on " + c.who();
-    // A rank whose own wire type is wrong still takes part, so that every rank fails at once.
-    const std::string problem = wire == DataType::kFloat16 || wire == DataType::kBFloat16
-                                    ? std::string()
-                                    : who + ": wire type " + std::string(name_of(wire)) + " is not float16 or bfloat16";
-    int lsa_rank = 0;
-    const bool able = problem.empty() && CompressedReduce::local_verdict(c, lsa_rank).empty();
+    // A rank whose own arguments are wrong still takes part, so that every rank fails at once.
     int sms = 1;
     {
       DeviceGuard guard(c.device);
@@ -669,7 +668,21 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     }
     // One block per SM reaches NVLink's bandwidth at 512 threads (docs/performance.md); more
     // than two per SM could leave partners of a barrier waiting for a place on the GPU.
-    const auto blocks = std::clamp<std::int64_t>(env_int("NCCLKIT_COMPRESSED_REDUCE_BLOCKS").value_or(sms), 1, 2 * sms);
+    const std::int64_t asked = c.options.compressed_reduce_blocks;
+    std::string problem;
+    if (wire != DataType::kFloat16 && wire != DataType::kBFloat16) {
+      problem = ncclkit::detail::misuse_message("prepare_compressed_reduce", c.who(),
+                                                "wire type " + std::string(name_of(wire)) + " is not float16 or bfloat16");
+    } else if (asked > 2 * static_cast<std::int64_t>(sms)) {
+      problem = ncclkit::detail::misuse_message(
+          "prepare_compressed_reduce", c.who(),
+          "Options::compressed_reduce_blocks (or NCCLKIT_COMPRESSED_REDUCE_BLOCKS) = " + std::to_string(asked) +
+              " is more than 2 x the " + std::to_string(sms) + " SMs of this GPU; give 1 to " +
+              std::to_string(2 * sms) + ", or 0 for one per SM");
+    }
+    int lsa_rank = 0;
+    const bool able = problem.empty() && CompressedReduce::local_verdict(c, lsa_rank).empty();
+    const std::int64_t blocks = asked == 0 ? sms : asked;
     const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
                                    static_cast<std::uint64_t>(wire)};
     const ncclkit::detail::GatheredWords all =
@@ -742,8 +755,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
                     StreamArg stream) {
     if (bytes == 0) return;
     if (destination == nullptr || source == nullptr) {
-      throw ConfigError(std::string("ncclkit ") + what + " on " + core().who() + ": null pointer with " +
-                        std::to_string(bytes) + " bytes");
+      throw ConfigError(ncclkit::detail::misuse_message(
+          what, core().who(),
+          "a null pointer with " + std::to_string(bytes) + " bytes; pass both buffers' addresses, or 0 bytes"));
     }
     DeviceGuard guard(core().device);  // the stream is this GPU's, which may not be current
     NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(destination, source, bytes, kind, stream.resolve(core().default_stream)));

@@ -1,7 +1,7 @@
 #pragma once
 /// Element-wise CUDA kernels the NCCL backend needs for the `Backend` concept: `scale` (used
 /// for averaging and for pre-scaling before a reduction) and `fill` (tests and benchmarks);
-/// and, from detail/codec_kernels.cuh, `cast` and `copy_batch` (the `CodecBackend` concept).
+/// and, from detail/codec_kernels.cuh, `cast` and `copy_batch` (members of the Backend concept).
 /// Compiled only by nvcc. Including this header in one translation unit registers the
 /// launchers for the whole program (see detail/kernel_hooks.hpp), so host code compiled by g++
 /// can call Communicator::scale too.

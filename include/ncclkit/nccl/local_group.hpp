@@ -43,7 +43,7 @@ class LocalGroup {
     if (devices.empty())
       for (int d = 0; d < visible; ++d) devices.push_back(d);
     if (devices.empty()) throw ConfigError("LocalGroup: no GPU is visible to this process");
-    if (options.check_collectives) {
+    if (detail::with_environment(options).check_collectives) {
       // One thread issues every member's call in turn: a blocking comparison per call cannot
       // work, and the members have no store to compare through.
       log_warn(

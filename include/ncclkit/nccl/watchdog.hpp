@@ -66,7 +66,7 @@
 #include <utility>             // std::move, std::exchange
 #include <vector>              // std::vector
 
-#include "ncclkit/core/coarse_clock.hpp"
+#include "ncclkit/core/detail/coarse_clock.hpp"
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
@@ -114,7 +114,7 @@ struct CommHandle {
 
   /// Marks entry into an NCCL call that may block (written by the issuing thread only).
   /// Returns the time of entry (the issue time the watchdog measures the call from; a coarse
-  /// stamp, core/coarse_clock.hpp: cheap on every host, and at most a tick early).
+  /// stamp, core/detail/coarse_clock.hpp: cheap on every host, and at most a tick early).
   std::chrono::steady_clock::time_point enter(std::uint64_t seq, const char* operation, std::size_t bytes) {
     // The last leave()'s store of 0 before the fields' new values (free on x86; on weaker
     // CPUs a reader could otherwise see new fields under the old issuing_since).
@@ -217,7 +217,7 @@ struct WatchdogState {
   int world = 1;
   int device = 0;
   std::chrono::milliseconds timeout{};
-  /// How much earlier than the true issue time a coarse stamp may be (core/coarse_clock.hpp):
+  /// How much earlier than the true issue time a coarse stamp may be (core/detail/coarse_clock.hpp):
   /// work counts as late only past timeout + this, so that it never fails early.
   std::chrono::nanoseconds stamp_slack{};
   std::chrono::milliseconds poll{};

@@ -51,11 +51,11 @@
 #include <unordered_set>  // std::unordered_set (wait's folder listing)
 #include <vector>         // std::vector
 
-#include "ncclkit/core/deadline.hpp"
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/file_io.hpp"
 #include "ncclkit/store/detail/file_lock.hpp"
@@ -75,7 +75,8 @@ struct FileStoreOptions {
   /// finished run are removed by the next run that finds its members gone).
   int world_size = 0;
   /// Default timeout of blocking calls, and of taking a lock in the non-blocking ones.
-  std::chrono::milliseconds timeout = default_store_timeout();
+  /// NCCLKIT_STORE_TIMEOUT overrides it.
+  std::chrono::milliseconds timeout = knob_default<std::chrono::milliseconds>("NCCLKIT_STORE_TIMEOUT");
 };
 
 namespace detail::file_store {
@@ -211,6 +212,7 @@ inline FileStore::FileStore(std::string dir, FileStoreOptions options) : dir_(st
     throw ConfigError("FileStore " + describe() + ": world_size=" + std::to_string(options_.world_size) +
                       " must be >= 0 (0 = unknown)");
   }
+  options_.timeout = environment_overrides(knob("NCCLKIT_STORE_TIMEOUT"), options_.timeout);
   if (options_.timeout.count() < 0) {
     throw ConfigError("FileStore " + describe() + ": the timeout must not be negative");
   }

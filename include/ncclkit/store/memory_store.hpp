@@ -28,7 +28,7 @@
 #include <string_view>         // std::string_view
 #include <vector>              // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/printable_key.hpp"

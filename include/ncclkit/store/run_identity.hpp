@@ -18,12 +18,13 @@
 
 #include <string>  // std::string
 
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/env.hpp"    // env_string (the launchers' variables)
+#include "ncclkit/core/knobs.hpp"  // NCCLKIT_RUN_ID, NCCLKIT_LAUNCH_RUN_ID
 
 namespace ncclkit {
 
 /// The variable ncclkit-run sets for its workers: the job's id, one value on every node.
-inline constexpr const char* kLaunchRunIdVariable = "NCCLKIT_LAUNCH_RUN_ID";
+inline constexpr const char* kLaunchRunIdVariable = knob("NCCLKIT_LAUNCH_RUN_ID").name.data();
 
 /// A job identity: what runs are matched by, and where it came from (for messages).
 struct RunIdentity {
@@ -33,8 +34,8 @@ struct RunIdentity {
 
 /// The identity the environment gives this process (see the top of this file).
 inline RunIdentity run_identity_from_environment() {
-  if (auto explicit_id = env_string("NCCLKIT_RUN_ID")) return {*explicit_id, "NCCLKIT_RUN_ID=" + *explicit_id};
-  if (auto launch = env_string(kLaunchRunIdVariable)) {
+  if (auto explicit_id = knob_text(knob("NCCLKIT_RUN_ID"))) return {*explicit_id, "NCCLKIT_RUN_ID=" + *explicit_id};
+  if (auto launch = knob_text(knob("NCCLKIT_LAUNCH_RUN_ID"))) {
     return {"ncclkit-run:" + *launch, std::string(kLaunchRunIdVariable) + "=" + *launch + " (set by ncclkit-run)"};
   }
   if (auto torchrun = env_string("TORCHELASTIC_RUN_ID"); torchrun && *torchrun != "none") {

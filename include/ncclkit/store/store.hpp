@@ -7,7 +7,8 @@
 /// cost of a virtual call is nothing next to a file system or network round trip).
 ///
 /// Values are bytes (`Bytes`); string overloads exist for convenience. Every blocking call
-/// takes a timeout, or uses the store's default (NCCLKIT_STORE_TIMEOUT, else 300 s). On expiry
+/// takes a timeout, or uses the store's default (300 s, or the options'; NCCLKIT_STORE_TIMEOUT
+/// overrides it). On expiry
 /// it throws TimeoutError naming the keys still missing, the store (`describe()`) and the time
 /// waited. A timeout never fires early and is late by at most max(10%, 250 ms).
 ///
@@ -21,8 +22,9 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
-#include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/knobs.hpp"
+#include "ncclkit/core/log.hpp"  // detail::check_log_level
 
 namespace ncclkit {
 
@@ -37,7 +39,13 @@ class Store {
  public:
   using Duration = std::chrono::milliseconds;
 
-  Store() : default_timeout_(default_store_timeout()) {}
+  /// The default timeout is 300 s, or NCCLKIT_STORE_TIMEOUT; implementations set their options'
+  /// (overridden by the variable too). A bad NCCLKIT_LOG_LEVEL is a ConfigError here.
+  Store()
+      : default_timeout_(environment_overrides(knob("NCCLKIT_STORE_TIMEOUT"),
+                                               knob_default<std::chrono::milliseconds>("NCCLKIT_STORE_TIMEOUT"))) {
+    detail::check_log_level();
+  }
   virtual ~Store() = default;
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;

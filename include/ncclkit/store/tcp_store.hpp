@@ -26,7 +26,7 @@
 /// reconnects), so a late reply can never be taken for the answer to a later request. A lost
 /// connection (server gone) is a StoreError naming the address, for this and every later call.
 ///
-/// Security: with a shared token (TcpStoreServerOptions::token, default NCCLKIT_STORE_TOKEN),
+/// Security: with a shared token (TcpStoreServerOptions::token, or NCCLKIT_STORE_TOKEN),
 /// a client must present it before anything else; a stray process without it can neither read
 /// nor write keys. The token travels in clear text: it guards against accidents and stray
 /// processes, not against someone who can watch the network.
@@ -42,11 +42,11 @@
 #include <utility>      // std::move
 #include <vector>       // std::vector
 
-#include "ncclkit/core/deadline.hpp"
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
+#include "ncclkit/core/knobs.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/printable_key.hpp"
 #include "ncclkit/store/detail/socket.hpp"
@@ -65,7 +65,11 @@ class TcpStore final : public Store {
   /// with backoff until `options.timeout`; then TimeoutError naming host:port. A rejected
   /// token is a StoreError at once.
   explicit TcpStore(TcpStoreOptions options)
-      : host_(options.host), port_(options.port), token_(resolve_store_token(options.token)), linger_(options.linger) {
+      : host_(options.host),
+        port_(options.port),
+        token_(resolve_store_token(options.token)),
+        linger_(environment_overrides(knob("NCCLKIT_STORE_LINGER"), options.linger)) {
+    options.timeout = environment_overrides(knob("NCCLKIT_STORE_TIMEOUT"), options.timeout);
     if (options.is_server) {
       server_.emplace(TcpStoreServerOptions{.host = options.host, .port = options.port, .token = token_});
       port_ = server_->port();

@@ -12,9 +12,9 @@
 #include <string>   // std::string
 #include <utility>  // std::move
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/store/detail/socket.hpp"
 #include "ncclkit/store/detail/tcp_store_server_loop.hpp"
 #include "ncclkit/store/tcp_store_options.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-/// The `CodecBackend` operations' argument rules (one place, for every backend) and their host
+/// The argument rules of the Backend concept's cast and copy batches (one place, for every backend) and their host
 /// implementation (the Gloo backend and the tests' loop-back backend run them on the CPU).
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message

@@ -25,7 +25,7 @@
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 
 namespace ncclkit::gloo::detail {
 

@@ -21,6 +21,7 @@
 
 #include "ncclkit/core/byte_format.hpp"
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/argument_checks.hpp"  // overlaps
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
@@ -51,11 +52,7 @@ struct OpInfo {
 
 inline std::byte* byte_ptr(void* p) { return static_cast<std::byte*>(p); }
 
-inline bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
-  const auto* x = static_cast<const std::byte*>(a);
-  const auto* y = static_cast<const std::byte*>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
+using ncclkit::detail::overlaps;
 
 /// Time left until `deadline`, at least 1 ms (Gloo treats 0 as "no timeout").
 inline std::chrono::milliseconds remaining(std::chrono::steady_clock::time_point deadline) {
@@ -84,6 +81,7 @@ struct CommunicatorState {
   std::unique_ptr<PeerMonitor> monitor;
   std::mutex context_mutex;  ///< one collective at a time on the Gloo context
   std::atomic<bool> failed{false};
+  std::atomic<bool> aborted{false};  ///< abort() was called on this rank
   std::mutex failure_mutex;
   std::string failure;                      ///< the first failure's message (guarded by failure_mutex)
   std::atomic<std::uint64_t> issued{0};     ///< collectives issued (the last one's number)
@@ -136,7 +134,8 @@ struct CommunicatorState {
     std::string message = who() + ": " + describe(op) + " failed after " + ncclkit::format_seconds(waited) +
                           " (timeout " + ncclkit::format_seconds(options.timeout) + "): " + why +
                           ". The communicator is unusable now. ";
-    message += why != cause && !is_timeout(cause)
+    message += aborted.load(std::memory_order_acquire) ? "abort() was called on this rank; destroy the communicator."
+               : why != cause && !is_timeout(cause)
                    ? "The rank named probably exited or crashed (a rank whose own collective failed closes its "
                      "connections too): look at its log."
                    : "A peer probably exited, crashed or stalled: look at the other ranks' logs; raise the timeout "
@@ -148,6 +147,21 @@ struct CommunicatorState {
     failed.store(true, std::memory_order_release);
     log_error(message);
     throw CommError(message);
+  }
+
+  /// Makes the communicator unusable with `reason` (the first failure, if any, stays the one
+  /// reported) and ends the waits of a collective in flight: see Communicator::abort. Takes no
+  /// lock a collective holds, so it returns at once whatever runs.
+  void abort(const std::string& reason) {
+    const std::string message = "the communicator was aborted on this rank: " + reason;
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (failure.empty()) failure = message;
+    }
+    aborted.store(true, std::memory_order_release);
+    if (failed.exchange(true, std::memory_order_acq_rel)) return;
+    log_error(who() + ": " + message + ". The communicator is unusable now; every later call throws CommError.");
+    if (monitor) monitor->abort(message);
   }
 
   /// Runs one collective's body under the context lock, with failures mapped to CommError.

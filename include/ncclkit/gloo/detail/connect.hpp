@@ -15,11 +15,11 @@
 #include <string>     // std::string
 #include <vector>     // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/gloo/detail/algorithms.hpp"
 #include "ncclkit/gloo/detail/argument_check.hpp"
@@ -33,8 +33,10 @@
 
 namespace ncclkit::gloo::detail {
 
-/// Checks the state's options and bounds its timeout; ConfigError naming the field otherwise.
+/// Applies the environment's overrides to the state's options, checks them and bounds the
+/// timeout; ConfigError naming the field or variable otherwise.
 inline void validate_options(CommunicatorState& s) {
+  s.options = with_environment(std::move(s.options));
   Options& options = s.options;
   if (options.timeout <= std::chrono::milliseconds::zero()) {
     throw ConfigError(s.who() + ": timeout must be positive");
@@ -98,12 +100,8 @@ inline void connect(CommunicatorState& s, const std::shared_ptr<ncclkit::Store>&
   StoreAdapter adapter(scoped, s.options.timeout);
 
   ::gloo::transport::tcp::attr attr;
-  std::string interface = s.options.interface;
-  std::string hostname = s.options.hostname;
-  if (interface.empty() && hostname.empty()) {
-    interface = env_string("NCCLKIT_GLOO_SOCKET_IFNAME").value_or("");
-    if (interface.empty()) hostname = env_string("NCCLKIT_GLOO_HOSTNAME").value_or("");
-  }
+  const std::string& interface = s.options.interface;
+  const std::string& hostname = s.options.hostname;
   attr.iface = interface;
   attr.hostname = hostname;
   try {

@@ -53,9 +53,9 @@
 #include <utility>             // std::move
 #include <vector>              // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 
 namespace ncclkit::gloo::detail {
 
@@ -214,8 +214,26 @@ class PeerMonitor {
     watcher_.join();
   }
 
-  /// Whether the watcher has seen a peer's connection fail.
+  /// Whether the watcher has seen a peer's connection fail, or abort() was called.
   bool peer_failed() const { return state_->failed.load(std::memory_order_acquire); }
+
+  /// The communicator's abort: what the watcher does for a failed peer, at once and with
+  /// `message` as the failure: every wait on the transport's buffers (and on any made later)
+  /// ends, throwing `message`, and every connection of the context closes, so that peers
+  /// waiting on this rank fail now too (naming it). Returns without waiting for anything. A
+  /// failure already seen keeps its message.
+  void abort(const std::string& message) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      if (!state_->failed.load(std::memory_order_relaxed)) state_->message = message;
+      state_->failed.store(true, std::memory_order_release);
+      for (auto* buffer : state_->buffers) {
+        buffer->abortWaitRecv();
+        buffer->abortWaitSend();
+      }
+    }
+    context_.closeConnections();
+  }
 
   /// "the connection to rank 1 failed (<Gloo's words>)", one clause per failed peer, or empty
   /// when no connection failed by a peer's doing. Waits up to `grace` for a failing pair to
@@ -247,7 +265,8 @@ class PeerMonitor {
         return;
       } catch (const std::exception&) {
       }
-      if (stopping()) return;
+      // Stopped, or abort() closed the connections itself: nothing for the watcher to add.
+      if (stopping() || peer_failed()) return;
       const std::string found = peer_failure(std::chrono::milliseconds(100));
       if (found.empty()) return;  // this rank's own timeout: its collective is failing already
       {

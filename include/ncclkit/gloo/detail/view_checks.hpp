@@ -1,80 +1,80 @@
 #pragma once
-/// The local argument checks of the Gloo communicator's collectives: each throws ConfigError
-/// naming the communicator, the collective and what to pass instead. Internal to
-/// gloo/communicator.hpp, which runs them before a collective is issued.
+/// The local argument checks of the Gloo communicator's collectives: each throws ConfigError in
+/// the shape both backends share ("ncclkit: <op> on <communicator>: <what>; <what to do>"), from
+/// the checks both make (core/detail/argument_checks.hpp) and those only Gloo's needs (host
+/// memory, a peer that is this rank, in-place rules). Internal to gloo/communicator.hpp, which
+/// runs them before a collective is issued.
 
-#include <cstddef>  // std::size_t
-#include <string>   // std::string, std::to_string
+#include <cstddef>      // std::size_t
+#include <string>       // std::string, std::to_string
+#include <string_view>  // std::string_view
 
-#include "ncclkit/core/dtype.hpp"
+#include "ncclkit/core/detail/argument_checks.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/gloo/detail/communicator_state.hpp"
 
 namespace ncclkit::gloo::detail {
 
+/// What to pass instead of device memory.
+inline constexpr std::string_view kHostMemoryRemedy =
+    "the Gloo backend cannot read device memory: copy it to the host, or use the NCCL backend";
+
+/// Throws the ConfigError of `op` on this communicator: `what` was wrong (and what to do).
+[[noreturn]] inline void misuse(const CommunicatorState& s, std::string_view op, const std::string& what) {
+  throw ConfigError(ncclkit::detail::misuse_message(op, s.who(), what));
+}
+
+/// misuse() unless `problem` (a check of core/detail/argument_checks.hpp) is empty.
+inline void misuse_if(const CommunicatorState& s, std::string_view op, const std::string& problem) {
+  if (!problem.empty()) misuse(s, op, problem);
+}
+
 inline void check_root(const CommunicatorState& s, const char* op, int root) {
-  if (root < 0 || root >= s.size) {
-    throw ConfigError(s.who() + ": " + op + " root " + std::to_string(root) + " is outside [0, " +
-                      std::to_string(s.size) + ")");
-  }
+  misuse_if(s, op, ncclkit::detail::root_problem(root, s.size));
 }
 
 /// Point-to-point: `peer` must be another rank of the communicator.
 inline void check_peer(const CommunicatorState& s, const char* op, int peer) {
-  if (peer < 0 || peer >= s.size) {
-    throw ConfigError(s.who() + ": " + op + " peer " + std::to_string(peer) + " is outside [0, " +
-                      std::to_string(s.size) + ")");
-  }
+  misuse_if(s, op, ncclkit::detail::peer_problem(peer, s.size));
   if (peer == s.rank) {
-    throw ConfigError(s.who() + ": " + op + " peer " + std::to_string(peer) +
-                      " is this rank; send and recv need another rank (copy() moves data within a rank)");
+    misuse(s, op,
+           "peer " + std::to_string(peer) +
+               " is this rank; send and recv need another rank (copy() moves data within a rank)");
   }
 }
 
-/// One view: host memory, and a pointer wherever the count is not zero.
-inline void check_view(const CommunicatorState& s, const char* op, const TensorView& view) {
-  if (view.where != MemoryKind::kHost) {
-    throw ConfigError(s.who() + ": " + op +
-                      " needs host memory (TensorView::where == kHost); the Gloo "
-                      "backend cannot read device memory: copy to the host or use the NCCL backend");
-  }
-  if (view.count > 0 && view.data == nullptr) {
-    throw ConfigError(s.who() + ": " + op + " got a null pointer with a non-zero count");
-  }
+/// One view (`which`: "input", "output", ...): host memory, and a pointer wherever the count
+/// is not zero.
+inline void check_view(const CommunicatorState& s, const char* op, const TensorView& view,
+                       std::string_view which = "buffer") {
+  misuse_if(s, op, ncclkit::detail::memory_problem(which, view, MemoryKind::kHost, kHostMemoryRemedy));
+  misuse_if(s, op, ncclkit::detail::null_problem(which, view));
 }
 
 /// Two views: each as check_view, and the same element type.
 inline void check_views(const CommunicatorState& s, const char* op, const TensorView& in, const TensorView& out) {
-  if (in.where != MemoryKind::kHost || out.where != MemoryKind::kHost) {
-    throw ConfigError(s.who() + ": " + op +
-                      " needs host memory (TensorView::where == kHost); the Gloo "
-                      "backend cannot read device memory: copy to the host or use the NCCL backend");
-  }
-  if (in.dtype != out.dtype) {
-    throw ConfigError(s.who() + ": " + op + " input is " + std::string(name_of(in.dtype)) + " but output is " +
-                      std::string(name_of(out.dtype)) + "; both must have the same element type");
-  }
-  if ((in.count > 0 && in.data == nullptr) || (out.count > 0 && out.data == nullptr)) {
-    throw ConfigError(s.who() + ": " + op + " got a null pointer with a non-zero count");
-  }
+  misuse_if(s, op, ncclkit::detail::memory_problem("input", in, MemoryKind::kHost, kHostMemoryRemedy));
+  misuse_if(s, op, ncclkit::detail::memory_problem("output", out, MemoryKind::kHost, kHostMemoryRemedy));
+  misuse_if(s, op, ncclkit::detail::element_types_problem(in, out));
+  misuse_if(s, op, ncclkit::detail::null_problem("input", in));
+  misuse_if(s, op, ncclkit::detail::null_problem("output", out));
 }
 
+/// Input and output overlap, and the collective's in-place rule does not call it in place.
 [[noreturn]] inline void overlap_error(const CommunicatorState& s, const char* op) {
-  throw ConfigError(s.who() + ": " + op +
-                    " input and output overlap without being in place; pass the same "
-                    "buffer for in-place use or non-overlapping buffers");
+  misuse(s, op, std::string(ncclkit::detail::kOverlapProblem));
 }
 
 /// Out-of-place views must not overlap (equal pointers are in place).
 inline void check_alias(const CommunicatorState& s, const char* op, const TensorView& in, const TensorView& out) {
-  if (in.data != out.data && overlaps(in.data, in.bytes(), out.data, out.bytes())) overlap_error(s, op);
+  misuse_if(s, op, ncclkit::detail::overlap_problem(in, out));
 }
 
+/// Element counts `a` and `b` that must keep `rule` do not.
 [[noreturn]] inline void mismatch(const CommunicatorState& s, const char* op, const char* rule, std::size_t a,
                                   std::size_t b) {
-  throw ConfigError(s.who() + ": " + op + " needs " + rule + " (got " + std::to_string(a) + " and " +
-                    std::to_string(b) + ")");
+  misuse(s, op, ncclkit::detail::sizes_problem(rule, a, b));
 }
 
 }  // namespace ncclkit::gloo::detail

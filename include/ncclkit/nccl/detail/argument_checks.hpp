@@ -2,7 +2,9 @@
 /// The local argument checks of the NCCL communicator's calls, made before NCCL sees
 /// anything: stream (capture state, device), reduce op, root, peer, buffers (type, count,
 /// device memory of this GPU). A bad argument is a ConfigError that leaves the communicator
-/// usable. Internal: used by ncclkit/nccl/communicator.hpp.
+/// usable, in the shape both backends share ("ncclkit: <op> on <communicator>: <what>"), from
+/// the checks both make (core/detail/argument_checks.hpp) and those only NCCL's needs (device
+/// pointers, streams, capture). Internal: used by ncclkit/nccl/communicator.hpp.
 
 #include <cuda_runtime_api.h>  // cudaPointerGetAttributes, cudaStreamGetDevice, cudaStreamLegacy
 
@@ -14,6 +16,7 @@
 #include <string_view>  // std::string_view
 
 #include "ncclkit/core/collective_check.hpp"
+#include "ncclkit/core/detail/argument_checks.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
@@ -85,7 +88,11 @@ class CheckedCall {
   /// comparison (reject_in_check), before raising its ConfigError.
   [[noreturn]] void misuse(const std::string& what) const {
     reject_in_check(what);
-    throw ConfigError("ncclkit " + std::string(operation_) + " on " + core_.who() + ": " + what);
+    throw ConfigError(ncclkit::detail::misuse_message(operation_, core_.who(), what));
+  }
+  /// misuse(problem) unless `problem` is empty (a check of core/detail/argument_checks.hpp passed).
+  void misuse_if(const std::string& problem) const {
+    if (!problem.empty()) misuse(problem);
   }
   /// The misuse of a call that waits on the host, on a stream that is capturing.
   [[noreturn]] void refuse_capture() const { misuse(kCaptureRefusal); }
@@ -93,27 +100,13 @@ class CheckedCall {
   void op(ReduceOp op) const {
     if (!nccl::is_valid(op)) misuse("invalid ReduceOp value " + std::to_string(static_cast<int>(op)));
   }
-  void root(int root) const {
-    if (root < 0 || root >= core_.size) {
-      misuse("root " + std::to_string(root) + " is outside [0, " + std::to_string(core_.size) + ")");
-    }
-  }
-  void peer(int peer) const {
-    if (peer < 0 || peer >= core_.size) {
-      misuse("peer " + std::to_string(peer) + " is outside [0, " + std::to_string(core_.size) + ")");
-    }
-  }
+  void root(int root) const { misuse_if(ncclkit::detail::root_problem(root, core_.size)); }
+  void peer(int peer) const { misuse_if(ncclkit::detail::peer_problem(peer, core_.size)); }
   /// `first` and `second` have one element type, `second` holds `expected` elements, and both
   /// pass buffer().
   void pair(const TensorView& first, const TensorView& second, std::size_t expected, const char* rule) const {
-    if (first.dtype != second.dtype) {
-      misuse(std::string("element types differ: ") + std::string(name_of(first.dtype)) + " and " +
-             std::string(name_of(second.dtype)));
-    }
-    if (second.count != expected) {
-      misuse(std::string("sizes do not match (") + rule + "): " + std::to_string(first.count) + " and " +
-             std::to_string(second.count) + " elements");
-    }
+    misuse_if(ncclkit::detail::element_types_problem(first, second));
+    if (second.count != expected) misuse(ncclkit::detail::sizes_problem(rule, first.count, second.count));
     // In place (one address, element type and memory kind): one buffer to check.
     const bool same = first.data == second.data && first.where == second.where && first.count <= second.count;
     if (!same) buffer("input/output", first);
@@ -121,15 +114,12 @@ class CheckedCall {
   }
   void buffer(const char* which, const TensorView& buffer) const {
     if (!nccl::is_valid(buffer.dtype)) misuse(std::string(which) + " has an invalid DataType value");
-    if (buffer.where != MemoryKind::kDevice) {
-      misuse(std::string(which) +
-             " buffer is marked as host memory (TensorView::where); the NCCL backend moves "
-             "device memory");
-    }
+    misuse_if(ncclkit::detail::memory_problem(
+        which, buffer, MemoryKind::kDevice,
+        "pass device memory of this GPU (cudaMalloc, Communicator::allocate, DeviceBuffer), or use the Gloo backend "
+        "for host memory"));
     if (buffer.count == 0) return;
-    if (buffer.data == nullptr) {
-      misuse(std::string(which) + " is a null pointer with count " + std::to_string(buffer.count));
-    }
+    misuse_if(ncclkit::detail::null_problem(which, buffer));
     if (!core_.options.check_pointers || stream_.capturing) return;
     if (core_.checked_pointers.contains(buffer.data)) return;  // checked before (checked_pointers.hpp)
     RelaxedCaptureMode relaxed;                                // legal while another stream captures a graph

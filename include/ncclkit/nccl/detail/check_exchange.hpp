@@ -35,7 +35,7 @@
 
 #include "ncclkit/core/collective_check.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/store.hpp"
 

@@ -1,5 +1,5 @@
 #pragma once
-/// The CUDA kernels of the `CodecBackend` operations: `cast` (scale and convert in one pass,
+/// The CUDA kernels of the Backend concept's codec operations: `cast` (scale and convert in one pass,
 /// counting non-finite outputs) and `copy_batch` (many copies in one launch, from a table in
 /// device memory). Compiled only by nvcc, through ncclkit/nccl/kernels.cuh, which registers
 /// the launchers for host code (detail/kernel_hooks.hpp).
@@ -19,13 +19,10 @@
 #include <algorithm>    // std::min
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::int64_t, std::uint64_t, std::uintptr_t
-#include <cstdlib>      // std::getenv, std::strtol
-#include <optional>     // std::optional
-#include <string>       // std::to_string
+#include <string>       // std::string
 #include <type_traits>  // std::conditional_t, std::is_same_v
 
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
@@ -140,24 +137,15 @@ inline unsigned capped_grid(std::size_t work_items, unsigned block, unsigned per
 }
 
 inline constexpr unsigned kCodecBlock = 256;
-/// Blocks per SM of the codec kernels; NCCLKIT_CODEC_BLOCKS_PER_SM (1 to 8) overrides it.
-inline unsigned codec_blocks_per_sm() {
-  static const unsigned blocks = [] {
-    const char* text = std::getenv("NCCLKIT_CODEC_BLOCKS_PER_SM");
-    const long value = text != nullptr ? std::strtol(text, nullptr, 10) : 0;
-    return value >= 1 && value <= 8 ? static_cast<unsigned>(value) : 4u;
-  }();
-  return blocks;
-}
 
 template <class In, class Out>
 void launch_cast_typed(const void* in, void* out, std::size_t count, double factor, std::uint64_t* nonfinite,
-                       cudaStream_t stream) {
+                       unsigned blocks_per_sm, cudaStream_t stream) {
   constexpr int kN = kCastVector<In, Out>;
   const auto address = reinterpret_cast<std::uintptr_t>(in) | reinterpret_cast<std::uintptr_t>(out);
   const bool vector = address % (sizeof(In) * kN) == 0 && address % (sizeof(Out) * kN) == 0;
   const std::size_t work = vector ? (count / kN + kCastUnroll - 1) / kCastUnroll : count;
-  const unsigned grid = capped_grid(work, kCodecBlock, codec_blocks_per_sm());
+  const unsigned grid = capped_grid(work, kCodecBlock, blocks_per_sm);
   cast_kernel<In, Out><<<grid, kCodecBlock, 0, stream>>>(static_cast<const In*>(in), static_cast<Out*>(out), count,
                                                          factor, vector,
                                                          reinterpret_cast<unsigned long long*>(nonfinite));
@@ -166,34 +154,34 @@ void launch_cast_typed(const void* in, void* out, std::size_t count, double fact
 
 template <class In>
 void launch_cast_from(const void* in, DataType out_type, void* out, std::size_t count, double factor,
-                      std::uint64_t* nonfinite, cudaStream_t stream) {
+                      std::uint64_t* nonfinite, unsigned blocks_per_sm, cudaStream_t stream) {
   switch (out_type) {
     case DataType::kFloat16:
-      return launch_cast_typed<In, __half>(in, out, count, factor, nonfinite, stream);
+      return launch_cast_typed<In, __half>(in, out, count, factor, nonfinite, blocks_per_sm, stream);
     case DataType::kBFloat16:
-      return launch_cast_typed<In, __nv_bfloat16>(in, out, count, factor, nonfinite, stream);
+      return launch_cast_typed<In, __nv_bfloat16>(in, out, count, factor, nonfinite, blocks_per_sm, stream);
     case DataType::kFloat32:
-      return launch_cast_typed<In, float>(in, out, count, factor, nonfinite, stream);
+      return launch_cast_typed<In, float>(in, out, count, factor, nonfinite, blocks_per_sm, stream);
     case DataType::kFloat64:
-      return launch_cast_typed<In, double>(in, out, count, factor, nonfinite, stream);
+      return launch_cast_typed<In, double>(in, out, count, factor, nonfinite, blocks_per_sm, stream);
     default:
       throw ConfigError("cast: output type " + std::string(name_of(out_type)) + " is not a floating type");
   }
 }
 
 inline void launch_cast(const void* in, DataType in_type, void* out, DataType out_type, std::size_t count,
-                        double factor, std::uint64_t* nonfinite, cudaStream_t stream) {
+                        double factor, std::uint64_t* nonfinite, unsigned blocks_per_sm, cudaStream_t stream) {
   static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
   if (count == 0) return;
   switch (in_type) {
     case DataType::kFloat16:
-      return launch_cast_from<__half>(in, out_type, out, count, factor, nonfinite, stream);
+      return launch_cast_from<__half>(in, out_type, out, count, factor, nonfinite, blocks_per_sm, stream);
     case DataType::kBFloat16:
-      return launch_cast_from<__nv_bfloat16>(in, out_type, out, count, factor, nonfinite, stream);
+      return launch_cast_from<__nv_bfloat16>(in, out_type, out, count, factor, nonfinite, blocks_per_sm, stream);
     case DataType::kFloat32:
-      return launch_cast_from<float>(in, out_type, out, count, factor, nonfinite, stream);
+      return launch_cast_from<float>(in, out_type, out, count, factor, nonfinite, blocks_per_sm, stream);
     case DataType::kFloat64:
-      return launch_cast_from<double>(in, out_type, out, count, factor, nonfinite, stream);
+      return launch_cast_from<double>(in, out_type, out, count, factor, nonfinite, blocks_per_sm, stream);
     default:
       throw ConfigError("cast: input type " + std::string(name_of(in_type)) + " is not a floating type");
   }
@@ -233,24 +221,6 @@ __device__ inline void block_copy(unsigned char* to, const unsigned char* from, 
   for (std::size_t i = done + threadIdx.x; i < bytes; i += blockDim.x) to[i] = from[i];
 }
 
-/// Cap on the batched copy's blocks per SM, 0 for none: one short-lived block per chunk, so
-/// that an SM frees up within a chunk's time for a NCCL kernel of the high-priority comm
-/// stream (a capped grid of blocks that loop over chunks holds its SMs to the end; measured in
-/// docs/performance.md). NCCLKIT_COPY_BLOCKS_PER_SM (0 to 8) overrides it; another value is
-/// a ConfigError naming it.
-inline unsigned copy_blocks_per_sm() {
-  static const unsigned blocks = [] {
-    const std::optional<std::int64_t> value = env_int("NCCLKIT_COPY_BLOCKS_PER_SM");
-    if (!value) return 0u;
-    if (*value < 0 || *value > 8) {
-      throw ConfigError("environment variable NCCLKIT_COPY_BLOCKS_PER_SM=" + std::to_string(*value) +
-                        " is out of range: 0 (one block per chunk) to 8 blocks per SM; set one, or unset it for 0");
-    }
-    return static_cast<unsigned>(*value);
-  }();
-  return blocks;
-}
-
 /// Each block takes chunks of `chunk_bytes` (grid-stride) and finds its copy by binary
 /// search over the table's first chunks, so one huge copy and hundreds of tiny ones share
 /// the grid evenly.
@@ -275,11 +245,12 @@ __global__ void copy_batch_kernel(const DeviceCopy* items, std::size_t count, st
   }
 }
 
+/// One block a chunk, capped at `per_sm` blocks per SM; 0, no cap: short-lived blocks free an
+/// SM within a chunk's time for a NCCL kernel of the high-priority comm stream (a capped grid of
+/// blocks that loop over chunks holds its SMs to the end; measured in docs/performance.md).
 inline void launch_copy_batch(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
-                              std::uint64_t chunk_bytes, cudaStream_t stream) {
+                              std::uint64_t chunk_bytes, unsigned per_sm, cudaStream_t stream) {
   if (count == 0 || chunks == 0) return;
-  // One block a chunk, capped at copy_blocks_per_sm() per SM (0: no cap).
-  const unsigned per_sm = copy_blocks_per_sm();
   const unsigned grid = per_sm == 0 ? static_cast<unsigned>(std::min<std::uint64_t>(chunks, 0x7fffffffu))
                                     : capped_grid(static_cast<std::size_t>(chunks) * kCodecBlock, kCodecBlock, per_sm);
   copy_batch_kernel<<<grid, kCodecBlock, 0, stream>>>(items, count, chunks, chunk_bytes);

@@ -18,7 +18,7 @@
 
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
 #include "ncclkit/nccl/options.hpp"

@@ -20,11 +20,11 @@
 #include "ncclkit/core/detail/communicator_label.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/options.hpp"
-#include "ncclkit/nccl/rendezvous.hpp"
+#include "ncclkit/nccl/detail/rendezvous.hpp"
 #include "ncclkit/nccl/stream.hpp"
 #include "ncclkit/nccl/watchdog.hpp"
 #include "ncclkit/store/prefix_store.hpp"
@@ -54,12 +54,14 @@ struct ReadyHandles {
   ncclComm_t comm = nullptr;
 };
 
-/// A fresh core with options resolved: device chosen, timeout filled in. `who` opens the
+/// A fresh core with options resolved: the environment's overrides applied, device chosen,
+/// timeout filled in. `who` opens the
 /// messages of the options it refuses (default: the communicator's name and rank).
 inline std::unique_ptr<CommCore> make_core(Options options, int rank, int size, int local_rank, std::string who = {}) {
   if (who.empty()) who = "nccl::Communicator '" + options.name + "' (rank " + std::to_string(rank) + ")";
   auto core = std::make_unique<CommCore>();
-  if (options.timeout.count() <= 0) options.timeout = default_comm_timeout();
+  options = with_environment(std::move(options));
+  if (options.timeout.count() <= 0) options.timeout = knob_default<std::chrono::milliseconds>("NCCLKIT_TIMEOUT");
   // Deadlines are now + timeout (+ slack): a "forever" such as milliseconds::max() would
   // overflow them.
   if (options.timeout > std::chrono::duration<double>(kMaxTimeoutSeconds)) {

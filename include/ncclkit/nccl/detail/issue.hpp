@@ -55,7 +55,7 @@ struct CallStream {
 [[noreturn]] inline void on_nccl_error(CommCore& core, ncclResult_t status, const char* operation,
                                        std::size_t bytes = 0, std::uint64_t seq = 0) {
   if (status == ncclInvalidArgument || status == ncclInvalidUsage) {
-    throw NcclError("ncclkit " + std::string(operation) + " on " + core.who() + ": NCCL rejected the call: " +
+    throw NcclError("ncclkit: " + std::string(operation) + " on " + core.who() + ": NCCL rejected the call: " +
                     describe_nccl_error(status, core.handle().aborted ? nullptr : core.handle().comm));
   }
   fail_issue(core, operation, bytes, "NCCL returned " + describe_nccl_error(status) + " when it was issued", seq);

@@ -6,14 +6,10 @@
 
 #include <cuda_runtime_api.h>  // cudaStream_t
 
-#include <cstddef>   // std::size_t
-#include <cstdint>   // std::int64_t, std::uint64_t
-#include <optional>  // std::optional
-#include <string>    // std::to_string
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint64_t
 
 #include "ncclkit/core/dtype.hpp"
-#include "ncclkit/core/env.hpp"
-#include "ncclkit/core/error.hpp"
 #include "ncclkit/core/update.hpp"
 
 namespace ncclkit::nccl::detail {
@@ -29,31 +25,13 @@ inline ScaleLauncher& scale_launcher() {
 }
 
 /// out[i] = in[i] * factor converted to `out_type` (floating types), adding the number of
-/// non-finite outputs to `*nonfinite` (device memory) where it is not null.
+/// non-finite outputs to `*nonfinite` (device memory) where it is not null; at most
+/// `blocks_per_sm` blocks per SM (Options::codec_blocks_per_sm).
 using CastLauncher = void (*)(const void* in, DataType in_type, void* out, DataType out_type, std::size_t count,
-                              double factor, std::uint64_t* nonfinite, cudaStream_t stream);
+                              double factor, std::uint64_t* nonfinite, unsigned blocks_per_sm, cudaStream_t stream);
 inline CastLauncher& cast_launcher() {
   static CastLauncher launcher = nullptr;
   return launcher;
-}
-
-/// Bytes of one copy that one block of the batched copy kernel moves at a time: 16 KiB, one
-/// pass of a 256-thread block's unrolled loop, so that blocks are short and the grid has
-/// many (the fastest of 16 to 128 KiB beside NCCL, docs/performance.md).
-/// NCCLKIT_COPY_CHUNK_KB (4 to 1024, a power of two) overrides it, read once per process;
-/// another value is a ConfigError naming it.
-inline std::uint64_t copy_chunk_bytes() {
-  static const std::uint64_t bytes = [] {
-    const std::optional<std::int64_t> kb = env_int("NCCLKIT_COPY_CHUNK_KB");
-    if (!kb) return std::uint64_t{16} << 10;
-    if (*kb < 4 || *kb > 1024 || (*kb & (*kb - 1)) != 0) {
-      throw ConfigError("environment variable NCCLKIT_COPY_CHUNK_KB=" + std::to_string(*kb) +
-                        " is not a power of two from 4 to 1024 (KiB per block of the batched copy); set one, or "
-                        "unset it for 16");
-    }
-    return static_cast<std::uint64_t>(*kb) << 10;
-  }();
-  return bytes;
 }
 
 /// One entry of a batched copy's table in device memory: the copy, and the index of its first
@@ -66,9 +44,10 @@ struct DeviceCopy {
 };
 
 /// Runs `count` copies (none empty) of a table in device memory, `chunks` chunks of
-/// `chunk_bytes` in all.
+/// `chunk_bytes` in all (Options::copy_chunk_kb); `blocks_per_sm` is
+/// Options::copy_blocks_per_sm (0: one block per chunk).
 using CopyBatchLauncher = void (*)(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
-                                   std::uint64_t chunk_bytes, cudaStream_t stream);
+                                   std::uint64_t chunk_bytes, unsigned blocks_per_sm, cudaStream_t stream);
 inline CopyBatchLauncher& copy_batch_launcher() {
   static CopyBatchLauncher launcher = nullptr;
   return launcher;

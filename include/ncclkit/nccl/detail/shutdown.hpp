@@ -11,9 +11,9 @@
 #include <string>     // std::string
 #include <vector>     // std::vector, std::erase
 
-#include "ncclkit/core/bounded_call.hpp"
+#include "ncclkit/core/detail/bounded_call.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/poll.hpp"
+#include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/group.hpp"

@@ -11,7 +11,7 @@
 #include <chrono>   // std::chrono
 #include <utility>  // std::exchange
 
-#include "ncclkit/core/poll.hpp"  // poll_until, BackoffPolicy
+#include "ncclkit/core/detail/poll.hpp"  // poll_until, BackoffPolicy
 
 #if !defined(F_OFD_SETLK)
 #error "ncclkit FileStore needs open file description locks (F_OFD_SETLK: Linux 3.15+, glibc with _GNU_SOURCE)"

@@ -22,7 +22,7 @@
 #include <system_error>  // std::error_code
 #include <vector>        // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/time_format.hpp"

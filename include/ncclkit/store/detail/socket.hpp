@@ -26,7 +26,7 @@
 #include <utility>    // std::exchange
 #include <vector>     // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 
 namespace ncclkit::detail {

@@ -28,10 +28,10 @@
 #include <utility>        // std::pair, std::move
 #include <vector>         // std::vector
 
-#include "ncclkit/core/deadline.hpp"
+#include "ncclkit/core/detail/deadline.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/log.hpp"
-#include "ncclkit/core/rate_limiter.hpp"
+#include "ncclkit/core/detail/rate_limiter.hpp"
 #include "ncclkit/core/time_format.hpp"
 #include "ncclkit/store/detail/printable_key.hpp"
 #include "ncclkit/store/detail/socket.hpp"
@@ -69,7 +69,7 @@ class TcpStoreServerLoop {
         token_(resolve_store_token(options.token)),
         port_(local_port(listener_.get())),
         host_(local_host(listener_.get())),
-        handshake_timeout_(options.handshake_timeout) {
+        handshake_timeout_(environment_overrides(knob("NCCLKIT_STORE_HANDSHAKE_TIMEOUT"), options.handshake_timeout)) {
     if (options.max_value_bytes == 0 || options.max_value_bytes > (std::size_t{1} << 40)) {
       throw ConfigError("TcpStoreServerOptions::max_value_bytes=" + std::to_string(options.max_value_bytes) +
                         " must be in [1, 2^40]");

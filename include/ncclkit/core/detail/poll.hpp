@@ -64,7 +64,7 @@ class Backoff {
 /// as soon as `done()` does; false once `deadline` has passed, after a last call made at or
 /// after the deadline (so a condition that holds by the deadline is never missed). The caller
 /// throws its own error, naming what it waited for. A deadline from deadline_after()
-/// (core/deadline.hpp) never overflows, whatever the timeout.
+/// (core/detail/deadline.hpp) never overflows, whatever the timeout.
 template <class Predicate>
 [[nodiscard]] bool poll_until(std::chrono::steady_clock::time_point deadline, BackoffPolicy policy, Predicate&& done) {
   Backoff backoff(policy);

@@ -15,7 +15,7 @@
 #include <string>    // std::string
 #include <vector>    // std::vector
 
-namespace ncclkit::launch::detail {
+namespace ncclkit::detail {
 
 /// The standard output of `argv` (looked up in PATH) when it exits with status 0 within
 /// `timeout`; nullopt when it cannot be started, fails, or runs too long (it is killed then).
@@ -91,4 +91,4 @@ inline std::optional<std::string> capture_command(const std::vector<std::string>
   return output;
 }
 
-}  // namespace ncclkit::launch::detail
+}  // namespace ncclkit::detail

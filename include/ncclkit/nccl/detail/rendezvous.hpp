@@ -18,7 +18,7 @@
 #include <vector>       // std::vector
 
 #include "ncclkit/core/error.hpp"
-#include "ncclkit/core/rank_list.hpp"
+#include "ncclkit/core/detail/rank_list.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit::nccl::detail {

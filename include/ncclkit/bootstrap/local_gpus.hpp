@@ -1,7 +1,8 @@
 #pragma once
-/// Which GPUs this node's workers will see, found without initialising CUDA in the launcher:
-/// a CUDA context in the launcher would be inherited in a broken state by forked workers and
-/// hold memory on every GPU for the whole job. Sources, best first: `nvidia-smi -L` (run as a
+/// Which GPUs this node's workers will see, found without initialising CUDA: a process that
+/// forks workers (ncclkit-run, spawn(), a benchmark starting one rank per GPU) must not hold a
+/// CUDA context, which forked children inherit in a broken state and which holds memory on
+/// every GPU for the whole job. Sources, best first: `nvidia-smi -L` (run as a
 /// child process), /proc/driver/nvidia/gpus/ (driver loaded), /dev/nvidia[0-9]* (device nodes).
 /// CUDA_VISIBLE_DEVICES is honoured the way the CUDA runtime reads it: a comma-separated list
 /// of indices or UUIDs, cut at the first entry that is invalid; empty means no GPU.
@@ -19,10 +20,10 @@
 #include <utility>     // std::pair
 #include <vector>      // std::vector
 
-#include "launch/detail/subprocess.hpp"
-#include "ncclkit/core/env.hpp"
+#include "ncclkit/bootstrap/detail/subprocess.hpp"  // detail::capture_command
+#include "ncclkit/core/env.hpp"                     // parse_int
 
-namespace ncclkit::launch {
+namespace ncclkit {
 
 /// One physical GPU as the driver lists it.
 struct GpuDevice {
@@ -64,7 +65,8 @@ struct GpuInventory {
 
 namespace detail {
 
-inline std::string trim(std::string text) {
+/// `text` without its leading and trailing blanks.
+inline std::string trim_blanks(std::string text) {
   std::size_t begin = 0, end = text.size();
   while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
   while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
@@ -81,7 +83,7 @@ inline std::vector<GpuDevice> parse_nvidia_smi_list(const std::string& output) {
     if (line.rfind("GPU ", 0) != 0) continue;
     const auto colon = line.find(':');
     if (colon == std::string::npos) continue;
-    auto index = parse_int(trim(line.substr(4, colon - 4)));
+    auto index = parse_int(trim_blanks(line.substr(4, colon - 4)));
     if (!index) continue;
     GpuDevice gpu;
     gpu.index = static_cast<int>(*index);
@@ -89,10 +91,10 @@ inline std::vector<GpuDevice> parse_nvidia_smi_list(const std::string& output) {
     const auto uuid_at = rest.find("(UUID:");
     if (uuid_at != std::string::npos) {
       const auto close = rest.find(')', uuid_at);
-      gpu.uuid = trim(rest.substr(uuid_at + 6, close == std::string::npos ? std::string::npos : close - uuid_at - 6));
+      gpu.uuid = trim_blanks(rest.substr(uuid_at + 6, close == std::string::npos ? std::string::npos : close - uuid_at - 6));
       rest.resize(uuid_at);
     }
-    gpu.name = trim(rest);
+    gpu.name = trim_blanks(rest);
     gpus.push_back(gpu);
   }
   return gpus;
@@ -109,7 +111,7 @@ inline std::vector<GpuDevice> apply_cuda_visible_devices(const std::vector<GpuDe
   std::istringstream entries(*value);
   std::string entry;
   while (std::getline(entries, entry, ',')) {
-    entry = trim(entry);
+    entry = trim_blanks(entry);
     const GpuDevice* match = nullptr;
     if (auto index = parse_int(entry)) {
       for (const auto& gpu : physical)
@@ -142,8 +144,8 @@ inline std::vector<GpuDevice> read_proc_driver_gpus(const std::string& root = "/
     std::ifstream info(folder + "/information");
     std::string line;
     while (std::getline(info, line)) {
-      if (line.rfind("Model:", 0) == 0) gpu.name = trim(line.substr(6));
-      if (line.rfind("GPU UUID:", 0) == 0) gpu.uuid = trim(line.substr(9));
+      if (line.rfind("Model:", 0) == 0) gpu.name = trim_blanks(line.substr(6));
+      if (line.rfind("GPU UUID:", 0) == 0) gpu.uuid = trim_blanks(line.substr(9));
     }
     gpus.push_back(gpu);
   }
@@ -189,11 +191,4 @@ inline GpuInventory find_gpus() {
   return inventory;
 }
 
-/// Workers to start on this node: the number asked for, or for `auto` (nullopt) one per
-/// visible GPU, and 1 where no GPU is visible.
-inline int resolve_nproc_per_node(const std::optional<int>& requested, const GpuInventory& gpus) {
-  if (requested) return *requested;
-  return gpus.visible.empty() ? 1 : static_cast<int>(gpus.visible.size());
-}
-
-}  // namespace ncclkit::launch
+}  // namespace ncclkit

@@ -1,0 +1,178 @@
+#pragma once
+/// The `Model` concept: what a model gives the data-parallel trainer (trainer/data_parallel.hpp),
+/// and what the trainer hands it. The model is the user's code, on the backend's memory (CPU
+/// loops over Gloo's host memory, kernels or cuBLAS on NCCL's GPU memory); the trainer owns the
+/// memory of its parameters and gradients, fused, so that gradients are reduced in buckets with
+/// no copies.
+///
+///   struct Mlp {
+///     using Batch = MyBatch;
+///     void declare(fusion::FusedLayout& layout);   // once: "fc1.weight" {128, 64}, ... (float32)
+///     void bind(const ModelViews<B>& views);        // once: keep the views, write initial values
+///     void forward_backward(const Batch& batch, StepContext<B>& step);
+///     void evaluate(const Batch& batch, EvalContext<B>& eval);
+///   };
+///
+/// forward_backward computes the batch's loss and **adds** to the gradients the gradient of
+/// `step.loss_weight()` × (the sum of the batch's per-sample losses); as each layer's gradients
+/// are complete it calls `step.ready(slot)` (or by name), on the stream the work ran on, so that
+/// buckets are reduced while backward goes on (on a micro-batch that is not the last of a step,
+/// `ready` does nothing: accumulation needs no communication). It adds its sums to
+/// `step.metrics()`. evaluate does the forward pass alone and adds the sums. Both run their work
+/// on `stream()`, ordered by the stream, with no host wait needed.
+///
+/// Optional: `declare_buffers(fusion::FusedLayout&)` and `bind_buffers(const ModelViews<B>&)`
+/// for state that is not trained but belongs to the model (running statistics): broadcast from
+/// rank 0 at the start and kept in checkpoints like parameters.
+
+#include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
+
+#include <cstddef>      // std::size_t
+#include <cstdint>      // std::uint64_t
+#include <functional>   // std::function
+#include <string_view>  // std::string_view
+
+#include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/tensor.hpp"
+#include "ncclkit/fusion/fused_buffer.hpp"
+#include "ncclkit/fusion/layout.hpp"
+
+namespace ncclkit::trainer {
+
+/// The sums a model reports for its batches: what progress lines and evaluation divide, summed
+/// exactly across ranks first (never an average of averages).
+struct Metrics {
+  double loss_sum = 0;  ///< per-sample losses, summed
+  double correct = 0;   ///< samples predicted right (classifiers; 0 otherwise)
+  double samples = 0;
+  double loss() const { return samples > 0 ? loss_sum / samples : 0; }
+  double accuracy() const { return samples > 0 ? correct / samples : 0; }
+};
+/// Metrics as the model adds to them: this many doubles in the backend's memory, in Metrics'
+/// order (loss_sum, correct, samples).
+inline constexpr std::size_t kMetricWords = 3;
+
+/// What the trainer hands a model at `bind`: views of values and gradients (or of buffers) in
+/// the backend's memory, which stay valid for the trainer's lifetime.
+template <Backend B>
+class ModelViews {
+ public:
+  ModelViews(const fusion::FusedBuffer<B>& values, const fusion::FusedBuffer<B>* gradients)
+      : values_(&values), gradients_(gradients) {}
+  const fusion::FusedLayout& layout() const { return values_->layout(); }
+  TensorView value(fusion::Slot slot) const { return values_->view(slot); }
+  TensorView value(std::string_view name) const { return values_->view(name); }
+  /// The gradient of a parameter (buffers have none: ConfigError).
+  TensorView gradient(fusion::Slot slot) const { return gradients().view(slot); }
+  TensorView gradient(std::string_view name) const { return gradients().view(name); }
+  template <class T>
+  T* value_data(std::string_view name) const {
+    return static_cast<T*>(checked<T>(value(name), name).data);
+  }
+  template <class T>
+  T* gradient_data(std::string_view name) const {
+    return static_cast<T*>(checked<T>(gradient(name), name).data);
+  }
+  B& backend() const { return values_->backend(); }
+
+ private:
+  const fusion::FusedBuffer<B>& gradients() const {
+    if (gradients_ == nullptr) throw ConfigError("ncclkit: ModelViews: buffers have no gradients");
+    return *gradients_;
+  }
+  template <class T>
+  static TensorView checked(TensorView view, std::string_view name) {
+    if (view.dtype != data_type_v<T>) {
+      throw ConfigError("ncclkit: ModelViews: tensor \"" + std::string(name) + "\" holds " +
+                        std::string(name_of(view.dtype)) + ", not " + std::string(name_of(data_type_v<T>)));
+    }
+    return view;
+  }
+  const fusion::FusedBuffer<B>* values_;
+  const fusion::FusedBuffer<B>* gradients_;
+};
+
+/// What a model's forward_backward gets for one micro-batch.
+template <Backend B>
+class StepContext {
+ public:
+  using Stream = typename B::Stream;
+  using Ready = std::function<void(fusion::Slot, Stream)>;
+  StepContext(Stream stream, double loss_weight, double* metrics, Ready ready, const fusion::FusedLayout& layout,
+              std::uint64_t step, std::uint64_t seed, int rank)
+      : stream_(stream),
+        loss_weight_(loss_weight),
+        metrics_(metrics),
+        ready_(std::move(ready)),
+        layout_(&layout),
+        step_(step),
+        seed_(seed),
+        rank_(rank) {}
+  /// Where the model's work runs: the trainer's compute stream.
+  Stream stream() const { return stream_; }
+  /// What the gradient of the summed per-sample loss is multiplied by: one over the samples this
+  /// rank contributes to the step (its micro-batches together), so that after averaging across
+  /// ranks the gradients are those of the mean loss over the global batch.
+  double loss_weight() const { return loss_weight_; }
+  /// kMetricWords doubles in the backend's memory to add this batch's sums to (on stream()).
+  double* metrics() const { return metrics_; }
+  /// `slot`'s gradient is complete (written by work issued so far on stream()).
+  void ready(fusion::Slot slot) { ready_(slot, stream_); }
+  void ready(std::string_view name) { ready(layout_->slot(name)); }
+  /// The optimizer steps done before this one.
+  std::uint64_t step() const { return step_; }
+  /// A seed for this step's randomness (dropout, say): the same on every run of the same step,
+  /// different per rank and step.
+  std::uint64_t seed() const { return seed_; }
+  int rank() const { return rank_; }
+
+ private:
+  Stream stream_;
+  double loss_weight_;
+  double* metrics_;
+  Ready ready_;
+  const fusion::FusedLayout* layout_;
+  std::uint64_t step_;
+  std::uint64_t seed_;
+  int rank_;
+};
+
+/// What a model's evaluate gets.
+template <Backend B>
+class EvalContext {
+ public:
+  using Stream = typename B::Stream;
+  EvalContext(Stream stream, double* metrics) : stream_(stream), metrics_(metrics) {}
+  Stream stream() const { return stream_; }
+  double* metrics() const { return metrics_; }
+
+ private:
+  Stream stream_;
+  double* metrics_;
+};
+
+template <class M, class B>
+concept Model = Backend<B> && requires(M& model, fusion::FusedLayout& layout, const ModelViews<B>& views,
+                                       const typename M::Batch& batch, StepContext<B>& step, EvalContext<B>& eval) {
+  typename M::Batch;
+  model.declare(layout);
+  model.bind(views);
+  model.forward_backward(batch, step);
+  model.evaluate(batch, eval);
+};
+
+/// A model with state that is not trained (see the header comment).
+template <class M, class B>
+concept ModelWithBuffers = Model<M, B> && requires(M& model, fusion::FusedLayout& layout, const ModelViews<B>& views) {
+  model.declare_buffers(layout);
+  model.bind_buffers(views);
+};
+
+/// Where a trainer takes batches from: `size()` samples, and the batch of the given samples.
+template <class D, class M>
+concept Dataset = requires(const D& data, std::span<const std::size_t> indices) {
+  { data.size() } -> std::convertible_to<std::size_t>;
+  { data.batch(indices) } -> std::convertible_to<typename M::Batch>;
+};
+
+}  // namespace ncclkit::trainer
