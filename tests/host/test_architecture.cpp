@@ -68,13 +68,7 @@ struct KnownBreak {
   std::string_view reason;
 };
 const std::vector<KnownBreak>& known_breaks() {
-  static const std::vector<KnownBreak> breaks{
-      // GradientSync still chooses the codec paths itself, until they move to compression/'s reducers.
-      {"include/ncclkit/fusion/gradient_sync.hpp", "ncclkit/compression/codec.hpp", "codec paths inside GradientSync"},
-      // The plan fingerprint still carries the codec, until the reducer describes itself.
-      {"include/ncclkit/fusion/detail/plan_agreement.hpp", "ncclkit/compression/codec.hpp",
-       "codec in the plan fingerprint"},
-  };
+  static const std::vector<KnownBreak> breaks{};
   return breaks;
 }
 
