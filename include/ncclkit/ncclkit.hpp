@@ -12,7 +12,7 @@
 
 #include "ncclkit/bootstrap/init.hpp"
 #include "ncclkit/store.hpp"
-#include "ncclkit/compression.hpp"  // fusion and compression: layout, plan, buffers, gradient sync, codecs
+#include "ncclkit/trainer.hpp"  // fusion, compression and the trainer
 
 // Gloo's reduction loops use GCC vector extensions that nvcc's front end rejects: .cu files
 // get the NCCL backend only (include the Gloo header from a .cpp file).

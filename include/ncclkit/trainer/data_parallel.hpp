@@ -88,7 +88,10 @@ class DataParallelTrainer {
       model.declare_buffers(layout);
       layout.finalize();
       buffers_.emplace(backend, std::move(layout));
+      buffers_->zero_padding(compute_);
     }
+    // The alignment padding holds zeros, which updates keep zero, not whatever memory held.
+    values_.zero_padding(compute_);
     model.bind(ModelViews<B>(values_, &gradients_));
     if constexpr (ModelWithBuffers<M, B>) model.bind_buffers(ModelViews<B>(*buffers_, nullptr));
     const std::string who = "ncclkit: DataParallelTrainer on rank " + std::to_string(backend.rank());

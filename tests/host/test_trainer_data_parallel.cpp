@@ -1,0 +1,367 @@
+// Tests of ncclkit/trainer/data_parallel.hpp, ranks as threads over the loop-back backend, on
+// the digits classifier of examples/digits (real data) and on a model whose gradient is known:
+// N ranks with a global batch B reach the parameters of one rank with batch B; k micro-batches
+// equal one batch k times larger; clipping and the schedule against a hand computation; a resume
+// from a mid-epoch checkpoint equals the uninterrupted run bit for bit, at another world size it
+// trains on; a checkpoint of another model, a corrupted one, an unwritable folder, ranks with
+// other options or another dataset, invalid options on one rank, and non-finite gradients.
+#include <doctest/doctest.h>
+
+#include <chrono>      // std::chrono
+#include <cmath>       // std::sqrt, std::isnan
+#include <cstddef>     // std::size_t
+#include <cstdio>      // std::FILE
+#include <filesystem>  // std::filesystem
+#include <limits>      // std::numeric_limits
+#include <span>        // std::span
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include "digits/data.hpp"
+#include "digits/mlp_cpu.hpp"
+#include "ncclkit/trainer/data_parallel.hpp"
+#include "support/loopback_backend.hpp"
+#include "support/temp_dir.hpp"
+
+namespace trainer_tests {
+
+namespace fs = std::filesystem;
+using ncclkit::ConfigError;
+using ncclkit::testing::LoopbackBackend;
+using ncclkit::testing::LoopbackWorld;
+using ncclkit::testing::message_of;
+using ncclkit::testing::run_ranks;
+using ncclkit::trainer::DataParallelTrainer;
+using ncclkit::trainer::Decay;
+using ncclkit::trainer::NonFinite;
+using ncclkit::trainer::NonFiniteError;
+using ncclkit::trainer::OptimizerKind;
+using ncclkit::trainer::TrainerOptions;
+using B = LoopbackBackend;
+using Mlp = digits::MlpCpu<B>;
+using ncclkit_test::TempDir;
+
+// The digits split once for every test (1438 training, 359 test samples).
+const std::array<digits::Samples, 2>& digits_split() {
+  static const std::array<digits::Samples, 2> parts =
+      digits::split(digits::read_csv(NCCLKIT_TEST_DIGITS_CSV), 0.2, 1234);
+  return parts;
+}
+
+// Every parameter of a trainer, tensor after tensor.
+std::vector<float> values_of(const DataParallelTrainer<Mlp, B>& trainer) {
+  std::vector<float> out;
+  for (std::uint32_t i = 0; i < trainer.values().layout().size(); ++i) {
+    const auto t = trainer.values().span<float>(ncclkit::fusion::Slot{i});
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (double(a[i]) - double(b[i])) * (double(a[i]) - double(b[i]));
+    norm += double(b[i]) * double(b[i]);
+  }
+  return std::sqrt(diff / norm);
+}
+
+TrainerOptions quiet(TrainerOptions o) {
+  o.print_progress = false;
+  return o;
+}
+
+// Trains `steps` steps at `world` ranks (threads) of the digits MLP and returns rank 0's
+// parameters; every rank's must equal rank 0's bit for bit.
+std::vector<float> train_digits(int world, TrainerOptions options, std::size_t steps) {
+  LoopbackWorld loop(world);
+  std::vector<std::vector<float>> values(static_cast<std::size_t>(world));
+  const digits::HostData data(digits_split()[0]);
+  const auto errors = run_ranks(world, [&](int rank) {
+    B backend(loop, rank);
+    Mlp model(32, 7);
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(options));
+    ncclkit::trainer::DistributedSampler sampler({.dataset_size = data.size(), .global_batch = options.global_batch,
+                                                   .seed = options.seed},
+                                                  rank, world);
+    for (std::size_t s = 0; s < steps; ++s) {
+      const auto mine = sampler.next();
+      const std::size_t per = mine.size() / options.accumulation;
+      std::vector<digits::HostBatch> micro;
+      for (std::size_t k = 0; k < options.accumulation; ++k) {
+        micro.push_back(data.batch(std::span<const std::size_t>(mine).subspan(k * per, per)));
+      }
+      trainer.step(std::span<const digits::HostBatch>(micro));
+    }
+    values[static_cast<std::size_t>(rank)] = values_of(trainer);
+  });
+  for (int r = 0; r < world; ++r) {
+    CHECK(message_of(errors[static_cast<std::size_t>(r)]) == "");
+    CHECK(values[static_cast<std::size_t>(r)] == values[0]);
+  }
+  return values[0];
+}
+
+// ---- a model whose gradient is known: g = (1, 2, 3, 4) per sample, loss 0 ---------------------
+
+struct Count {
+  std::size_t samples = 0;
+};
+struct CountData {
+  std::size_t n = 64;
+  std::size_t size() const { return n; }
+  Count batch(std::span<const std::size_t> indices) const { return {indices.size()}; }
+};
+template <class Backend>
+struct Known {
+  using Batch = Count;
+  float* w = nullptr;
+  float* g = nullptr;
+  float scale = 1.0f;  // multiplies the gradient (a NaN: non-finite gradients)
+  void declare(ncclkit::fusion::FusedLayout& layout) { layout.add("w", {4}, ncclkit::DataType::kFloat32); }
+  void bind(const ncclkit::trainer::ModelViews<Backend>& v) {
+    w = v.template value_data<float>("w");
+    g = v.template gradient_data<float>("w");
+    for (int i = 0; i < 4; ++i) w[i] = 1.0f;
+  }
+  void forward_backward(const Batch& batch, ncclkit::trainer::StepContext<Backend>& step) {
+    for (int i = 0; i < 4; ++i) {
+      g[i] += static_cast<float>(step.loss_weight() * static_cast<double>(batch.samples)) * scale * float(i + 1);
+    }
+    step.ready("w");
+    step.metrics()[2] += static_cast<double>(batch.samples);
+  }
+  void evaluate(const Batch& batch, ncclkit::trainer::EvalContext<Backend>& eval) {
+    eval.metrics()[2] += static_cast<double>(batch.samples);
+  }
+};
+
+}  // namespace trainer_tests
+
+using namespace trainer_tests;
+
+TEST_CASE("N ranks with a global batch B reach the parameters of one rank with batch B (digits, SGD and AdamW)") {
+  for (const auto kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    CAPTURE(static_cast<int>(kind));
+    TrainerOptions options{.global_batch = 48,
+                           .optimizer = {.kind = kind, .weight_decay = 1e-4, .momentum = 0.9},
+                           .schedule = {.lr = kind == OptimizerKind::kSgd ? 0.1 : 1e-3, .warmup_steps = 2},
+                           .seed = 5};
+    const auto one = train_digits(1, options, 6);
+    for (int world : {2, 4}) {
+      CAPTURE(world);
+      CHECK(relative_difference(train_digits(world, options, 6), one) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("accumulating k micro-batches equals one batch k times larger") {
+  const TrainerOptions one{.global_batch = 48, .optimizer = {.momentum = 0.9}, .schedule = {.lr = 0.05}, .seed = 3};
+  TrainerOptions three = one;
+  three.accumulation = 3;
+  CHECK(relative_difference(train_digits(2, three, 5), train_digits(2, one, 5)) <= 1e-6);
+}
+
+TEST_CASE("clipping by global norm and the warm-up schedule give the hand-computed parameters") {
+  // g = (1, 2, 3, 4): |g| = sqrt(30). Clipped to 1, SGD without momentum moves w by lr · g / sqrt(30);
+  // the warm-up makes lr 0.1 · 1/2 at step 0 and 0.1 at step 1.
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Known<B> model;
+    DataParallelTrainer<Known<B>, B> trainer(
+        backend, model, quiet({.global_batch = 8, .schedule = {.lr = 0.1, .warmup_steps = 2}, .clip_norm = 1.0}));
+    const Count batch{4};
+    trainer.step(batch);
+    trainer.step(batch);
+    for (int i = 0; i < 4; ++i) {
+      const double expected = 1.0 - (0.05 + 0.1) * (i + 1) / std::sqrt(30.0);
+      CHECK(model.w[i] == doctest::Approx(expected).epsilon(1e-6));
+    }
+    // No clipping below the norm: the step is lr · g.
+    DataParallelTrainer<Known<B>, B> loose(backend, model, quiet({.global_batch = 8, .schedule = {.lr = 0.1}, .clip_norm = 100}));
+    loose.step(batch);
+    for (int i = 0; i < 4; ++i) CHECK(model.w[i] == doctest::Approx(1.0 - 0.1 * (i + 1)).epsilon(1e-6));
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("non-finite gradients stop training with an error naming the step, or skip it on every rank") {
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Known<B> model;
+    DataParallelTrainer<Known<B>, B> stop(backend, model, quiet({.global_batch = 8, .schedule = {.lr = 0.1}, .clip_norm = 1}));
+    stop.step(Count{4});
+    model.scale = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH_AS(stop.step(Count{4}), doctest::Contains("the gradients of step 1 are not finite"),
+                         NonFiniteError);
+    model.scale = 1.0f;
+    DataParallelTrainer<Known<B>, B> skip(backend, model,
+                                          quiet({.global_batch = 8, .schedule = {.lr = 0.1}, .nonfinite = NonFinite::kSkip}));
+    const std::vector<float> before(model.w, model.w + 4);
+    model.scale = std::numeric_limits<float>::infinity();
+    skip.step(Count{4});
+    CHECK(std::vector<float>(model.w, model.w + 4) == before);
+    CHECK(skip.skipped_steps() == 1);
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("fit trains the digits classifier past 90% test accuracy in a few epochs, on two ranks") {
+  LoopbackWorld world(2);
+  std::vector<double> accuracy(2);
+  const digits::HostData train(digits_split()[0]);
+  const digits::HostData test(digits_split()[1]);
+  const auto errors = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(64, 1);
+    DataParallelTrainer<Mlp, B> trainer(
+        backend, model, quiet({.global_batch = 64, .optimizer = {.momentum = 0.9}, .schedule = {.lr = 0.1}, .seed = 2}));
+    const auto report = trainer.fit(train, 6, &test);
+    accuracy[static_cast<std::size_t>(rank)] = report.validation.accuracy();
+    CHECK(report.validation.samples == static_cast<double>(digits_split()[1].size()));
+    CHECK(report.steps == 6 * (digits_split()[0].size() / 64));
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+  CHECK(accuracy[0] == accuracy[1]);
+  CHECK(accuracy[0] >= 0.9);
+}
+
+TEST_CASE("a resume from a mid-epoch checkpoint continues the uninterrupted run bit for bit") {
+  TempDir dir("trainer-resume");
+  const digits::HostData train(digits_split()[0]);
+  const TrainerOptions base{.global_batch = 64,
+                            .optimizer = {.kind = OptimizerKind::kAdamW},
+                            .schedule = {.lr = 2e-3, .decay = Decay::kCosine, .warmup_steps = 5, .total_steps = 60},
+                            .seed = 9,
+                            .checkpoint_interval = 30,
+                            .keep_checkpoints = 5};
+  // Uninterrupted: 2 epochs of 22 steps; checkpoints at steps 30 (mid epoch 1) and 44.
+  std::vector<float> whole;
+  {
+    LoopbackWorld world(2);
+    const auto errors = run_ranks(2, [&](int rank) {
+      B backend(world, rank);
+      Mlp model(32, 4);
+      TrainerOptions o = base;
+      o.checkpoint_folder = dir.path + "/whole";
+      DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(o));
+      trainer.fit(train, 2);
+      if (rank == 0) whole = values_of(trainer);
+    });
+    for (const auto& e : errors) CHECK(message_of(e) == "");
+  }
+  // Interrupted at step 30, then resumed from its checkpoint.
+  const fs::path folder = dir.path + "/cut";
+  fs::create_directories(folder);
+  fs::copy_file(fs::path(dir.path) / "whole" / "step-00000030.ckpt", folder / "step-00000030.ckpt");
+  std::vector<float> resumed;
+  std::uint64_t resumed_at = 0;
+  {
+    LoopbackWorld world(2);
+    const auto errors = run_ranks(2, [&](int rank) {
+      B backend(world, rank);
+      Mlp model(32, 99);  // other initial weights: the checkpoint's must win
+      TrainerOptions o = base;
+      o.checkpoint_folder = folder.string();
+      DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(o));
+      if (rank == 0) resumed_at = trainer.steps();
+      trainer.fit(train, 2);
+      if (rank == 0) resumed = values_of(trainer);
+    });
+    for (const auto& e : errors) CHECK(message_of(e) == "");
+  }
+  CHECK(resumed_at == 30);
+  REQUIRE(resumed.size() == whole.size());
+  CHECK(resumed == whole);
+  // At four ranks the same checkpoint trains on, from the samples not seen yet.
+  const fs::path four_folder = dir.path + "/four";
+  fs::create_directories(four_folder);
+  fs::copy_file(fs::path(dir.path) / "whole" / "step-00000030.ckpt", four_folder / "step-00000030.ckpt");
+  LoopbackWorld four(4);
+  const auto errors = run_ranks(4, [&](int rank) {
+    B backend(four, rank);
+    Mlp model(32, 4);
+    TrainerOptions o = base;
+    o.checkpoint_folder = four_folder.string();
+    o.checkpoint_interval = 0;
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(o));
+    CHECK(trainer.steps() == 30);
+    trainer.fit(train, 2);
+    CHECK(trainer.steps() == 44);
+    CHECK(trainer.sampler()->position() == ncclkit::trainer::SamplerPosition{2, 0});
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("a checkpoint of another model, an unwritable folder, other options on one rank: errors on every rank") {
+  TempDir dir("trainer-errors");
+  const digits::HostData train(digits_split()[0]);
+  const TrainerOptions base{.global_batch = 64, .schedule = {.lr = 0.1}, .checkpoint_folder = dir.path + "/ckpt"};
+  {
+    LoopbackWorld world(1);
+    B backend(world, 0);
+    Mlp model(32, 1);
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(base));
+    trainer.step(train.batch(std::vector<std::size_t>{0, 1, 2, 3}));
+    trainer.save_checkpoint();
+  }
+  LoopbackWorld world(2, std::chrono::seconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  const auto other_model = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(48, 1);  // another hidden width
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(base));
+  });
+  for (const auto& e : other_model) {
+    CHECK(message_of(e).find("is of another model: tensor \"fc1.weight\": shape [32, 64] in the checkpoint, [48, 64] "
+                             "in the model") != std::string::npos);
+  }
+  const auto unwritable = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(32, 1);
+    TrainerOptions o = base;
+    o.checkpoint_folder = dir.path + "/ckpt/step-00000001.ckpt/below";  // under a file
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(o));
+  });
+  CHECK(message_of(unwritable[0]).find("step-00000001.ckpt/below") != std::string::npos);
+  CHECK(message_of(unwritable[1]).find("rank 0 rejected its own arguments") != std::string::npos);
+  const auto other_options = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(32, 1);
+    TrainerOptions o = base;
+    o.checkpoint_folder.clear();
+    o.seed = static_cast<std::uint64_t>(rank);
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(o));
+  });
+  for (const auto& e : other_options) CHECK(message_of(e).find("rank 1 was given another seed (1 against 0)") != std::string::npos);
+  const auto bad_batch = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(32, 1);
+    TrainerOptions o = base;
+    o.checkpoint_folder.clear();
+    if (rank == 1) o.global_batch = 63;
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(o));
+  });
+  CHECK(message_of(bad_batch[1]).find("a global batch of 63 does not split into 2 ranks") != std::string::npos);
+  CHECK(message_of(bad_batch[0]).find("rank 1 rejected its own arguments") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));  // no rank waited for a timeout
+}
+
+TEST_CASE("a rank with another dataset is an error naming the ranks and step counts, not a hang") {
+  LoopbackWorld world(2, std::chrono::seconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Known<B> model;
+    DataParallelTrainer<Known<B>, B> trainer(backend, model, quiet({.global_batch = 8, .schedule = {.lr = 0.1}}));
+    trainer.fit(CountData{rank == 0 ? 64u : 40u}, 1);
+  });
+  for (const auto& e : errors) {
+    CHECK(message_of(e).find("rank 1 starts epoch 0 at sample 0 with 5 steps over 40 samples, rank 0 epoch 0 at sample "
+                             "0 with 8 steps over 64 samples") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
