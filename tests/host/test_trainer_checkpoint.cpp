@@ -237,6 +237,22 @@ TEST_CASE("a write into a folder that does not exist is an error naming the fold
   CHECK(entries(dir.path).empty());
 }
 
+TEST_CASE("a write that fails after its temp file was made removes the temp file") {
+  TempDir dir("ckpt");
+  // A folder where the checkpoint should go: the rename onto it fails, after the write.
+  const fs::path path = fs::path(dir.path) / "run.ckpt";
+  fs::create_directory(path);
+  put_file(path / "keep", {'x'});
+  try {
+    write_checkpoint_file(path, sample_checkpoint(1));
+    FAIL("the write succeeded");
+  } catch (const CheckpointError& e) {
+    CHECK(contains(e.what(), path.string() + ": cannot write"));
+    CHECK(contains(e.what(), "Is a directory"));
+  }
+  CHECK(entries(dir.path) == std::vector<std::string>{"run.ckpt"});
+}
+
 TEST_CASE("every truncation of a checkpoint is refused as truncated, naming the file") {
   TempDir dir("ckpt");
   const fs::path whole = fs::path(dir.path) / "whole.ckpt";
