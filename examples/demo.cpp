@@ -38,7 +38,7 @@ struct Arguments {
 };
 
 int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
-  const auto [train, test] = digits::split(digits::read_csv(args.data), 0.2, 1234);
+  const auto [train, test] = digits::split(digits::read_csv(digits::locate(args.data)), 0.2, 1234);
   if (world.rank == 0) {
     std::printf("demo: %zu training and %zu test digits, %d ranks over %s\n", train.size(), test.size(),
                 world.world_size, args.backend.c_str());

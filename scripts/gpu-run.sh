@@ -62,7 +62,7 @@ build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
   local target
-  for target in "${TESTS[@]}" "${BENCHES[@]}" nvcc_consumer; do
+  for target in "${TESTS[@]}" "${BENCHES[@]}" nvcc_consumer demo_gpu; do
     echo "== building $target"
     cmake --build "$BUILD" -j "$jobs" --target "$target" || return 1
   done
@@ -81,11 +81,14 @@ build() {
   for name in check communicator collectives large watchdog fusion gradient_sync codec; do
     files="*/test_nccl_$name.cpp"
     [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
+    [[ $name == gradient_sync ]] && files+=",*/test_nccl_trainer.cu"
     printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
   done
   printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
   # A user's .cu over fusion and compression, compiled by nvcc; --gpu runs a tuned compressed step.
   cp "$BUILD/tests/nvcc_consumer" "$CARRY/"
+  # The demo, training the digits classifier on one GPU per process.
+  cp "$BUILD/examples/demo_gpu" "$CARRY/"
   # The fusion benchmark of a baseline commit, for A/B rows in one call (GPU_RUN_SET=fusion-ab):
   # BASELINE_FUSION=path/to/fusion_nccl scripts/gpu-run.sh build.
   if [[ -n "${BASELINE_FUSION:-}" ]]; then
@@ -115,7 +118,7 @@ set_phases() {
   local tests_a="check communicator-4gpu collectives-4gpu collectives-grouped watchdog-drills-4gpu codec-test
     codec-memcheck communicator-1gpu watchdog-1gpu communicator-2gpu"
   local tests_b="watchdog-drills-net collectives-net large-1gib fusion-test fused-memcheck gradient-sync-test
-    nvcc-consumer"
+    nvcc-consumer demo-gpu"
   case "$2" in
     tests) names="$tests_a $tests_b" ;;
     tests-a) names="$tests_a" ;;
@@ -205,10 +208,12 @@ define_phases() {
     "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
 
   # GradientSync's per-bucket callback over NCCL; a peer failing during the fused reduction
-  # (exit and stall, four trials each, 3 s timeouts).
+  # (exit and stall, four trials each, 3 s timeouts); the trainer on the digits classifier.
   needs gradient-sync-test 2 && CUDA_VISIBLE_DEVICES=$all phase gradient-sync-test 240 "$bin/gpu_test_nccl_gradient_sync"
   # A user's .cu, compiled by nvcc, running one tuned compressed GradientSync on one GPU.
   CUDA_VISIBLE_DEVICES=0 phase nvcc-consumer 60 "$bin/nvcc_consumer" --gpu
+  # The README's demo where GPUs are: the digits classifier on every GPU (exit 0: 95% reached).
+  CUDA_VISIBLE_DEVICES=$all phase demo-gpu 60 "$bin/demo_gpu" --nprocs "$n"
 
   # ---- perf
   # What NCCLKIT_CHECK_COLLECTIVES costs per all_reduce (the same sweep without and with it).
@@ -451,6 +456,7 @@ run_all() {
   # The doctest phases of the tests set (the nvcc consumer is a plain program: its exit status says it).
   TEST_PHASES=$(set_phases "$GPUS" tests)
   TEST_PHASES=${TEST_PHASES/ nvcc-consumer/}
+  TEST_PHASES=${TEST_PHASES/ demo-gpu/}
   local set="${GPU_RUN_SET:-tests}"
   if [[ -n "${GPU_RUN_PHASES:-}" ]]; then
     SELECTED=$(echo $GPU_RUN_PHASES)  # unquoted: one line, single spaces

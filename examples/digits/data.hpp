@@ -24,6 +24,14 @@ struct Samples {
   std::size_t size() const { return labels.size(); }
 };
 
+/// `path` where it exists, else examples/data/digits.csv under the working folder (a build run
+/// on another machine, from the repository's root, as the GPU runs are).
+inline std::string locate(const std::string& path) {
+  if (std::ifstream(path).good()) return path;
+  const std::string relative = "examples/data/digits.csv";
+  return std::ifstream(relative).good() ? relative : path;
+}
+
 inline Samples read_csv(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw ncclkit::ConfigError("digits: cannot read " + path + "; give the data with --data PATH");

@@ -44,7 +44,7 @@ using ncclkit_test::TempDir;
 // The digits split once for every test (1438 training, 359 test samples).
 const std::array<digits::Samples, 2>& digits_split() {
   static const std::array<digits::Samples, 2> parts =
-      digits::split(digits::read_csv(NCCLKIT_TEST_DIGITS_CSV), 0.2, 1234);
+      digits::split(digits::read_csv(digits::locate(NCCLKIT_TEST_DIGITS_CSV)), 0.2, 1234);
   return parts;
 }
 
