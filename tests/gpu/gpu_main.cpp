@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "gpu/gpu_support.hpp"
-#include "launch/gpus.hpp"
+#include "ncclkit/bootstrap/local_gpus.hpp"
 #include "support/doctest_runner.hpp"
 #include "support/gpu_verdict.hpp"
 
@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   if (!cuda.error.empty() || cuda.devices <= 0) {
     // Only now ask the driver (nvidia-smi, /proc, /dev/nvidia<N>): a GPU there that CUDA cannot
     // count is a failure, not a machine without GPUs.
-    const auto driver = ncclkit::launch::find_gpus();
+    const auto driver = ncclkit::find_gpus();
     const auto verdict = ncclkit_test::gpu_verdict(static_cast<int>(driver.visible.size()),
                                                    driver.describe() + ", from " + driver.source, cuda);
     std::printf("%s\n", verdict.message.c_str());

@@ -8,3 +8,4 @@
 #undef main
 
 TEST_CASE("the README's Gloo example runs with four workers") { CHECK(run_four_workers()); }
+TEST_CASE("the README's trainer fits its line with two workers") { CHECK(fit_with_two_workers()); }

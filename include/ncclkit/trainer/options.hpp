@@ -72,11 +72,11 @@ struct TrainerOptions {
   /// Progress lines on standard output.
   bool print_progress = true;
   /// A file to append a JSON line to per progress line (for plots); empty: none.
-  std::string metrics_file;
+  std::string metrics_file = {};
 
   // ---- checkpoints (rank 0 writes them)
   /// Where checkpoints go; empty: none.
-  std::string checkpoint_folder;
+  std::string checkpoint_folder = {};
   /// Steps between checkpoints; 0: only at the end of `fit`.
   std::size_t checkpoint_interval = 0;
   /// Checkpoints kept (the newest).
