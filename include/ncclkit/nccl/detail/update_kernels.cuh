@@ -24,6 +24,9 @@
 
 namespace ncclkit::nccl::detail {
 
+// Templates, though of nothing: a header's kernels are then defined in every .cu that includes it
+// without clashing at link time (as inline functions are).
+template <int = 0>
 __global__ void update_kernel(UpdateRule rule, float* __restrict__ param, const float* __restrict__ grad,
                               float* __restrict__ state0, float* __restrict__ state1, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -40,7 +43,7 @@ inline void launch_update(const UpdateRule& rule, float* param, const float* gra
   constexpr unsigned kBlock = 256;
   const std::size_t wanted = (count + kBlock - 1) / kBlock;
   const auto blocks = static_cast<unsigned>(wanted < 8192 ? wanted : 8192);
-  update_kernel<<<blocks, kBlock, 0, stream>>>(rule, param, grad, state0, state1, count);
+  update_kernel<><<<blocks, kBlock, 0, stream>>>(rule, param, grad, state0, state1, count);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -88,6 +91,7 @@ __global__ void __launch_bounds__(kSquareSumThreads) square_partials_kernel(cons
 }
 
 /// out[0] += the partials, in block order (one thread: 256 additions).
+template <int = 0>
 __global__ void add_partials_kernel(double* out) {
   double sum = 0.0;
   for (unsigned b = 0; b < kSquareSumBlocks; ++b) sum += out[1 + b];
@@ -98,7 +102,7 @@ template <class T>
 void launch_square_sum_typed(const void* in, std::size_t count, double* out, cudaStream_t stream) {
   square_partials_kernel<T><<<kSquareSumBlocks, kSquareSumThreads, 0, stream>>>(static_cast<const T*>(in), count, out);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
-  add_partials_kernel<<<1, 1, 0, stream>>>(out);
+  add_partials_kernel<><<<1, 1, 0, stream>>>(out);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
 
