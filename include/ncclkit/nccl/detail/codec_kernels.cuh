@@ -224,6 +224,7 @@ __device__ inline void block_copy(unsigned char* to, const unsigned char* from, 
 /// Each block takes chunks of `chunk_bytes` (grid-stride) and finds its copy by binary
 /// search over the table's first chunks, so one huge copy and hundreds of tiny ones share
 /// the grid evenly.
+template <int = 0>  // a template of nothing: defined in every .cu that includes it, without a clash
 __global__ void copy_batch_kernel(const DeviceCopy* items, std::size_t count, std::uint64_t chunks,
                                   std::uint64_t chunk_bytes) {
   for (std::uint64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
@@ -253,7 +254,7 @@ inline void launch_copy_batch(const DeviceCopy* items, std::size_t count, std::u
   if (count == 0 || chunks == 0) return;
   const unsigned grid = per_sm == 0 ? static_cast<unsigned>(std::min<std::uint64_t>(chunks, 0x7fffffffu))
                                     : capped_grid(static_cast<std::size_t>(chunks) * kCodecBlock, kCodecBlock, per_sm);
-  copy_batch_kernel<<<grid, kCodecBlock, 0, stream>>>(items, count, chunks, chunk_bytes);
+  copy_batch_kernel<><<<grid, kCodecBlock, 0, stream>>>(items, count, chunks, chunk_bytes);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
 
