@@ -33,6 +33,10 @@ struct UpdateRule {
   // AdamW
   float beta1 = 0.9f;
   float beta2 = 0.999f;
+  /// 1 − β1 and 1 − β2, computed on the host in double: in float, 1 − 0.999f is 1.3e-5 away
+  /// from 0.001 (PyTorch rounds the double 1 − β2 once).
+  float one_minus_beta1 = 0.1f;
+  float one_minus_beta2 = 0.001f;
   float eps = 1e-8f;
   /// 1 − β1^t and 1 − β2^t for step t (from 1), computed on the host in double.
   float bias_correction1 = 1.0f;
@@ -63,8 +67,8 @@ NCCLKIT_UPDATE_FN void update_element(const UpdateRule& r, float& p, float grad,
     return;
   }
   p *= 1.0f - r.lr * r.weight_decay;
-  s0 = r.beta1 * s0 + (1.0f - r.beta1) * g;
-  s1 = r.beta2 * s1 + (1.0f - r.beta2) * g * g;
+  s0 = r.beta1 * s0 + r.one_minus_beta1 * g;
+  s1 = r.beta2 * s1 + r.one_minus_beta2 * g * g;
 #if defined(__CUDA_ARCH__)
   const float denominator = sqrtf(s1) / sqrtf(r.bias_correction2) + r.eps;
 #else

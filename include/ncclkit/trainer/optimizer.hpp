@@ -119,6 +119,8 @@ class Optimizer {
       r.kind = UpdateRule::Kind::kAdamW;
       r.beta1 = static_cast<float>(options_.beta1);
       r.beta2 = static_cast<float>(options_.beta2);
+      r.one_minus_beta1 = static_cast<float>(1.0 - options_.beta1);
+      r.one_minus_beta2 = static_cast<float>(1.0 - options_.beta2);
       r.eps = static_cast<float>(options_.eps);
       const double t = static_cast<double>(steps_ + 1);
       r.bias_correction1 = static_cast<float>(1.0 - std::pow(options_.beta1, t));

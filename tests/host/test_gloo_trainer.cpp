@@ -1,0 +1,322 @@
+// Tests of ncclkit/trainer/data_parallel.hpp over the Gloo backend in real processes, on the
+// digits classifier of examples/digits (real data): N processes with a global batch B reach the
+// parameters of one process with batch B (N = 2, 4); the example trains past 95% test accuracy
+// on four processes with a loss that falls epoch after epoch; a resume from a mid-epoch
+// checkpoint continues the uninterrupted run bit for bit, and at another world size trains on
+// with the samples not seen yet; a rank given fewer samples makes every rank fail at once with
+// an error naming the ranks and step counts, not a hang. Workers send their parameters and
+// findings back to the parent as files in a temp folder.
+#include <doctest/doctest.h>
+
+#include <array>       // std::array
+#include <chrono>      // std::chrono
+#include <cmath>       // std::sqrt
+#include <cstddef>     // std::size_t
+#include <cstdint>     // std::uint64_t
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ifstream, std::ofstream
+#include <span>        // std::span
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include "digits/data.hpp"
+#include "digits/mlp_cpu.hpp"
+#include "ncclkit/trainer/data_parallel.hpp"
+#include "support/gloo_testing.hpp"
+#include "support/json_value.hpp"
+#include "support/temp_dir.hpp"
+
+namespace gloo_trainer_tests {
+
+namespace fs = std::filesystem;
+using ncclkit::WorldInfo;
+using ncclkit::gloo::Communicator;
+using ncclkit::testing::Checker;
+using ncclkit::testing::run_gloo;
+using ncclkit::trainer::DataParallelTrainer;
+using ncclkit::trainer::Decay;
+using ncclkit::trainer::DistributedSampler;
+using ncclkit::trainer::OptimizerKind;
+using ncclkit::trainer::SamplerPosition;
+using ncclkit::trainer::TrainerOptions;
+using ncclkit_test::TempDir;
+using Mlp = digits::MlpCpu<Communicator>;
+using Trainer = DataParallelTrainer<Mlp, Communicator>;
+
+// A collective that waits longer than this is a hang: the cases that must not hang finish well
+// inside it.
+constexpr std::chrono::seconds kGlooTimeout{30};
+
+// The digits split (1438 training, 359 test samples), read in the parent before the workers
+// fork, so that they share it.
+const std::array<digits::Samples, 2>& gloo_digits() {
+  static const std::array<digits::Samples, 2> parts =
+      digits::split(digits::read_csv(NCCLKIT_TEST_DIGITS_CSV), 0.2, 1234);
+  return parts;
+}
+
+// Every parameter of a trainer, tensor after tensor.
+std::vector<float> parameters_of(const Trainer& trainer) {
+  std::vector<float> out;
+  for (std::uint32_t i = 0; i < trainer.values().layout().size(); ++i) {
+    const auto t = trainer.values().span<float>(ncclkit::fusion::Slot{i});
+    out.insert(out.end(), t.begin(), t.end());
+  }
+  return out;
+}
+
+void write_floats(const std::string& path, const std::vector<float>& values) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+  ncclkit_test::require(static_cast<bool>(out), "cannot write " + path);
+}
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE_MESSAGE(in, "a worker wrote no " << path);
+  const auto bytes = static_cast<std::size_t>(fs::file_size(path));
+  std::vector<float> values(bytes / sizeof(float));
+  in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(bytes));
+  return values;
+}
+std::string parameters_file(const TempDir& dir, const std::string& run, int rank) {
+  return dir.path + "/" + run + ".rank" + std::to_string(rank) + ".f32";
+}
+
+// ‖a − b‖ / ‖b‖.
+double norm_relative(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    diff += d * d;
+    norm += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return std::sqrt(diff / norm);
+}
+
+// Trains `steps` steps of the digits MLP (hidden 32) at `world` processes, each writing its
+// parameters to `dir` as run "world<N>"; returns rank 0's, having checked that every rank's
+// equal them bit for bit.
+std::vector<float> train_steps_on_gloo(const TempDir& dir, int world, const TrainerOptions& options, std::size_t steps) {
+  const digits::HostData data(gloo_digits()[0]);
+  const std::string run = "world" + std::to_string(world);
+  const auto result = run_gloo(
+      world,
+      [&](Communicator& comm, const WorldInfo& info, Checker&) {
+        Mlp model(32, 7);
+        Trainer trainer(comm, model, options);
+        DistributedSampler sampler({.dataset_size = data.size(), .global_batch = options.global_batch, .seed = options.seed},
+                                   info.rank, info.world_size);
+        for (std::size_t s = 0; s < steps; ++s) trainer.step(data.batch(sampler.next()));
+        write_floats(parameters_file(dir, run, info.rank), parameters_of(trainer));
+      },
+      {.timeout = kGlooTimeout});
+  REQUIRE_MESSAGE(result.ok(), result.describe());
+  const std::vector<float> first = read_floats(parameters_file(dir, run, 0));
+  for (int rank = 1; rank < world; ++rank) {
+    CAPTURE(rank);
+    CHECK(read_floats(parameters_file(dir, run, rank)) == first);
+  }
+  return first;
+}
+
+// The JSON lines of a metrics file, of kind `kind` ("train" or "eval").
+std::vector<ncclkit_test::JsonValue> metrics_lines(const std::string& path, const std::string& kind) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in, "rank 0 wrote no metrics file " << path);
+  std::vector<ncclkit_test::JsonValue> lines;
+  for (std::string line; std::getline(in, line);) {
+    ncclkit_test::JsonValue value = ncclkit_test::parse_json(line);
+    if (value["kind"].string == kind) lines.push_back(std::move(value));
+  }
+  return lines;
+}
+
+}  // namespace gloo_trainer_tests
+
+using namespace gloo_trainer_tests;
+
+TEST_CASE("over Gloo, N processes with a global batch B reach the parameters of one process with batch B") {
+  gloo_digits();
+  TempDir dir("gloo-trainer-same");
+  // Small buckets: several, reduced while backward goes on.
+  const TrainerOptions options{.global_batch = 48,
+                               .bucket_bytes = 4096,
+                               .optimizer = {.weight_decay = 1e-4, .momentum = 0.9},
+                               .schedule = {.lr = 0.1, .warmup_steps = 2},
+                               .seed = 5,
+                               .log_interval = 0,
+                               .print_progress = false};
+  constexpr std::size_t kSteps = 8;
+  const std::vector<float> one = train_steps_on_gloo(dir, 1, options, kSteps);
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    const std::vector<float> many = train_steps_on_gloo(dir, world, options, kSteps);
+    CHECK(norm_relative(many, one) <= 1e-6);
+    CHECK(many != one);  // the reductions do run on Gloo: sums in another order round differently
+  }
+}
+
+TEST_CASE("the digits example trains past 95% test accuracy on four Gloo processes, its loss falling epoch by epoch") {
+  gloo_digits();
+  TempDir dir("gloo-trainer-digits");
+  const digits::HostData train(gloo_digits()[0]);
+  const digits::HostData test(gloo_digits()[1]);
+  constexpr std::size_t kEpochs = 8;
+  const std::size_t steps_per_epoch = train.size() / 64;
+  const std::string metrics = dir.path + "/metrics.jsonl";
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = run_gloo(
+      4,
+      [&](Communicator& comm, const WorldInfo&, Checker& check) {
+        Mlp model(128, 1);
+        Trainer trainer(comm, model,
+                        {.global_batch = 64,
+                         .optimizer = {.momentum = 0.9},
+                         .schedule = {.lr = 0.1,
+                                      .decay = Decay::kCosine,
+                                      .warmup_steps = 10,
+                                      .total_steps = kEpochs * steps_per_epoch},
+                         .seed = 2,
+                         .log_interval = steps_per_epoch,
+                         .print_progress = false,
+                         .metrics_file = metrics});
+        const auto report = trainer.fit(train, kEpochs, &test);
+        check.expect(report.steps == kEpochs * steps_per_epoch, "steps: " + std::to_string(report.steps));
+        check.expect(report.validation.samples == static_cast<double>(test.size()),
+                     "every test sample counted once: " + std::to_string(report.validation.samples));
+        check.expect(report.validation.accuracy() >= 0.95,
+                     "test accuracy " + std::to_string(report.validation.accuracy()) + " < 0.95");
+      },
+      {.timeout = kGlooTimeout});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE_MESSAGE(result.ok(), result.describe());
+  const auto trained = metrics_lines(metrics, "train");
+  const auto evaluated = metrics_lines(metrics, "eval");
+  REQUIRE(trained.size() == kEpochs);
+  REQUIRE(evaluated.size() == kEpochs);
+  std::string curve;
+  for (std::size_t e = 0; e < kEpochs; ++e) {
+    curve += "epoch " + std::to_string(e) + ": train loss " + std::to_string(trained[e]["loss"].number) +
+             ", test loss " + std::to_string(evaluated[e]["loss"].number) + ", test accuracy " +
+             std::to_string(evaluated[e]["accuracy"].number) + "\n";
+  }
+  curve += "in " + std::to_string(seconds) + " s";
+  CAPTURE(curve);
+  for (std::size_t e = 0; e < kEpochs; ++e) {
+    CHECK(trained[e]["epoch"].number == static_cast<double>(e));
+    CHECK(trained[e]["samples"].number == static_cast<double>(steps_per_epoch * 64));
+    CHECK(evaluated[e]["samples"].number == static_cast<double>(test.size()));
+    // Monotone enough to be believed: no epoch's training loss above the one before (2% slack
+    // for the flat end of the cosine), and a tenth of the first epoch's at the end.
+    if (e > 0) CHECK(trained[e]["loss"].number <= 1.02 * trained[e - 1]["loss"].number);
+  }
+  CHECK(trained.back()["loss"].number < 0.1 * trained.front()["loss"].number);
+  CHECK(evaluated.back()["accuracy"].number >= 0.95);
+}
+
+TEST_CASE("over Gloo a resume from a mid-epoch checkpoint equals the uninterrupted run bit for bit; at 4 processes it "
+          "trains on") {
+  gloo_digits();
+  TempDir dir("gloo-trainer-resume");
+  const digits::HostData train(gloo_digits()[0]);
+  // 22 steps an epoch: the checkpoint of step 30 is 8 steps into epoch 1.
+  const TrainerOptions base{.global_batch = 64,
+                            .optimizer = {.weight_decay = 1e-4, .momentum = 0.9},
+                            .schedule = {.lr = 0.05, .decay = Decay::kCosine, .warmup_steps = 5, .total_steps = 60},
+                            .seed = 9,
+                            .log_interval = 0,
+                            .print_progress = false,
+                            .checkpoint_interval = 30,
+                            .keep_checkpoints = 5};
+  // Trains 2 epochs at `world` processes from the checkpoints in `folder`; every rank writes its
+  // parameters, and the step it started from, as run `run`.
+  const auto run_two_epochs = [&](int world, const std::string& folder, const std::string& run,
+                                  std::size_t interval, std::uint64_t init_seed) {
+    const auto result = run_gloo(
+        world,
+        [&](Communicator& comm, const WorldInfo& info, Checker& check) {
+          Mlp model(32, init_seed);
+          TrainerOptions o = base;
+          o.checkpoint_folder = folder;
+          o.checkpoint_interval = interval;
+          Trainer trainer(comm, model, o);
+          const std::uint64_t started = trainer.steps();
+          trainer.fit(train, 2);
+          check.expect(trainer.steps() == 44, "44 steps in 2 epochs, not " + std::to_string(trainer.steps()));
+          check.expect(trainer.sampler()->position() == SamplerPosition{2, 0}, "the sampler at the start of epoch 2");
+          write_floats(parameters_file(dir, run, info.rank), parameters_of(trainer));
+          std::ofstream(dir.path + "/" + run + ".rank" + std::to_string(info.rank) + ".started") << started;
+        },
+        {.timeout = kGlooTimeout});
+    REQUIRE_MESSAGE(result.ok(), result.describe());
+  };
+  const auto started_at = [&](const std::string& run, int rank) {
+    std::uint64_t step = ~std::uint64_t{0};
+    std::ifstream(dir.path + "/" + run + ".rank" + std::to_string(rank) + ".started") >> step;
+    return step;
+  };
+
+  run_two_epochs(2, dir.path + "/whole", "whole", 30, 4);
+  CHECK(started_at("whole", 0) == 0);
+  const std::vector<float> whole = read_floats(parameters_file(dir, "whole", 0));
+  CHECK(read_floats(parameters_file(dir, "whole", 1)) == whole);
+  const fs::path checkpoint = fs::path(dir.path) / "whole" / "step-00000030.ckpt";
+  REQUIRE(fs::exists(checkpoint));
+
+  // Interrupted at step 30: a folder with that checkpoint alone, and other initial weights,
+  // which the checkpoint's must replace.
+  fs::create_directories(dir.path + "/cut");
+  fs::copy_file(checkpoint, dir.path + "/cut/step-00000030.ckpt");
+  run_two_epochs(2, dir.path + "/cut", "cut", 30, 99);
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(started_at("cut", rank) == 30);
+    CHECK(read_floats(parameters_file(dir, "cut", rank)) == whole);
+  }
+
+  // At four processes the same checkpoint goes on with the 14 global batches not seen yet: the
+  // same samples and sums as the uninterrupted run, added in another order.
+  fs::create_directories(dir.path + "/four");
+  fs::copy_file(checkpoint, dir.path + "/four/step-00000030.ckpt");
+  run_two_epochs(4, dir.path + "/four", "four", 0, 99);
+  const std::vector<float> four = read_floats(parameters_file(dir, "four", 0));
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    CHECK(started_at("four", rank) == 30);
+    CHECK(read_floats(parameters_file(dir, "four", rank)) == four);
+  }
+  CHECK(norm_relative(four, whole) <= 1e-6);
+}
+
+TEST_CASE("over Gloo a rank given fewer samples makes every rank fail at once, naming the ranks and step counts") {
+  gloo_digits();
+  const digits::Samples& all = gloo_digits()[0];
+  digits::Samples fewer;
+  fewer.features.assign(all.features.begin(), all.features.begin() + 1000 * static_cast<long>(digits::kPixels));
+  fewer.labels.assign(all.labels.begin(), all.labels.begin() + 1000);
+  const digits::HostData full(all);
+  const digits::HostData shorter(std::move(fewer));
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = run_gloo(
+      4,
+      [&](Communicator& comm, const WorldInfo& info, Checker& check) {
+        Mlp model(32, 1);
+        Trainer trainer(comm, model, {.global_batch = 64, .schedule = {.lr = 0.1}, .print_progress = false});
+        const auto fit_start = std::chrono::steady_clock::now();
+        try {
+          trainer.fit(info.rank == 3 ? shorter : full, 1);
+          check.expect(false, "fit ran with rank 3 given 1000 samples and the others 1438");
+        } catch (const ncclkit::ConfigError& e) {
+          const std::string message = e.what();
+          check.expect(message.find("rank 3 starts epoch 0 at sample 0 with 15 steps over 1000 samples, rank 0 epoch 0 "
+                                    "at sample 0 with 22 steps over 1438 samples") != std::string::npos,
+                       "the message names the ranks and step counts: " + message);
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fit_start).count();
+          check.expect(seconds < 5, "failed after " + std::to_string(seconds) + " s");
+        }
+      },
+      {.timeout = kGlooTimeout});
+  CHECK_MESSAGE(result.ok(), result.describe());
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));  // far inside the 30 s timeout
+}
