@@ -74,17 +74,6 @@ build() {
   local lib
   lib=$(ldd "$CARRY/gbench_nccl_enqueue" | awk '/libbenchmark/ {print $3}')
   [[ -n "$lib" ]] && cp "$lib" "$CARRY/"
-  strip --strip-debug "$CARRY"/*
-  # The phases below run one test file each, by the name of its CTest test: a script that runs
-  # the GPU test executable on that file's test cases (the communicator's with the kernels').
-  local name files
-  for name in check communicator collectives large watchdog fusion gradient_sync codec; do
-    files="*/test_nccl_$name.cpp"
-    [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
-    [[ $name == gradient_sync ]] && files+=",*/test_nccl_trainer.cu"
-    printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
-  done
-  printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
   # A user's .cu over fusion and compression, compiled by nvcc; --gpu runs a tuned compressed step.
   cp "$BUILD/tests/nvcc_consumer" "$CARRY/"
   # The demo, training the digits classifier on one GPU per process.
@@ -95,6 +84,17 @@ build() {
     mkdir -p "$CARRY/baseline"
     cp "$BASELINE_FUSION" "$CARRY/baseline/fusion_nccl"
   fi
+  strip --strip-debug "$CARRY"/* "$CARRY"/baseline/* 2>/dev/null
+  # The phases below run one test file each, by the name of its CTest test: a script that runs
+  # the GPU test executable on that file's test cases (the communicator's with the kernels').
+  local name files
+  for name in check communicator collectives large watchdog fusion gradient_sync codec; do
+    files="*/test_nccl_$name.cpp"
+    [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
+    [[ $name == gradient_sync ]] && files+=",*/test_nccl_trainer.cu"
+    printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
+  done
+  printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
   chmod +x "$CARRY"/gpu_test_nccl_*
   local nccl_include
   nccl_include=$(sed -n 's/^NCCL_INCLUDE_DIR:PATH=//p' "$BUILD/CMakeCache.txt")
