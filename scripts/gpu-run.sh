@@ -76,8 +76,13 @@ build() {
   [[ -n "$lib" ]] && cp "$lib" "$CARRY/"
   # A user's .cu over fusion and compression, compiled by nvcc; --gpu runs a tuned compressed step.
   cp "$BUILD/tests/nvcc_consumer" "$CARRY/"
-  # The demo, training the digits classifier on one GPU per process.
+  # The demo, training the digits classifier on one GPU per process. It links Gloo too (its
+  # --backend gloo), which the GPU machines lack: Gloo and the libraries it brings travel with it
+  # (found through LD_LIBRARY_PATH, which starts with the carry folder).
   cp "$BUILD/examples/demo_gpu" "$CARRY/"
+  for lib in $(ldd "$CARRY/demo_gpu" | awk '/libgloo|libhiredis|libibverbs|libnl-/ {print $3}'); do
+    cp -L "$lib" "$CARRY/"
+  done
   # The fusion benchmark of a baseline commit, for A/B rows in one call (GPU_RUN_SET=fusion-ab):
   # BASELINE_FUSION=path/to/fusion_nccl scripts/gpu-run.sh build.
   if [[ -n "${BASELINE_FUSION:-}" ]]; then

@@ -13,6 +13,7 @@
 
 #include <ncclkit/nccl/cuda_check.hpp>
 #include <ncclkit/nccl/device_buffer.hpp>
+#include <ncclkit/nccl/stream.hpp>  // DeviceGuard
 #include <ncclkit/trainer/model.hpp>
 
 #include "digits/data.hpp"
@@ -171,6 +172,12 @@ class MlpGpu {
     gb1_ = v.template gradient_data<float>("fc1.bias");
     gw2_ = v.template gradient_data<float>("fc2.weight");
     gb2_ = v.template gradient_data<float>("fc2.bias");
+    // The trainer's memory is on the communicator's GPU, which need not be the current one: every
+    // later call switches to it, since kernels and allocations go to the current device.
+    cudaPointerAttributes where{};
+    NCCLKIT_CUDA_CHECK(cudaPointerGetAttributes(&where, w1_));
+    device_ = where.device;
+    ncclkit::nccl::DeviceGuard guard(device_);
     // The CPU model's initial values, uploaded.
     std::vector<float> w1(hidden_ * kPixels), w2(kClasses * hidden_), zeros(hidden_, 0.0f);
     const float bound1 = std::sqrt(6.0f / static_cast<float>(kPixels));
@@ -184,6 +191,7 @@ class MlpGpu {
   }
 
   void forward_backward(const Batch& batch, ncclkit::trainer::StepContext<B>& step) {
+    const ncclkit::nccl::DeviceGuard guard(device_);
     const cudaStream_t s = step.stream();
     const int n = static_cast<int>(batch.size()), h = static_cast<int>(hidden_);
     reserve(batch.size());
@@ -208,6 +216,7 @@ class MlpGpu {
   }
 
   void evaluate(const Batch& batch, ncclkit::trainer::EvalContext<B>& eval) {
+    const ncclkit::nccl::DeviceGuard guard(device_);
     const cudaStream_t s = eval.stream();
     const int n = static_cast<int>(batch.size()), h = static_cast<int>(hidden_);
     reserve(batch.size());
@@ -221,18 +230,17 @@ class MlpGpu {
  private:
   void reserve(std::size_t n) {
     if (n <= capacity_) return;
-    int device = 0;
-    NCCLKIT_CUDA_CHECK(cudaGetDevice(&device));
     // The stream may still use the old scratch: let it finish before it goes.
     NCCLKIT_CUDA_CHECK(cudaDeviceSynchronize());
-    hidden_out_ = ncclkit::nccl::DeviceBuffer<float>(n * hidden_, device);
-    dhidden_ = ncclkit::nccl::DeviceBuffer<float>(n * hidden_, device);
-    dlogits_ = ncclkit::nccl::DeviceBuffer<float>(n * kClasses, device);
+    hidden_out_ = ncclkit::nccl::DeviceBuffer<float>(n * hidden_, device_);
+    dhidden_ = ncclkit::nccl::DeviceBuffer<float>(n * hidden_, device_);
+    dlogits_ = ncclkit::nccl::DeviceBuffer<float>(n * kClasses, device_);
     capacity_ = n;
   }
 
   std::size_t hidden_;
   std::uint64_t seed_;
+  int device_ = 0;
   float *w1_ = nullptr, *b1_ = nullptr, *w2_ = nullptr, *b2_ = nullptr;
   float *gw1_ = nullptr, *gb1_ = nullptr, *gw2_ = nullptr, *gb2_ = nullptr;
   std::size_t capacity_ = 0;
