@@ -1,7 +1,8 @@
-// The NCCL backend's concurrency logic (watchdog, GroupGuard, abort, shutdown: nccl/watchdog.hpp,
-// group.hpp, communicator.hpp, local_group.hpp, detail/comm_core.hpp) against the fake CUDA
-// runtime and NCCL of tests/support/fake_cuda_nccl.hpp, so that it runs on every CI machine,
-// GPU or not. Linked with the fake instead of libcudart/libnccl (tests/fake_nccl.cmake).
+// The NCCL backend's concurrency logic (watchdog, GroupGuard, abort, shutdown:
+// nccl/detail/watchdog.hpp and its parts, group.hpp, communicator.hpp, local_group.hpp,
+// detail/comm_core.hpp) against the fake CUDA runtime and NCCL of
+// tests/support/fake_cuda_nccl.hpp, so that it runs on every CI machine, GPU or not. Linked
+// with the fake instead of libcudart/libnccl (tests/fake_nccl.cmake).
 //
 // Every test ends by checking that the fake saw no violation: above all no use of an aborted
 // communicator (an ncclGroupEnd launching a queued op of it, a collective on it), which in real

@@ -14,7 +14,7 @@
 // only at its next collective (seen on 4 x H200 with NCCL 2.28.3). The drills accept that outcome
 // only when it is explained so (some peer had already timed out) and the next collective
 // fails; they print the data and timing that show it. A failing rank announces its failure
-// through the store, and the other ranks' store links learn of it from there (watchdog.hpp):
+// through the store, and the other ranks' store links learn of it from there (nccl/detail/store_link.hpp):
 // the late rank, idle when its peers failed, must have its all_reduce refused instead of
 // released, and ranks whose timeout is much longer than the failing rank's must fail with it.
 // ncclkit-test: labels=nccl timeout=300 serial

@@ -31,7 +31,7 @@
 /// the host except synchronize() and barrier().
 ///
 /// Failures. Each collective gets a sequence number and a completion event; a watchdog
-/// thread (watchdog.hpp) aborts the communicator when one stays in flight longer than the
+/// thread (detail/watchdog.hpp) aborts the communicator when one stays in flight longer than the
 /// timeout or NCCL reports an asynchronous error. From then on every call, synchronize()
 /// included, throws CommError naming rank, operation, sequence number, bytes, time waited and
 /// every rank's progress. Misuse (root out of range, null or host pointers, buffers of
@@ -47,7 +47,7 @@
 /// others with undefined data. A failing rank announces its failure through the store before
 /// it aborts; synchronize() checks for it before returning work that waited long, and the
 /// watchdog's store link fails the communicator of a rank that learns of it while idle
-/// (watchdog.hpp, docs/collectives.md). Not covered: work issued within one peer-check
+/// (detail/store_link.hpp, docs/collectives.md). Not covered: work issued within one peer-check
 /// interval of the announcement and consumed on the GPU without synchronize().
 ///
 /// Threads. One thread at a time may issue work on a communicator (as with NCCL itself).
@@ -96,11 +96,11 @@
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
 #include "ncclkit/nccl/detail/shutdown.hpp"
 #include "ncclkit/nccl/detail/split.hpp"
+#include "ncclkit/nccl/detail/watchdog.hpp"
 #include "ncclkit/nccl/group.hpp"
 #include "ncclkit/nccl/options.hpp"
 #include "ncclkit/nccl/stream.hpp"
 #include "ncclkit/nccl/types.hpp"
-#include "ncclkit/nccl/watchdog.hpp"
 #include "ncclkit/store/store.hpp"
 
 #if defined(__CUDACC__)

@@ -21,9 +21,9 @@
 #include "ncclkit/core/detail/poll.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/checked_pointers.hpp"
+#include "ncclkit/nccl/detail/watchdog.hpp"
 #include "ncclkit/nccl/options.hpp"
 #include "ncclkit/nccl/stream.hpp"
-#include "ncclkit/nccl/watchdog.hpp"
 #include "ncclkit/store/store.hpp"
 
 namespace ncclkit::nccl::detail {

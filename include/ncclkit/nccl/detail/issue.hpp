@@ -88,7 +88,7 @@ void issue(CommCore& core, const char* operation, std::size_t bytes, const CallS
   auto& group = group_state();
   const bool grouped = group.depth > 0;
   // In a group, without waiting for the report: a member with ops queued holds its abort
-  // (and so its report) back until the group's end (Watchdog::handle_failure).
+  // (and so its report) back until the group's end (handle_failure, detail/watchdog_thread.hpp).
   core.watchdog.throw_if_failed(!grouped);
   ncclkit::detail::NvtxRange range(operation);
   // Only for the legacy default stream, which names a stream per device: NCCL's launch and
