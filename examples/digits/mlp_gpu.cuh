@@ -81,18 +81,18 @@ __global__ void output_layer(const float* w2, const float* b2, const float* hidd
   if (s >= n) return;
   float logits[kClasses];
   float top = -1e30f;
+  int best = 0;  // the first class of the highest logit, as the CPU model picks it
   for (int c = 0; c < static_cast<int>(kClasses); ++c) {
     float a = b2[c];
     for (int j = 0; j < hidden; ++j) a += w2[c * hidden + j] * hidden_out[s * hidden + j];
     logits[c] = a;
-    top = fmaxf(top, a);
+    if (a > top) {
+      top = a;
+      best = c;
+    }
   }
   float sum = 0;
-  int best = 0;
-  for (int c = 0; c < static_cast<int>(kClasses); ++c) {
-    best = logits[c] > logits[best] ? c : best;
-    sum += logits[c] = expf(logits[c] - top);
-  }
+  for (int c = 0; c < static_cast<int>(kClasses); ++c) sum += logits[c] = expf(logits[c] - top);
   const int label = labels[index[s]];
   const float p_label = logits[label] / sum;
   atomicAdd(&metrics[0], -static_cast<double>(logf(fmaxf(p_label, 1e-30f))));
