@@ -21,7 +21,8 @@
 namespace ncclkit::nccl::detail {
 
 /// Single collectives (and one-stream groups) issued on one stream within this time of the
-/// first one in flight share its record: its event is recorded again after each (see Watchdog::track).
+/// first one in flight share its record: its event is recorded again after each (see
+/// Watchdog::track).
 inline constexpr std::chrono::milliseconds kBurstWindow{1};
 
 /// Publishes `seq` as completed, never going back: a group spanning streams has a record per

@@ -171,6 +171,8 @@ inline bool handle_failure(WatchdogState& s) {
   return true;
 }
 
+/// The watchdog thread (Watchdog::start): polls every `poll` interval until stopped, and
+/// handles the first failure requested.
 inline void run_watchdog(WatchdogState& s) {
   // The thread's CUDA calls go to the communicator's GPU; relaxed capture mode keeps its
   // event queries legal while another thread captures a CUDA graph in global mode.
