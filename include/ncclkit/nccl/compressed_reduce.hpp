@@ -7,8 +7,9 @@
 ///
 /// It holds a symmetric window (ncclMemAlloc'd, registered with NCCL_WIN_COLL_SYMMETRIC: a
 /// collective), twice the 16-bit size of the largest call plus barrier flags, per-block
-/// barrier counts, and a flag in mapped host memory that a kernel raises when it gave up
-/// waiting for a peer. Calls on one workspace must be ordered (one stream, or streams joined
+/// barrier counts, a stop flag in device memory (raised before an abort of the communicator,
+/// which unmaps the window), and a flag in mapped host memory that a kernel raises when it
+/// gave up waiting for a peer. Calls on one workspace must be ordered (one stream, or streams joined
 /// by events). Destroy it before its communicator, on every rank: deregistering is a
 /// collective too (bounded like every NCCL call of the communicator); after a failure of the
 /// communicator, or after a kernel gave up, it only frees its memory.
@@ -64,6 +65,7 @@ class CompressedReduce {
       gave_up_ = std::exchange(other.gave_up_, nullptr);
       gave_up_device_ = std::exchange(other.gave_up_device_, nullptr);
       done_ = std::exchange(other.done_, nullptr);
+      stop_stream_ = std::exchange(other.stop_stream_, nullptr);
       used_ = std::exchange(other.used_, false);
       window_bytes_ = other.window_bytes_;
       capacity_ = other.capacity_;
@@ -147,27 +149,21 @@ class CompressedReduce {
     w.window_bytes_ =
         ncclkit::detail::align_up(2 * static_cast<std::size_t>(core.size) * w.slot_ * size_of(wire) + flags, 4096);
     w.core_ = &core;
-    const std::size_t epoch_bytes = static_cast<std::size_t>(w.blocks_) * sizeof(std::uint32_t);
+    // Each block's barrier count, then the stop flag (CompressedReduceArgs::stop).
+    const std::size_t epoch_bytes = (static_cast<std::size_t>(w.blocks_) + 1) * sizeof(std::uint32_t);
     NCCLKIT_CUDA_CHECK(cudaMalloc(&w.epochs_, epoch_bytes));
     NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&w.gave_up_), sizeof(int), cudaHostAllocMapped));
     *w.gave_up_ = 0;
     NCCLKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&w.gave_up_device_), w.gave_up_, 0));
     NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&w.done_, cudaEventDisableTiming));
     NCCLKIT_NCCL_CHECK(ncclMemAlloc(&w.memory_, w.window_bytes_));
-    {
-      // On a stream of its own: waiting for the device, or for the comm stream, could wait
-      // for collectives of this or another communicator.
-      cudaStream_t s = nullptr;
-      NCCLKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      const cudaError_t zeroed = [&] {
-        cudaError_t e = cudaMemsetAsync(w.epochs_, 0, epoch_bytes, s);
-        if (e == cudaSuccess) e = cudaMemsetAsync(w.memory_, 0, w.window_bytes_, s);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-        return e;
-      }();
-      (void)cudaStreamDestroy(s);
-      NCCLKIT_CUDA_CHECK(zeroed);
-    }
+    // Zeroed on a stream of the workspace's own: waiting for the device, or for the comm
+    // stream, could wait for collectives of this or another communicator. The same stream later
+    // raises the stop flag (CommHandle::stop_window_kernels), for the same reason.
+    NCCLKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&w.stop_stream_, cudaStreamNonBlocking));
+    NCCLKIT_CUDA_CHECK(cudaMemsetAsync(w.epochs_, 0, epoch_bytes, w.stop_stream_));
+    NCCLKIT_CUDA_CHECK(cudaMemsetAsync(w.memory_, 0, w.window_bytes_, w.stop_stream_));
+    NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(w.stop_stream_));
     detail::CallStream stream;
     stream.stream = core.comm_stream;
     ncclWindow_t window = nullptr;
@@ -176,7 +172,7 @@ class CompressedReduce {
     });
     w.window_ = window;
     // Stopped before any abort of the communicator, which would unmap the window under it.
-    core.handle().add_window_kernel({w.gave_up_, w.done_, core.device});
+    core.handle().add_window_kernel({w.stop_flag(), w.stop_stream_, w.done_, core.device});
 #else
     (void)core, (void)max_count, (void)wire, (void)blocks, (void)lsa_rank;
 #endif
@@ -212,6 +208,7 @@ class CompressedReduce {
     args.decode = static_cast<float>(decode);
     args.nonfinite = nonfinite;
     args.epochs = epochs_;
+    args.stop = stop_flag();
     args.gave_up = gave_up_device_;
     args.rank = lsa_rank_;
     args.world = call.core().size;
@@ -232,6 +229,9 @@ class CompressedReduce {
     }
   }
 
+  /// The stop flag the kernel and CommHandle::stop_window_kernels share (kernel_hooks.hpp).
+  int* stop_flag() const { return reinterpret_cast<int*>(epochs_ + blocks_); }
+
   /// Elements per rank: an even split, rounded up to whole 16-byte words of 16-bit values.
   static std::size_t shard_of(std::size_t count, int world) {
     return ncclkit::detail::align_up((count + static_cast<std::size_t>(world) - 1) / static_cast<std::size_t>(world),
@@ -244,7 +244,7 @@ class CompressedReduce {
   void release() noexcept {
     if (core_ == nullptr) return;
     detail::CommCore& core = *std::exchange(core_, nullptr);
-    if (gave_up_ != nullptr) core.handle().remove_window_kernel(gave_up_);
+    if (epochs_ != nullptr) core.handle().remove_window_kernel(stop_flag());
 #if NCCLKIT_NCCL_DEVICE_API
     try {
       DeviceGuard guard(core.device);
@@ -268,22 +268,25 @@ class CompressedReduce {
     if (epochs_ != nullptr) (void)cudaFree(epochs_);
     if (gave_up_ != nullptr) (void)cudaFreeHost(gave_up_);
     if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    if (stop_stream_ != nullptr) (void)cudaStreamDestroy(stop_stream_);
     window_ = nullptr;
     memory_ = nullptr;
     epochs_ = nullptr;
     gave_up_ = nullptr;
     gave_up_device_ = nullptr;
     done_ = nullptr;
+    stop_stream_ = nullptr;
     used_ = false;
   }
 
   detail::CommCore* core_ = nullptr;
   void* window_ = nullptr;  // an ncclWindow_t (NCCL 2.27 and later)
   void* memory_ = nullptr;
-  std::uint32_t* epochs_ = nullptr;  // device memory: each block's barrier count
+  std::uint32_t* epochs_ = nullptr;  // device memory: each block's barrier count, then the stop flag
   int* gave_up_ = nullptr;           // mapped host memory: set by a kernel that stopped waiting
   int* gave_up_device_ = nullptr;    // the same flag as the kernel addresses it
   cudaEvent_t done_ = nullptr;       // recorded after each call: what release() waits for
+  cudaStream_t stop_stream_ = nullptr;  // non-blocking: zeroes the workspace, raises the stop flag
   bool used_ = false;
   std::size_t window_bytes_ = 0;
   std::size_t capacity_ = 0;

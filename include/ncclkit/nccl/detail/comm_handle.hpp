@@ -6,7 +6,7 @@
 ///
 /// Host code only: compiles with g++ given the CUDA and NCCL include folders.
 
-#include <cuda_runtime_api.h>  // cudaEvent_t, cudaEventQuery, cudaSetDevice
+#include <cuda_runtime_api.h>  // cudaEvent_t, cudaEventQuery, cudaMemcpyAsync, cudaSetDevice
 #include <nccl.h>              // ncclComm_t
 
 #include <atomic>   // std::atomic, std::atomic_thread_fence
@@ -76,25 +76,35 @@ struct CommHandle {
   /// (no later allocation or copy works in the process). So before an abort each is asked to
   /// stop and waited for (stop_window_kernels).
   struct WindowKernel {
-    volatile int* stop = nullptr;  ///< mapped host memory the kernel polls; nonzero: return
-    cudaEvent_t done = nullptr;    ///< recorded after its last launch
+    int* stop = nullptr;            ///< device memory the kernel polls; nonzero: return
+    cudaStream_t stream = nullptr;  ///< a non-blocking stream of its own, to raise `stop` on
+    cudaEvent_t done = nullptr;     ///< recorded after its last launch
     int device = 0;
   };
   void add_window_kernel(WindowKernel kernel) {
     std::lock_guard lock(window_kernels_mutex);
     window_kernels.push_back(kernel);
   }
-  void remove_window_kernel(volatile int* stop) {
+  void remove_window_kernel(const int* stop) {
     std::lock_guard lock(window_kernels_mutex);
     std::erase_if(window_kernels, [&](const WindowKernel& k) { return k.stop == stop; });
   }
   /// Raises every window kernel's stop flag, then waits for each one's last launch to end, at
   /// most `bound` in all. A kernel still queued behind a hung collective cannot end before the
   /// abort; it finds its flag raised when it starts and returns before it touches a window.
+  /// The flag lives in device memory (a kernel that read host memory at every start would pay
+  /// for it at every launch) and is raised by a copy on the kernel's own stream, which a
+  /// running kernel or a hung collective on the other streams does not hold up.
   void stop_window_kernels(std::chrono::milliseconds bound) noexcept {
     std::lock_guard lock(window_kernels_mutex);
     if (window_kernels.empty()) return;
-    for (const WindowKernel& k : window_kernels) *k.stop = 1;
+    static const int kRaised = 1;
+    for (const WindowKernel& k : window_kernels) {
+      if (cudaSetDevice(k.device) != cudaSuccess ||
+          cudaMemcpyAsync(k.stop, &kRaised, sizeof kRaised, cudaMemcpyHostToDevice, k.stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
+    }
     const auto deadline = Clock::now() + bound;
     for (const WindowKernel& k : window_kernels) {
       if (cudaSetDevice(k.device) != cudaSuccess) (void)cudaGetLastError();

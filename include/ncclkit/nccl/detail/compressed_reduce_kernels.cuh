@@ -21,13 +21,14 @@
 /// grid-stride loop over a grid of fixed size, slots of fixed size), so those pairwise
 /// barriers order every access, also from one call to the next; every rank runs the same grid
 /// (prepare_compressed_reduce agrees on it). A barrier gives up after `timeout_ns` (a peer that
-/// died or never launched), or as soon as the host raised `gave_up` before aborting the
+/// died or never launched), or as soon as the host raised `stop` before aborting the
 /// communicator (whose abort unmaps the windows): the block raises `gave_up` (mapped host
-/// memory, which the next call and the workspace's destructor read), adds one to the
-/// non-finite count (the result is not whole) and returns, so the kernel never spins forever
-/// and never reads a window while an abort takes it down. A kernel that starts with `gave_up`
-/// raised returns at once. The communicator's watchdog, whose deadline comes first, reports
-/// the failure.
+/// memory, which the next call and the workspace's destructor read) and `stop`, adds one to
+/// the non-finite count (the result is not whole) and returns, so the kernel never spins
+/// forever and never reads a window while an abort takes it down. A kernel that starts with
+/// `stop` raised returns at once. `stop` is in device memory: every block reads it at every
+/// launch, and a read of host memory there costs about 0.1 ms a launch. The communicator's
+/// watchdog, whose deadline comes first, reports the failure.
 
 #if !defined(__CUDACC__)
 #error "ncclkit/nccl/detail/compressed_reduce_kernels.cuh holds CUDA kernels: include it only from nvcc"
@@ -100,10 +101,11 @@ __device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_off
       cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, flags_offset, peer, a.rank));
       for (unsigned spins = 0;; ++spins) {
         if (static_cast<std::int32_t>(flag.load(cuda::memory_order_acquire) - epoch) >= 0) break;
-        // The host raises `gave_up` before it aborts the communicator (CommHandle's
+        // The host raises `stop` before it aborts the communicator (CommHandle's
         // stop_window_kernels): the windows are about to go.
-        if (spins % 1024 == 1023 && (global_ns() > deadline || *static_cast<volatile int*>(a.gave_up) != 0)) {
+        if (spins % 1024 == 1023 && (global_ns() > deadline || *static_cast<volatile int*>(a.stop) != 0)) {
           ok = 0;
+          *static_cast<volatile int*>(a.stop) = 1;  // the launches queued behind this one return at once
           *static_cast<volatile int*>(a.gave_up) = 1;
           __threadfence_system();
           if (a.nonfinite != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.nonfinite), 1ull);
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
   // Stopped before it started (a kernel queued behind a collective that hung, its communicator
   // aborted since): touch no window; the result is not whole.
   __shared__ int stopped;
-  if (threadIdx.x == 0) stopped = *static_cast<volatile int*>(a.gave_up);
+  if (threadIdx.x == 0) stopped = *static_cast<volatile int*>(a.stop);
   __syncthreads();
   if (stopped != 0) {
     if (threadIdx.x == 0 && a.nonfinite != nullptr) atomicAdd(reinterpret_cast<unsigned long long*>(a.nonfinite), 1ull);
