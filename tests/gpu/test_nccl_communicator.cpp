@@ -211,12 +211,16 @@ TEST_CASE("misuse is reported with a clear error before NCCL sees it") {
     expect_misuse(checker, "use after move", "moved from", [&] { (void)comm.rank(); });
     checker.expect(moved.rank() == 0, "the moved-to communicator works");
 
-    // The pointer checks can be switched off, by option or by environment.
+    // The pointer checks can be switched off, by option or by environment; the environment
+    // overrides the field (core/knobs.hpp), as the communicator resolves its options.
     checker.expect(!Options{.check_pointers = false}.check_pointers, "option turns checks off");
-    ::setenv("NCCLKIT_CHECK_POINTERS", "0", 1);
-    checker.expect(!Options{}.check_pointers, "NCCLKIT_CHECK_POINTERS=0 turns checks off");
-    ::unsetenv("NCCLKIT_CHECK_POINTERS");
     checker.expect(Options{}.check_pointers, "checks are on by default");
+    ::setenv("NCCLKIT_CHECK_POINTERS", "0", 1);
+    {
+      Communicator unchecked(store, world, Options{.timeout = std::chrono::seconds(60), .name = "env-unchecked"});
+      checker.expect(!unchecked.options().check_pointers, "NCCLKIT_CHECK_POINTERS=0 turns checks off");
+    }
+    ::unsetenv("NCCLKIT_CHECK_POINTERS");
     return checker.finish("misuse");
   });
 }
