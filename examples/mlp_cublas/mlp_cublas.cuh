@@ -23,6 +23,7 @@
 #include <cmath>      // std::sqrt
 #include <cstddef>    // std::size_t
 #include <cstdint>    // std::int64_t, std::uint64_t
+#include <limits>     // std::numeric_limits
 #include <string>     // std::string, std::to_string
 #include <utility>    // std::swap
 #include <vector>     // std::vector
@@ -210,6 +211,8 @@ class MlpCublas {
     std::size_t in, out;
   };
 
+  static constexpr std::size_t kMostSamples = std::numeric_limits<int>::max();
+
   static int as_int(std::size_t n) { return static_cast<int>(n); }
 
   void gemm(cublasOperation_t a_op, cublasOperation_t b_op, std::size_t m, std::size_t n, std::size_t k,
@@ -249,6 +252,10 @@ class MlpCublas {
 
   void reserve(std::size_t n) {
     if (n == 0) throw ncclkit::ConfigError("mlp_cublas::MlpCublas: an empty batch");
+    if (n > kMostSamples) {
+      throw ncclkit::ConfigError("mlp_cublas::MlpCublas: a batch of " + std::to_string(n) + " samples; cuBLAS takes " +
+                                 "at most " + std::to_string(kMostSamples) + " (int dimensions): split it");
+    }
     if (n <= capacity_) return;
     // The stream may still use the old scratch: let it finish before it goes.
     NCCLKIT_CUDA_CHECK(cudaDeviceSynchronize());

@@ -10,6 +10,7 @@
 #include <cmath>    // std::sqrt
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint64_t
+#include <limits>   // std::numeric_limits
 #include <span>     // std::span
 #include <string>   // std::to_string
 #include <vector>   // std::vector
@@ -38,15 +39,10 @@ class SyntheticData {
   SyntheticData(std::size_t input, std::size_t output, std::size_t samples, std::uint64_t seed, int device)
       : input_(input),
         output_(output),
-        samples_(samples),
+        samples_(checked_samples(input, output, samples)),
         device_(device),
         inputs_(samples * input, device),
         targets_(samples * output, device) {
-    if (input == 0 || output == 0 || samples == 0) {
-      throw ncclkit::ConfigError("mlp_cublas::SyntheticData: " + std::to_string(samples) + " samples of " +
-                                 std::to_string(input) + " inputs and " + std::to_string(output) +
-                                 " outputs; every count must be at least 1");
-    }
     const ncclkit::nccl::DeviceGuard guard(device);
     ncclkit::nccl::DeviceBuffer<float> teacher(output * input, device);
     using kernels::blocks_for;
@@ -112,7 +108,18 @@ class SyntheticData {
   }
 
  private:
+  static constexpr std::size_t kMostSamples = std::numeric_limits<int>::max();
   static int as_int(std::size_t n) { return static_cast<int>(n); }
+  // Before anything is allocated.
+  static std::size_t checked_samples(std::size_t input, std::size_t output, std::size_t samples) {
+    if (input == 0 || output == 0 || samples == 0 || samples > kMostSamples) {
+      throw ncclkit::ConfigError("mlp_cublas::SyntheticData: " + std::to_string(samples) + " samples of " +
+                                 std::to_string(input) + " inputs and " + std::to_string(output) +
+                                 " outputs; every count must be at least 1, and the samples at most " +
+                                 std::to_string(kMostSamples) + " (cuBLAS's int dimensions)");
+    }
+    return samples;
+  }
 
   std::size_t input_, output_, samples_;
   int device_;

@@ -23,17 +23,18 @@
 // 1 − (step_N − step_1) / reduce_N (scripts/mlp_table.py).
 #include <cuda_runtime.h>
 
-#include <algorithm>    // std::sort, std::max
-#include <chrono>       // std::chrono
-#include <cstdio>       // std::printf, std::FILE
-#include <cstdlib>      // std::strtod
-#include <filesystem>   // std::filesystem::exists
-#include <numeric>      // std::accumulate
-#include <optional>     // std::optional
-#include <span>         // std::span
-#include <string>       // std::string
-#include <string_view>  // std::string_view
-#include <vector>       // std::vector
+#include <algorithm>     // std::sort, std::min
+#include <cmath>         // std::isfinite
+#include <cstdio>        // std::printf, std::FILE
+#include <cstdlib>       // std::strtod
+#include <exception>     // std::exception
+#include <filesystem>    // std::filesystem::file_size
+#include <numeric>       // std::accumulate
+#include <span>          // std::span
+#include <string>        // std::string
+#include <string_view>   // std::string_view
+#include <system_error>  // std::error_code
+#include <vector>        // std::vector
 
 #include <ncclkit/compression.hpp>
 #include <ncclkit/nccl.hpp>
@@ -196,7 +197,9 @@ void run_configuration(Communicator& comm, Model& model, cudaStream_t stream, co
               mean(step_ms), args.steps, samples_per_s, reduce_ms, loss_before, loss_after);
   std::fflush(stdout);
   if (args.csv.empty()) return;
-  const bool fresh = !std::filesystem::exists(args.csv);
+  // main() made the file: the header goes first where it is still empty.
+  std::error_code unknown_size;
+  const bool fresh = std::filesystem::file_size(args.csv, unknown_size) == 0 && !unknown_size;
   std::FILE* f = std::fopen(args.csv.c_str(), "a");
   if (f == nullptr) throw ncclkit::ConfigError("train_mlp: cannot append to --csv " + args.csv);
   if (fresh) {
@@ -241,14 +244,14 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
     }
     comm.synchronize();
     return 0;
-  } catch (const ncclkit::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: rank %d: %s\n", world.rank, e.what());
     return 2;
   }
 }
 
-void usage() {
-  std::printf(
+void usage(std::FILE* out) {
+  std::fprintf(out,
       "usage: train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]\n"
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
       "                 [--bucket-mb 25 | --tune] [--accumulation 1] [--precision tf32|fp32]\n"
@@ -270,6 +273,7 @@ std::vector<std::string> split_list(const std::string& text) {
 
 int main(int argc, char** argv) {
   Arguments args;
+  bool bucket_given = false;
   try {
     for (int i = 1; i < argc; ++i) {
       const std::string_view arg = argv[i];
@@ -318,14 +322,22 @@ int main(int argc, char** argv) {
         const std::string text = value();
         char* end = nullptr;
         args.lr = std::strtod(text.c_str(), &end);
-        if (end == text.c_str() || *end != '\0' || !(args.lr > 0)) {
+        if (end == text.c_str() || *end != '\0' || !(args.lr > 0) || !std::isfinite(args.lr)) {
           throw ncclkit::ConfigError("train_mlp: --lr wants a positive number, not '" + text + "'");
         }
       } else if (arg == "--codec") {
         args.codecs.clear();
-        for (const std::string& part : split_list(value())) args.codecs.push_back(ncclkit::compression::codec_named(part));
+        for (const std::string& part : split_list(value())) {
+          try {
+            args.codecs.push_back(ncclkit::compression::codec_named(part));
+          } catch (const ncclkit::ConfigError&) {
+            throw ncclkit::ConfigError("train_mlp: --codec takes none, fp16 and bf16, comma separated, not '" + part +
+                                       "'");
+          }
+        }
       } else if (arg == "--bucket-mb") {
         args.bucket_mb = number(1, 1 << 20);
+        bucket_given = true;
       } else if (arg == "--tune") {
         args.tune = true;
       } else if (arg == "--accumulation") {
@@ -345,18 +357,36 @@ int main(int argc, char** argv) {
         args.csv = value();
       } else if (arg == "--init-url") {
         args.init_url = value();
+      } else if (arg == "--help" || arg == "-h") {
+        usage(stdout);
+        return 0;
       } else {
-        usage();
-        return arg == "--help" || arg == "-h" ? 0 : 2;
+        std::fprintf(stderr, "train_mlp: unknown argument '%s'\n", argv[i]);
+        usage(stderr);
+        return 2;
       }
+    }
+    if (args.tune && bucket_given) {
+      throw ncclkit::ConfigError("train_mlp: --bucket-mb fixes the bucket cap, --tune chooses it: give one of them");
     }
     if (!args.input_given) args.model.input = args.model.width;
     if (!args.output_given) args.model.output = args.model.width;
     if (std::string p = args.model.problem(); !p.empty()) throw ncclkit::ConfigError(p);
+    // Rank 0 appends to it after the first configuration: a path that cannot take it fails now.
+    if (!args.csv.empty()) {
+      std::FILE* f = std::fopen(args.csv.c_str(), "a");
+      if (f == nullptr) throw ncclkit::ConfigError("train_mlp: cannot append to --csv " + args.csv);
+      std::fclose(f);
+    }
+    const bool launched = ncclkit::env_string("RANK") || ncclkit::env_string("OMPI_COMM_WORLD_RANK") ||
+                          ncclkit::env_string("SLURM_PROCID");
+    if (!args.init_url.empty() && !launched) {
+      throw ncclkit::ConfigError("train_mlp: --init-url is for workers started by a launcher (RANK set); run "
+                                 "alone, train_mlp starts its --nprocs workers through a private folder");
+    }
 
     const auto run_worker = [&](const ncclkit::WorldInfo& world) { return worker(world, args); };
-    if (ncclkit::env_string("RANK") || ncclkit::env_string("OMPI_COMM_WORLD_RANK") ||
-        ncclkit::env_string("SLURM_PROCID")) {
+    if (launched) {
       auto world = ncclkit::detect_world();
       if (!args.init_url.empty()) world.init_url = args.init_url;
       return run_worker(world);
@@ -364,7 +394,7 @@ int main(int argc, char** argv) {
     const auto result = ncclkit::spawn(args.nprocs, run_worker);
     if (!result.ok()) std::fprintf(stderr, "train_mlp: %s\n", result.describe().c_str());
     return result.ok() ? 0 : 1;
-  } catch (const ncclkit::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
