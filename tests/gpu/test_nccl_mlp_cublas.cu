@@ -1,8 +1,9 @@
 // The cuBLAS MLP of examples/mlp_cublas as a trainer Model: on one GPU, its gradients (float32
 // GEMMs, TF32 off) against a float64 host reference of the same MLP, added to what the gradient
 // buffers held, each tensor marked ready in backward order once its gradient is complete on the
-// stream; with TF32, within TF32's tolerance. On 2 GPUs, the trainer over it: the loss falls over
-// 20 steps and both ranks end with identical parameters, with float32 and fp16 gradients.
+// stream, also at sizes that are multiples of nothing; with TF32, within TF32's tolerance. On 2
+// GPUs, the trainer over it: the loss falls over 20 steps and both ranks end with identical
+// parameters, with float32 and fp16 gradients.
 // ncclkit-test: labels=nccl timeout=300
 #include <doctest/doctest.h>
 
@@ -109,17 +110,17 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
-/// One forward_backward of the model on one GPU, checked against the reference: gradients that
-/// held `prior` (random, of the reference's scale) must hold prior + reference afterwards.
+/// One forward_backward of the model of `shape` on `samples` samples on one GPU, checked against
+/// the reference: gradients that held `prior` (random, of the reference's scale) must hold
+/// prior + reference afterwards.
 /// `element_tolerance` bounds each element's error relative to its tensor's largest reference
 /// value (0: no element-wise check); `norm_tolerance` bounds ‖got − expected‖ / ‖reference‖ per
 /// tensor.
 int check_gradients(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store,
-                    mlp_cublas::Precision precision, double element_tolerance, double norm_tolerance) {
+                    mlp_cublas::MlpOptions shape, std::size_t samples, double element_tolerance,
+                    double norm_tolerance) {
   ncclkit_test::Checker checker(me.rank);
   Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-grads"});
-  mlp_cublas::MlpOptions shape = kShape;
-  shape.precision = precision;
   shape.seed = 5;
   Model model(shape);
   ncclkit::fusion::FusedLayout layout;
@@ -127,18 +128,18 @@ int check_gradients(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit:
   layout.finalize();
   ncclkit::fusion::FusedBuffer<Communicator> values(comm, layout), gradients(comm, values.layout());
   model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients));
-  const mlp_cublas::SyntheticData data(shape.input, shape.output, kBatch, 11, comm.device());
-  const mlp_cublas::Batch batch = data.batch(0, kBatch);
-  const double loss_weight = 1.0 / static_cast<double>(kBatch);
+  const mlp_cublas::SyntheticData data(shape.input, shape.output, samples, 11, comm.device());
+  const mlp_cublas::Batch batch = data.batch(0, samples);
+  const double loss_weight = 1.0 / static_cast<double>(samples);
 
   std::vector<std::vector<float>> weights, biases;
   for (std::size_t l = 0; l < shape.depth; ++l) {
     weights.push_back(download(comm, values.view(mlp_cublas::weight_name(l)).data, shape.in_features(l) * shape.out_features(l)));
     biases.push_back(download(comm, values.view(mlp_cublas::bias_name(l)).data, shape.out_features(l)));
   }
-  const std::vector<float> x = download(comm, data.inputs(), kBatch * shape.input);
-  const std::vector<float> y = download(comm, data.targets(), kBatch * shape.output);
-  const Reference ref = reference_gradients(shape, weights, biases, x, y, kBatch, loss_weight);
+  const std::vector<float> x = download(comm, data.inputs(), samples * shape.input);
+  const std::vector<float> y = download(comm, data.targets(), samples * shape.output);
+  const Reference ref = reference_gradients(shape, weights, biases, x, y, samples, loss_weight);
 
   // What the gradients hold before: random values of the reference's scale, so that a model that
   // overwrites them (beta = 0), or adds twice, is off by far more than the tolerance.
@@ -216,7 +217,7 @@ int check_gradients(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit:
   comm.synchronize();
   checker.expect(std::fabs(host[0] - ref.loss_sum) <= norm_tolerance * ref.loss_sum,
                  "loss sum " + std::to_string(host[0]) + " against the reference's " + std::to_string(ref.loss_sum));
-  checker.expect(host[1] == 0 && host[2] == double(kBatch), "metrics count the batch's samples");
+  checker.expect(host[1] == 0 && host[2] == double(samples), "metrics count the batch's samples");
   return checker.finish("cuBLAS MLP gradients");
 }
 
@@ -231,12 +232,23 @@ TEST_CASE("the cuBLAS MLP adds the float64 reference's gradients and marks each 
   if (!ncclkit_test::have_gpus(1, "the cuBLAS MLP's gradients")) return;
   SUBCASE("float32 GEMMs: every element within 2e-5 of its tensor's largest value") {
     ncclkit_test::run_workers(1, [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
-      return mlp_cublas_test::check_gradients(me, store, mlp_cublas::Precision::kFloat32, 2e-5, 1e-5);
+      mlp_cublas::MlpOptions shape = mlp_cublas_test::kShape;
+      shape.precision = mlp_cublas::Precision::kFloat32;
+      return mlp_cublas_test::check_gradients(me, store, shape, mlp_cublas_test::kBatch, 2e-5, 1e-5);
+    });
+  }
+  SUBCASE("float32 GEMMs at odd sizes (23 -> 30 -> 30 -> 17, 7 samples): no size must be a multiple of anything") {
+    ncclkit_test::run_workers(1, [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+      const mlp_cublas::MlpOptions shape{.input = 23, .width = 30, .output = 17, .depth = 3,
+                                         .precision = mlp_cublas::Precision::kFloat32};
+      return mlp_cublas_test::check_gradients(me, store, shape, 7, 2e-5, 1e-5);
     });
   }
   SUBCASE("TF32 GEMMs (the default): norm-relative error within 1e-2") {
     ncclkit_test::run_workers(1, [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
-      return mlp_cublas_test::check_gradients(me, store, mlp_cublas::Precision::kTf32, 0, 1e-2);
+      mlp_cublas::MlpOptions shape = mlp_cublas_test::kShape;
+      shape.precision = mlp_cublas::Precision::kTf32;
+      return mlp_cublas_test::check_gradients(me, store, shape, mlp_cublas_test::kBatch, 0, 1e-2);
     });
   }
 }
