@@ -32,6 +32,12 @@
 #                 about 250 s.
 #   fusion-bench  fusion_nccl beside PyTorch's fusion, a timeline, symmetric windows.
 #   copy-sweep    loose tensors against the batched copy's shape (5 runs of fusion_nccl).
+#   mlp-bench     the GPU trainer benchmark: train_mlp (the cuBLAS MLP of examples/mlp_cublas,
+#                 8 x 4096, SGD, batch 64 and 256 per GPU) at 1 GPU, 2 GPUs (and 4 where there
+#                 are 4), float32 and fp16 gradients, beside PyTorch DDP on the same model
+#                 (bench/ddp_mlp_bench.py: no DDP at 1 GPU, DDP and DDP's fp16 hook), and the
+#                 table of both (scripts/mlp_table.py) in the summary. Not timed yet: its
+#                 phases' limits add up to 360 s on 2 GPUs and 570 s on 4.
 # GPU_RUN_PHASES="name ..." runs the named phases instead of a set.
 #
 # Exit status: 0 when every selected phase ran and passed; 1 when one failed, timed out on its
@@ -62,7 +68,7 @@ build() {
   local jobs="${BUILD_JOBS:-1}"  # nvcc is slow and the build machine's cores are shared
   cmake -S "$ROOT" -B "$BUILD" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || return 1
   local target
-  for target in "${TESTS[@]}" "${BENCHES[@]}" nvcc_consumer demo_gpu; do
+  for target in "${TESTS[@]}" "${BENCHES[@]}" nvcc_consumer demo_gpu train_mlp; do
     echo "== building $target"
     cmake --build "$BUILD" -j "$jobs" --target "$target" || return 1
   done
@@ -83,6 +89,8 @@ build() {
   for lib in $(ldd "$CARRY/demo_gpu" | awk '/libgloo|libhiredis|libibverbs|libnl-/ {print $3}'); do
     cp -L "$lib" "$CARRY/"
   done
+  # The cuBLAS MLP trainer (GPU_RUN_SET=mlp-bench). cuBLAS stays here (see find_missing_libraries).
+  cp "$BUILD/examples/train_mlp" "$CARRY/"
   # The fusion benchmark of a baseline commit, for A/B rows in one call (GPU_RUN_SET=fusion-ab):
   # BASELINE_FUSION=path/to/fusion_nccl scripts/gpu-run.sh build.
   if [[ -n "${BASELINE_FUSION:-}" ]]; then
@@ -96,7 +104,7 @@ build() {
   for name in check communicator collectives large watchdog fusion gradient_sync codec; do
     files="*/test_nccl_$name.cpp"
     [[ $name == communicator ]] && files+=",*/test_nccl_kernels.cu"
-    [[ $name == gradient_sync ]] && files+=",*/test_nccl_trainer.cu"
+    [[ $name == gradient_sync ]] && files+=",*/test_nccl_trainer.cu,*/test_nccl_mlp_cublas.cu"
     printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu" "--source-file=%s" "$@"\n' "$files" >"$CARRY/gpu_test_nccl_$name"
   done
   printf '#!/bin/sh\nexec "$(dirname "$0")/tests_gpu_grouped" "$@"\n' >"$CARRY/gpu_test_nccl_collectives_grouped"
@@ -138,11 +146,15 @@ set_phases() {
       names="loose-copies-p$n-c4-k64 loose-copies-p$n-c0-k64 loose-copies-p$n-c0-k16 loose-copies-p$n-c0-k32
         loose-copies-p$n-c0-k128"
       ;;
+    mlp-bench)
+      names="train-mlp-p1 torch-mlp-p1 train-mlp-p2 torch-mlp-p2"
+      ((n >= 4)) && names+=" train-mlp-p4 torch-mlp-p4"
+      ;;
     *) return 1 ;;
   esac
   echo $names  # unquoted: one line, single spaces
 }
-SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep"
+SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep mlp-bench"
 
 # Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
 # limit (seconds) guards against a hang; a phase gets at most what is left of the budget.
@@ -213,8 +225,9 @@ define_phases() {
     "$bin/gpu_test_nccl_fusion" --test-case='compressed_all_reduce*'
 
   # GradientSync's per-bucket callback over NCCL; a peer failing during the fused reduction
-  # (exit and stall, four trials each, 3 s timeouts); the trainer on the digits classifier.
-  needs gradient-sync-test 2 && CUDA_VISIBLE_DEVICES=$all phase gradient-sync-test 240 "$bin/gpu_test_nccl_gradient_sync"
+  # (exit and stall, four trials each, 3 s timeouts); the trainer on the digits classifier and
+  # on the cuBLAS MLP (its gradients against a float64 reference, 2-GPU training).
+  needs gradient-sync-test 2 && CUDA_VISIBLE_DEVICES=$all phase gradient-sync-test 270 "$bin/gpu_test_nccl_gradient_sync"
   # A user's .cu, compiled by nvcc, running one tuned compressed GradientSync on one GPU.
   CUDA_VISIBLE_DEVICES=0 phase nvcc-consumer 60 "$bin/nvcc_consumer" --gpu
   # The README's demo where GPUs are: the digits classifier on every GPU (exit 0: 95% reached).
@@ -291,6 +304,21 @@ define_phases() {
     NCCLKIT_COPY_BLOCKS_PER_SM=$c NCCLKIT_COPY_CHUNK_KB=$k CUDA_VISIBLE_DEVICES=$all phase loose-copies-p$n-c$c-k$k 150 \
       "$bin/fusion_nccl" -p "$n" -n 20 -w 5 -R 5 --bucket-mb 100 --codec none --rows "loose 100,loose tuned,pack,bucketed" \
       --csv "$data/loose_copies_p${n}_c${c}_k$k.csv"
+  done
+
+  # ---- mlp-bench: the cuBLAS MLP trained by train_mlp beside PyTorch DDP on the same model,
+  # batch and optimizer; every run at g GPUs appends to mlp_<impl>_p<g>.csv, which
+  # scripts/mlp_table.py joins after the phases (each implementation against its own 1-GPU step).
+  local mlp=(--depth 8 --width 4096 --batch 64,256 --steps 50 --warmup 10 --optimizer sgd --lr 0.01) g
+  CUDA_VISIBLE_DEVICES=0 phase train-mlp-p1 60 "$bin/train_mlp" --nprocs 1 "${mlp[@]}" --codec none \
+    --csv "$data/mlp_ncclkit_p1.csv"
+  CUDA_VISIBLE_DEVICES=0 phase torch-mlp-p1 90 python3 "$ROOT/bench/ddp_mlp_bench.py" --nprocs 1 "${mlp[@]}" \
+    --csv "$data/mlp_torch_p1.csv"
+  for g in 2 4; do
+    needs train-mlp-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase train-mlp-p$g 90 "$bin/train_mlp" \
+      --nprocs $g "${mlp[@]}" --codec none,fp16 --csv "$data/mlp_ncclkit_p$g.csv"
+    needs torch-mlp-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase torch-mlp-p$g 120 python3 \
+      "$ROOT/bench/ddp_mlp_bench.py" --nprocs $g "${mlp[@]}" --csv "$data/mlp_torch_p$g.csv"
   done
 }
 
@@ -423,6 +451,38 @@ phase() {
 
 # ---- the GPU machine's half ---------------------------------------------------------------------
 
+# The libraries a carried binary needs and this machine's loader cannot find, one "BINARY: LIBRARY"
+# line each.
+missing_libraries() {
+  local binary
+  for binary in "$CARRY"/*; do
+    [[ -f "$binary" && -x "$binary" ]] || continue
+    ldd "$binary" 2>/dev/null | awk -v b="${binary##*/}" '/=> not found/ {print b ": " $1}'
+  done
+}
+
+# cuBLAS (train_mlp, and tests_gpu for the cuBLAS MLP's test) does not travel (hundreds of MB): it
+# is loaded from the machine's CUDA folder. Where that lacks a library, the same one from the
+# CUDA wheels of PyTorch (python3's nvidia/ packages) is taken: only the folders of the missing
+# libraries, appended, so that nothing already found (NCCL above all) changes. Prints a line per
+# library still missing.
+find_missing_libraries() {
+  local missing name folder
+  missing=$(missing_libraries)
+  [[ -z "$missing" ]] && return 0
+  for name in $(awk '{print $2}' <<<"$missing" | sort -u); do
+    folder=$(python3 -c 'import glob, os, sys, nvidia
+for root in nvidia.__path__:
+    for path in sorted(glob.glob(os.path.join(root, "**", sys.argv[1]), recursive=True)):
+        print(os.path.dirname(path)); sys.exit()' "$name" 2>/dev/null)
+    if [[ -n "$folder" && ":$LD_LIBRARY_PATH:" != *":$folder:"* ]]; then
+      export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$folder"
+      echo "library $name: from PyTorch's CUDA wheels, $folder"
+    fi
+  done
+  missing_libraries | sed 's/^/MISSING LIBRARY (the phases that run it will fail): /'
+}
+
 run_all() {
   DRY_RUN=0
   if [[ "${1:-}" == --dry-run ]]; then
@@ -501,6 +561,7 @@ run_all() {
     echo "GPUs used: $GPUS ($ALL); set $set: $SELECTED; budget $BUDGET s"
   } >>"$SUMMARY" 2>&1
   ((DRY_RUN)) || nvidia-smi topo -m >"$LOGS/topology.txt" 2>&1
+  ((DRY_RUN)) || find_missing_libraries >>"$SUMMARY"
 
   define_phases
 
@@ -525,6 +586,15 @@ run_all() {
   # The targets, and PyTorch beside ncclkit, from the perf CSVs.
   if ((${#csvs[@]})); then
     python3 "$ROOT/scripts/perf_targets.py" "${csvs[@]}" >>"$SUMMARY" 2>&1 || echo "perf_targets failed" >>"$SUMMARY"
+  fi
+  # The GPU trainer benchmark's table, from train_mlp's and ddp_mlp_bench.py's CSVs.
+  local mlp_csvs=()
+  for f in "$DATA"/mlp_*.csv; do [[ -s "$f" ]] && mlp_csvs+=("$f"); done
+  if ((${#mlp_csvs[@]})); then
+    local table_status=0
+    python3 "$ROOT/scripts/mlp_table.py" "${mlp_csvs[@]}" >"$DATA/mlp_table.md" 2>&1 || table_status=$?
+    cat "$DATA/mlp_table.md" >>"$SUMMARY"
+    ((table_status == 0)) || echo "mlp_table failed (exit $table_status): its lines above say why" >>"$SUMMARY"
   fi
   # Few files come back from a GPU machine: the logs and the data travel as one archive.
   tar -C "$out" -czf "$out/results.tar.gz" logs data && rm -rf "$LOGS" "$DATA"

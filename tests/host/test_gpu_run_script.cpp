@@ -3,7 +3,8 @@
 // is no phase) ends non-zero and says INCOMPLETE, naming it; phases left out on purpose
 // (GPU_RUN_PHASES, another set) do not; a failure, a phase's own timeout or a test phase with no
 // test case fails the run; every set holds only phases of its machine; the test phases get
-// NCCLKIT_TEST_REQUIRE_GPUS from the GPUs they see.
+// NCCLKIT_TEST_REQUIRE_GPUS from the GPUs they see; the trainer benchmark's phases see as many
+// GPUs as their world has.
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -60,7 +61,7 @@ std::string line_of(const std::string& text, const std::string& prefix) {
 
 TEST_CASE("every set passes a dry run on 2 and 4 GPUs: its phases exist there and nothing is left out") {
   for (const char* gpus : {"2", "4"}) {
-    for (const char* set : {"tests", "tests-a", "tests-b", "perf", "fusion-bench", "copy-sweep"}) {
+    for (const char* set : {"tests", "tests-a", "tests-b", "perf", "fusion-bench", "copy-sweep", "mlp-bench"}) {
       CAPTURE(gpus);
       CAPTURE(set);
       const DryRun run = dry_run(std::string("GPU_RUN_FAKE_GPUS=") + gpus + " GPU_RUN_SET=" + set);
@@ -87,6 +88,21 @@ TEST_CASE("the default set is the tests, and test phases require the GPUs they s
   CHECK(contains(line_of(two.output, "collectives-grouped (limit"), "NCCLKIT_TEST_WORLD_SIZES=2 "));
   // Nothing decides the fused kernel's requirement from PyTorch's presence.
   CHECK_FALSE(contains(run.output, "REQUIRE_FUSED"));
+}
+
+TEST_CASE("the mlp-bench set runs train_mlp and PyTorch's DDP at 1 and 2 GPUs, and at 4 where there are 4") {
+  const DryRun two = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_SET=mlp-bench");
+  CHECK(two.status == 0);
+  CHECK(contains(line_of(two.output, "GPUs used:"), "train-mlp-p1 torch-mlp-p1 train-mlp-p2 torch-mlp-p2; budget"));
+  CHECK(contains(line_of(two.output, "train-mlp-p1 (limit"), "CUDA_VISIBLE_DEVICES=0 "));
+  CHECK(contains(line_of(two.output, "train-mlp-p1 (limit"), "--nprocs 1 --depth 8 --width 4096 --batch 64,256"));
+  CHECK(contains(line_of(two.output, "train-mlp-p2 (limit"), "CUDA_VISIBLE_DEVICES=0,1 "));
+  CHECK(contains(line_of(two.output, "train-mlp-p2 (limit"), "--codec none,fp16"));
+  CHECK(contains(line_of(two.output, "torch-mlp-p2 (limit"), "ddp_mlp_bench.py --nprocs 2 --depth 8 --width 4096"));
+  const DryRun four = dry_run("GPU_RUN_FAKE_GPUS=4 GPU_RUN_SET=mlp-bench");
+  CHECK(four.status == 0);
+  CHECK(contains(line_of(four.output, "train-mlp-p4 (limit"), "CUDA_VISIBLE_DEVICES=0,1,2,3 "));
+  CHECK(contains(line_of(four.output, "torch-mlp-p4 (limit"), "--nprocs 4"));
 }
 
 TEST_CASE("a phase that exits 77 leaves the run INCOMPLETE, naming it, with exit status 3") {
