@@ -66,6 +66,7 @@ class CompressedReduce {
       gave_up_device_ = std::exchange(other.gave_up_device_, nullptr);
       done_ = std::exchange(other.done_, nullptr);
       stop_stream_ = std::exchange(other.stop_stream_, nullptr);
+      stop_landed_ = std::exchange(other.stop_landed_, nullptr);
       used_ = std::exchange(other.used_, false);
       window_bytes_ = other.window_bytes_;
       capacity_ = other.capacity_;
@@ -152,10 +153,14 @@ class CompressedReduce {
     // Each block's barrier count, then the stop flag (CompressedReduceArgs::stop).
     const std::size_t epoch_bytes = (static_cast<std::size_t>(w.blocks_) + 1) * sizeof(std::uint32_t);
     NCCLKIT_CUDA_CHECK(cudaMalloc(&w.epochs_, epoch_bytes));
-    NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&w.gave_up_), sizeof(int), cudaHostAllocMapped));
-    *w.gave_up_ = 0;
+    // Two words: the flag a kernel raises when it gave up, then a 1, the source of the copy that
+    // raises the stop flag (pinned: the copy needs no staging).
+    NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&w.gave_up_), 2 * sizeof(int), cudaHostAllocMapped));
+    w.gave_up_[0] = 0;
+    w.gave_up_[1] = 1;
     NCCLKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&w.gave_up_device_), w.gave_up_, 0));
     NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&w.done_, cudaEventDisableTiming));
+    NCCLKIT_CUDA_CHECK(cudaEventCreateWithFlags(&w.stop_landed_, cudaEventDisableTiming));
     NCCLKIT_NCCL_CHECK(ncclMemAlloc(&w.memory_, w.window_bytes_));
     // Zeroed on a stream of the workspace's own: waiting for the device, or for the comm
     // stream, could wait for collectives of this or another communicator. The same stream later
@@ -172,7 +177,7 @@ class CompressedReduce {
     });
     w.window_ = window;
     // Stopped before any abort of the communicator, which would unmap the window under it.
-    core.handle().add_window_kernel({w.stop_flag(), w.stop_stream_, w.done_, core.device});
+    core.handle().add_window_kernel({w.stop_flag(), w.gave_up_ + 1, w.stop_stream_, w.stop_landed_, w.done_, core.device});
 #else
     (void)core, (void)max_count, (void)wire, (void)blocks, (void)lsa_rank;
 #endif
@@ -191,6 +196,8 @@ class CompressedReduce {
     if (reinterpret_cast<std::uintptr_t>(data.data) % 16 != 0) call.misuse("data is not 16-byte aligned");
     if (*static_cast<volatile int*>(gave_up_) != 0) {
       // A kernel stopped waiting for a peer: its data, and the barrier counts, are not whole.
+      // (A stop raised by the host before an abort needs no check here: the abort has failed
+      // the communicator, and issuing on it throws.)
       call.core().watchdog.request_failure(
           "a compressed_all_reduce gave up waiting for a peer (dead or stopped) after the timeout");
       call.core().watchdog.throw_failure();
@@ -268,6 +275,7 @@ class CompressedReduce {
     if (epochs_ != nullptr) (void)cudaFree(epochs_);
     if (gave_up_ != nullptr) (void)cudaFreeHost(gave_up_);
     if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    if (stop_landed_ != nullptr) (void)cudaEventDestroy(stop_landed_);
     if (stop_stream_ != nullptr) (void)cudaStreamDestroy(stop_stream_);
     window_ = nullptr;
     memory_ = nullptr;
@@ -276,6 +284,7 @@ class CompressedReduce {
     gave_up_device_ = nullptr;
     done_ = nullptr;
     stop_stream_ = nullptr;
+    stop_landed_ = nullptr;
     used_ = false;
   }
 
@@ -283,10 +292,11 @@ class CompressedReduce {
   void* window_ = nullptr;  // an ncclWindow_t (NCCL 2.27 and later)
   void* memory_ = nullptr;
   std::uint32_t* epochs_ = nullptr;  // device memory: each block's barrier count, then the stop flag
-  int* gave_up_ = nullptr;           // mapped host memory: set by a kernel that stopped waiting
+  int* gave_up_ = nullptr;           // mapped host memory: set by a kernel that stopped waiting; then a 1
   int* gave_up_device_ = nullptr;    // the same flag as the kernel addresses it
   cudaEvent_t done_ = nullptr;       // recorded after each call: what release() waits for
   cudaStream_t stop_stream_ = nullptr;  // non-blocking: zeroes the workspace, raises the stop flag
+  cudaEvent_t stop_landed_ = nullptr;   // recorded after the stop flag's copy (CommHandle)
   bool used_ = false;
   std::size_t window_bytes_ = 0;
   std::size_t capacity_ = 0;

@@ -6,7 +6,7 @@
 ///
 /// Host code only: compiles with g++ given the CUDA and NCCL include folders.
 
-#include <cuda_runtime_api.h>  // cudaEvent_t, cudaEventQuery, cudaMemcpyAsync, cudaSetDevice
+#include <cuda_runtime_api.h>  // cudaEvent_t, cudaEventQuery, cudaMemcpyAsync, cudaSetDevice, capture modes
 #include <nccl.h>              // ncclComm_t
 
 #include <atomic>   // std::atomic, std::atomic_thread_fence
@@ -14,10 +14,12 @@
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint64_t, std::int64_t
 #include <mutex>    // std::mutex, std::timed_mutex, std::lock_guard
+#include <string>   // std::string, std::to_string
 #include <thread>   // std::this_thread::sleep_for
 #include <vector>   // std::vector, std::erase_if
 
 #include "ncclkit/core/detail/coarse_clock.hpp"
+#include "ncclkit/core/log.hpp"
 
 namespace ncclkit::nccl::detail {
 
@@ -77,8 +79,10 @@ struct CommHandle {
   /// stop and waited for (stop_window_kernels).
   struct WindowKernel {
     int* stop = nullptr;            ///< device memory the kernel polls; nonzero: return
-    cudaStream_t stream = nullptr;  ///< a non-blocking stream of its own, to raise `stop` on
-    cudaEvent_t done = nullptr;     ///< recorded after its last launch
+    const int* raised = nullptr;    ///< pinned host memory holding 1: what is copied into `stop`
+    cudaStream_t stream = nullptr;  ///< a non-blocking stream of the workspace's, to raise `stop` on
+    cudaEvent_t landed = nullptr;   ///< recorded on `stream` after the copy into `stop`
+    cudaEvent_t done = nullptr;     ///< recorded after the kernel's last launch
     int device = 0;
   };
   void add_window_kernel(WindowKernel kernel) {
@@ -89,35 +93,57 @@ struct CommHandle {
     std::lock_guard lock(window_kernels_mutex);
     std::erase_if(window_kernels, [&](const WindowKernel& k) { return k.stop == stop; });
   }
-  /// Raises every window kernel's stop flag, then waits for each one's last launch to end, at
-  /// most `bound` in all. A kernel still queued behind a hung collective cannot end before the
-  /// abort; it finds its flag raised when it starts and returns before it touches a window.
-  /// The flag lives in device memory (a kernel that read host memory at every start would pay
-  /// for it at every launch) and is raised by a copy on the kernel's own stream, which a
-  /// running kernel or a hung collective on the other streams does not hold up.
+  /// Raises every window kernel's stop flag, then waits, at most `bound` in all, for each flag
+  /// to land and for each kernel's last launch to end. A kernel still queued behind a hung
+  /// collective cannot end before the abort; it finds its flag raised when it starts and
+  /// returns before it touches a window. The flag lives in device memory (every block reads it
+  /// at every launch; reads of host memory there cost about 0.1 ms a launch) and is raised by a
+  /// copy from pinned memory on a stream of the workspace's own, apart from the streams that
+  /// hold the kernel or a hung collective. Where a flag has not landed within the bound (a GPU
+  /// whose streams share one hardware queue, CUDA_DEVICE_MAX_CONNECTIONS=1), a warning says that
+  /// a queued kernel may still fault after the abort. The calling thread's device is restored.
   void stop_window_kernels(std::chrono::milliseconds bound) noexcept {
     std::lock_guard lock(window_kernels_mutex);
     if (window_kernels.empty()) return;
-    static const int kRaised = 1;
-    for (const WindowKernel& k : window_kernels) {
-      if (cudaSetDevice(k.device) != cudaSuccess ||
-          cudaMemcpyAsync(k.stop, &kRaised, sizeof kRaised, cudaMemcpyHostToDevice, k.stream) != cudaSuccess) {
-        (void)cudaGetLastError();
+    int previous_device = -1;
+    if (cudaGetDevice(&previous_device) != cudaSuccess) (void)cudaGetLastError();
+    // A graph captured in global mode by another thread would refuse the copy.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
+    std::vector<bool> raised(window_kernels.size(), false);
+    for (std::size_t i = 0; i < window_kernels.size(); ++i) {
+      const WindowKernel& k = window_kernels[i];
+      raised[i] = cudaSetDevice(k.device) == cudaSuccess &&
+                  cudaMemcpyAsync(k.stop, k.raised, sizeof(int), cudaMemcpyHostToDevice, k.stream) == cudaSuccess &&
+                  cudaEventRecord(k.landed, k.stream) == cudaSuccess;
+      if (!raised[i]) {
+        log_warn(std::string("ncclkit: raising a fused kernel's stop flag failed (") +
+                 cudaGetErrorString(cudaGetLastError()) + "); a kernel still queued may fault after the abort");
       }
     }
     const auto deadline = Clock::now() + bound;
-    for (const WindowKernel& k : window_kernels) {
-      if (cudaSetDevice(k.device) != cudaSuccess) (void)cudaGetLastError();
+    const auto wait_for = [&](cudaEvent_t event) {
       for (;;) {
-        const cudaError_t state = cudaEventQuery(k.done);
+        const cudaError_t state = cudaEventQuery(event);
         if (state != cudaErrorNotReady) {
           if (state != cudaSuccess) (void)cudaGetLastError();
-          break;
+          return state == cudaSuccess;
         }
-        if (Clock::now() >= deadline) break;
+        if (Clock::now() >= deadline) return false;
         std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
+    };
+    for (std::size_t i = 0; i < window_kernels.size(); ++i) {
+      const WindowKernel& k = window_kernels[i];
+      if (cudaSetDevice(k.device) != cudaSuccess) (void)cudaGetLastError();
+      if (raised[i] && !wait_for(k.landed)) {
+        log_warn("ncclkit: a fused kernel's stop flag did not reach GPU " + std::to_string(k.device) + " within " +
+                 std::to_string(bound.count()) + " ms; a kernel still queued may fault after the abort");
+      }
+      (void)wait_for(k.done);
     }
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
+    if (previous_device >= 0 && cudaSetDevice(previous_device) != cudaSuccess) (void)cudaGetLastError();
   }
 
  private:

@@ -84,7 +84,7 @@ __device__ inline std::uint32_t* barrier_flag(const CompressedReduceArgs& a, std
 }
 
 /// Block b of this rank meets block b of every other rank. False when a peer did not come
-/// within the deadline (then `gave_up` is raised).
+/// within the deadline or the host raised `stop` (then `gave_up` and `stop` are raised).
 __device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_offset, std::uint32_t& epoch,
                             std::uint64_t deadline) {
   __syncthreads();  // the block's stores come before the flag (cumulativity of the release)

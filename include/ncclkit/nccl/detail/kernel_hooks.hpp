@@ -58,7 +58,8 @@ inline CopyBatchLauncher& copy_batch_launcher() {
 /// as [reduce-scatter inbox: world slots of `slot` wire values | all-gather inbox: the same |
 /// barrier flags: `blocks` x world std::uint32_t]. Rank r owns data elements [r * shard,
 /// (r + 1) * shard); shard <= slot, both multiples of 8. `epochs` (device memory, `blocks`
-/// values) carry each block's barrier count from one call to the next.
+/// values, then the word `stop` points at) carry each block's barrier count from one call to the
+/// next.
 struct CompressedReduceArgs {
   void* window;  // an ncclWindow_t (NCCL 2.28's device API)
   float* data;
