@@ -177,7 +177,8 @@ class CompressedReduce {
     });
     w.window_ = window;
     // Stopped before any abort of the communicator, which would unmap the window under it.
-    core.handle().add_window_kernel({w.stop_flag(), w.gave_up_ + 1, w.stop_stream_, w.stop_landed_, w.done_, core.device});
+    core.handle().add_window_kernel(
+        {w.stop_flag(), w.gave_up_ + 1, w.stop_stream_, w.stop_landed_, w.done_, core.device});
 #else
     (void)core, (void)max_count, (void)wire, (void)blocks, (void)lsa_rank;
 #endif
@@ -291,10 +292,10 @@ class CompressedReduce {
   detail::CommCore* core_ = nullptr;
   void* window_ = nullptr;  // an ncclWindow_t (NCCL 2.27 and later)
   void* memory_ = nullptr;
-  std::uint32_t* epochs_ = nullptr;  // device memory: each block's barrier count, then the stop flag
-  int* gave_up_ = nullptr;           // mapped host memory: set by a kernel that stopped waiting; then a 1
-  int* gave_up_device_ = nullptr;    // the same flag as the kernel addresses it
-  cudaEvent_t done_ = nullptr;       // recorded after each call: what release() waits for
+  std::uint32_t* epochs_ = nullptr;     // device memory: each block's barrier count, then the stop flag
+  int* gave_up_ = nullptr;              // mapped host memory: set by a kernel that stopped waiting; then a 1
+  int* gave_up_device_ = nullptr;       // the same flag as the kernel addresses it
+  cudaEvent_t done_ = nullptr;          // recorded after each call: what release() waits for
   cudaStream_t stop_stream_ = nullptr;  // non-blocking: zeroes the workspace, raises the stop flag
   cudaEvent_t stop_landed_ = nullptr;   // recorded after the stop flag's copy (CommHandle)
   bool used_ = false;

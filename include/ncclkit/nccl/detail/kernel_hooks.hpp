@@ -71,9 +71,9 @@ struct CompressedReduceArgs {
   float decode;
   std::uint64_t* nonfinite;  // null, or a counter in device memory
   std::uint32_t* epochs;
-  int* stop;      // device memory: nonzero: return before touching a window (the host raises it
-                  // before an abort; a block that gives up raises it for the launches behind it)
-  int* gave_up;   // mapped host memory: set to 1 by a block that stopped waiting for a peer
+  int* stop;     // device memory: nonzero: return before touching a window (the host raises it
+                 // before an abort; a block that gives up raises it for the launches behind it)
+  int* gave_up;  // mapped host memory: set to 1 by a block that stopped waiting for a peer
   int rank;      // in the LSA team (every rank of the communicator)
   int world;
   int blocks;
