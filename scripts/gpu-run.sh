@@ -42,6 +42,8 @@
 #                 (bench/ddp_mlp_bench.py: no DDP at 1 GPU, DDP and DDP's fp16 hook), and the
 #                 table of both (scripts/mlp_table.py) in the summary: about 40 s on 2 GPUs,
 #                 60 s on 4.
+#   mlp-ablation  mlp-bench, then train_mlp at 2 GPUs with each overlap lever changed alone
+#                 (rows "ncclkit/NAME" of the same table; define_phases lists them).
 # GPU_RUN_PHASES="name ..." runs the named phases instead of a set.
 #
 # Exit status: 0 when every selected phase ran and passed; 1 when one failed, timed out on its
@@ -150,15 +152,21 @@ set_phases() {
       names="loose-copies-p$n-c4-k64 loose-copies-p$n-c0-k64 loose-copies-p$n-c0-k16 loose-copies-p$n-c0-k32
         loose-copies-p$n-c0-k128"
       ;;
-    mlp-bench)
+    mlp-bench | mlp-ablation)
       names="train-mlp-p1 torch-mlp-p1 train-mlp-p2 torch-mlp-p2"
       ((n >= 4)) && names+=" train-mlp-p4 torch-mlp-p4"
+      [[ $2 == mlp-ablation ]] && names+=" $MLP_ABLATION"
       ;;
     *) return 1 ;;
   esac
   echo $names  # unquoted: one line, single spaces
 }
-SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep mlp-bench"
+SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep mlp-bench mlp-ablation"
+# The ablation's variants of train_mlp at 2 GPUs (define_phases says what each changes); the
+# cuBLAS SM targets change the 1-GPU step too, so they have 1-GPU rows of their own.
+MLP_ABLATION="mlp-timeline mlp-abl-whole mlp-abl-prio0 mlp-abl-tune mlp-abl-ctas8 mlp-abl-ctas16 mlp-abl-blocks32
+  mlp-abl-blocks66 mlp-abl-cublas116-p1 mlp-abl-cublas116 mlp-abl-cublas100-p1 mlp-abl-cublas100"
+MLP_ABLATION=$(echo $MLP_ABLATION)
 
 # Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
 # limit (seconds) guards against a hang; a phase gets at most what is left of the budget.
@@ -323,6 +331,31 @@ define_phases() {
       --nprocs $g "${mlp[@]}" --codec none,fp16 --csv "$data/mlp_ncclkit_p$g.csv"
     needs torch-mlp-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase torch-mlp-p$g 120 python3 \
       "$ROOT/bench/ddp_mlp_bench.py" --nprocs $g "${mlp[@]}" --csv "$data/mlp_torch_p$g.csv"
+  done
+
+  # ---- mlp-ablation: mlp-bench, then each overlap lever of train_mlp changed alone at 2 GPUs
+  # (rows "ncclkit/NAME" in the same table): no overlap (one flat all-reduce after backward), the
+  # comm stream at normal priority, the tuned bucket cap, NCCL's CTAs limited, fewer blocks for
+  # the fused 16-bit reduction, fewer SMs planned by cuBLAS (at 1 GPU too).
+  # One step's picture first: the fp16 buckets under backward at batch 64 (the timeline keeps the
+  # first steps, so few warm-up steps; tools/timeline_svg.py draws it from the traces).
+  needs mlp-timeline 2 && NCCLKIT_TIMELINE="$data/timeline/mlp" NCCLKIT_TIMELINE_STEPS=6 CUDA_VISIBLE_DEVICES=0,1 \
+    phase mlp-timeline 60 "$bin/train_mlp" --nprocs 2 --depth 8 --width 4096 --batch 64 --steps 3 --warmup 3 \
+    --reduce-repeats 1 --codec fp16
+  local abl=(--nprocs 2 "${mlp[@]}" --codec none,fp16 --csv "$data/mlp_ablation_p2.csv") v
+  local variants=(whole:"--bucket-mb whole" prio0:"--comm-priority 0" tune:"--tune" ctas8:"--max-ctas 8"
+    ctas16:"--max-ctas 16" blocks32:"--reduce-blocks 32" blocks66:"--reduce-blocks 66"
+    cublas116:"--cublas-sms 116" cublas100:"--cublas-sms 100")
+  for v in "${variants[@]}"; do
+    local name=${v%%:*} flags=${v#*:}
+    if [[ $name == cublas* ]]; then
+      # shellcheck disable=SC2086 # the variant's flags are words
+      CUDA_VISIBLE_DEVICES=0 phase mlp-abl-$name-p1 60 "$bin/train_mlp" --nprocs 1 "${mlp[@]}" --codec none \
+        $flags --label "$name" --csv "$data/mlp_ablation_p1.csv"
+    fi
+    # shellcheck disable=SC2086
+    needs mlp-abl-$name 2 && CUDA_VISIBLE_DEVICES=0,1 phase mlp-abl-$name 120 "$bin/train_mlp" "${abl[@]}" \
+      $flags --label "$name"
   done
 }
 

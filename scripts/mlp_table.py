@@ -5,10 +5,12 @@
 
 Reads rows of impl,gpus,batch,codec,step_ms,samples_per_s,reduce_ms,step_mean_ms,depth,width,
 accumulation,optimizer,bucket (the last row wins where one (impl, gpus, batch, codec, optimizer,
-accumulation) appears twice) and prints a markdown table with, per row:
+accumulation) appears twice) and prints a markdown table with, per row (an impl "ncclkit/NAME" is
+train_mlp --label NAME: an ablation's variant):
   1-GPU step    what the row is measured against, at the same per-GPU batch, optimizer and
                 accumulation: ncclkit's rows against ncclkit's one-GPU row (float32 gradients: at
-                one GPU a codec has nothing to compress), ddp and ddp-fp16hook against torch-1gpu
+                one GPU a codec has nothing to compress; "ncclkit/NAME" against its own 1-GPU row,
+                else ncclkit's), ddp and ddp-fp16hook against torch-1gpu
                 (the plain model, no DDP)
   efficiency    1-GPU step / step
   hidden        the share of communication hidden, 1 - (step - 1-GPU step) / reduction alone
@@ -72,10 +74,13 @@ def family(row):
 
 def one_gpu_row(rows, row):
     """The 1-GPU row `row` is measured against, or None."""
-    baseline = "torch-1gpu" if row["impl"] in TORCH else row["impl"]
-    candidates = [r for r in rows if r["impl"] == baseline and r["gpus"] == 1 and r["batch"] == row["batch"]
+    # An ablation's row ("ncclkit/whole") is measured against its own 1-GPU row where it has one,
+    # else against its implementation's ("ncclkit").
+    own = "torch-1gpu" if row["impl"] in TORCH else row["impl"]
+    base = own.split("/")[0]
+    candidates = [r for r in rows if r["impl"] in (own, base) and r["gpus"] == 1 and r["batch"] == row["batch"]
                   and r["optimizer"] == row["optimizer"] and r["accumulation"] == row["accumulation"]]
-    candidates.sort(key=lambda r: r["codec"] != "none")
+    candidates.sort(key=lambda r: (r["impl"] != own, r["codec"] != "none"))
     return candidates[0] if candidates else None
 
 
@@ -109,7 +114,7 @@ def problems(rows):
     for r in rows:
         name = f"{r['impl']} {r['codec']} at {r['gpus']} GPU(s), batch {r['batch']} ({r['where']})"
         if one_gpu_row(rows, r) is None:
-            baseline = "torch-1gpu" if r["impl"] in TORCH else f"{r['impl']} at 1 GPU"
+            baseline = "torch-1gpu" if r["impl"] in TORCH else f"{r['impl'].split('/')[0]} at 1 GPU"
             found.append(f"{name}: no {baseline} row at that batch to measure it against")
         if r["gpus"] > 1 and r["reduce_ms"] is None:
             found.append(f"{name}: no reduction alone (reduce_ms), so no share hidden")

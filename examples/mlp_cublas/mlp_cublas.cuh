@@ -54,6 +54,9 @@ struct MlpOptions {
   std::size_t output = 4096;  ///< features out
   std::size_t depth = 8;      ///< Linear layers (at least 1)
   Precision precision = Precision::kTf32;
+  /// SMs cuBLAS plans its GEMMs for (cublasSetSmCountTarget), leaving the rest to the reductions
+  /// that overlap backward; 0: all of them.
+  int cublas_sms = 0;
   /// Seeds the initial weights (rank 0's are broadcast by the trainer, so only rank 0's count).
   std::uint64_t seed = 1;
 
@@ -133,6 +136,7 @@ class MlpCublas {
     MLP_CUBLAS_CHECK(cublasSetMathMode(handle_.get(), options_.precision == Precision::kTf32
                                                           ? CUBLAS_TF32_TENSOR_OP_MATH
                                                           : CUBLAS_DEFAULT_MATH));
+    MLP_CUBLAS_CHECK(cublasSetSmCountTarget(handle_.get(), options_.cublas_sms));
     using kernels::blocks_for;
     using kernels::kThreads;
     for (std::size_t l = 0; l < layers_.size(); ++l) {

@@ -4,7 +4,8 @@
 //
 //   train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]
 //             [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]
-//             [--bucket-mb 25 | --tune] [--accumulation 1] [--precision tf32|fp32] [--reduce-repeats 20]
+//             [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32] [--reduce-repeats 20]
+//             [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N] [--label NAME]
 //             [--csv PATH] [--init-url URL]
 //
 // Run directly, it forks N workers (one GPU each) that rendezvous through a private FileStore;
@@ -13,7 +14,7 @@
 //
 // --batch is per GPU and micro-batch: a step takes batch × accumulation samples on each GPU, the
 // global batch is that times the GPUs. Per configuration, rank 0 prints one line and appends a
-// CSV row (header first when the file is new):
+// CSV row (header first when the file is new; impl is "ncclkit", or "ncclkit/NAME" with --label):
 //   impl,gpus,batch,codec,step_ms,samples_per_s,reduce_ms,step_mean_ms,depth,width,accumulation,optimizer,bucket
 // step_ms: the median over the timed steps of CUDA-event times on the compute stream (a step
 // issued back to back after the one before; its end is the optimizer's last update); reduce_ms:
@@ -21,6 +22,15 @@
 // and codec and no backward (every tensor marked ready at once, then finish): what the step
 // would add if nothing overlapped. Share of communication hidden at N GPUs:
 // 1 − (step_N − step_1) / reduce_N (scripts/mlp_table.py).
+//
+// The overlap levers, each a flag so that an ablation turns one off or on at a time:
+//   --bucket-mb whole   one bucket for all gradients after a 1 MiB first one: backward, then one
+//                       flat all-reduce (no overlap), the baseline overlap must beat
+//   --comm-priority P   the comm stream's priority (nccl::Options::stream_priority; CUDA's range
+//                       is [-5, 0] on H100/H200, lower runs first; default: the highest)
+//   --max-ctas N        NCCL's CTA limit (nccl::Options::max_ctas): SMs left to backward
+//   --reduce-blocks N   blocks of the fused 16-bit reduction (nccl::Options::compressed_reduce_blocks)
+//   --cublas-sms N      cublasSetSmCountTarget: SMs cuBLAS plans its GEMMs for (0: all)
 #include <cuda_runtime.h>
 
 #include <algorithm>     // std::sort, std::min
@@ -30,6 +40,7 @@
 #include <exception>     // std::exception
 #include <filesystem>    // std::filesystem::file_size
 #include <numeric>       // std::accumulate
+#include <optional>      // std::optional
 #include <span>          // std::span
 #include <string>        // std::string
 #include <string_view>   // std::string_view
@@ -60,7 +71,12 @@ struct Arguments {
   double lr = 0.01;
   std::vector<ncclkit::compression::Codec> codecs{ncclkit::compression::Codec::kNone};
   std::size_t bucket_mb = 25;
+  bool whole = false;  // --bucket-mb whole
   bool tune = false;
+  std::optional<int> comm_priority;
+  int max_ctas = -1;
+  std::optional<int> reduce_blocks;
+  std::string label;
   std::size_t accumulation = 1;
   std::size_t reduce_repeats = 20;
   std::string csv;
@@ -127,6 +143,7 @@ double reduce_alone_ms(Communicator& comm, const Trainer& trainer, ncclkit::comp
 }
 
 std::string bucket_text(const Arguments& args, const Trainer& trainer) {
+  if (args.whole) return "whole buffer";
   if (!args.tune) return std::to_string(args.bucket_mb) + " MiB";
   const auto& tuning = trainer.sync().tuning();
   if (!tuning.done()) return "tuning";
@@ -144,7 +161,7 @@ void run_configuration(Communicator& comm, Model& model, cudaStream_t stream, co
                   {.global_batch = global,
                    .accumulation = args.accumulation,
                    .codec = codec,
-                   .bucket_bytes = args.tune ? 0 : args.bucket_mb << 20,
+                   .bucket_bytes = args.tune ? 0 : args.whole ? ncclkit::fusion::kWholeBuffer : args.bucket_mb << 20,
                    .optimizer = {.kind = args.optimizer},
                    .schedule = {.lr = args.lr},
                    .seed = 42,
@@ -206,7 +223,8 @@ void run_configuration(Communicator& comm, Model& model, cudaStream_t stream, co
     std::fprintf(f, "impl,gpus,batch,codec,step_ms,samples_per_s,reduce_ms,step_mean_ms,depth,width,accumulation,"
                     "optimizer,bucket\n");
   }
-  std::fprintf(f, "ncclkit,%d,%zu,%s,%.4f,%.1f,%.4f,%.4f,%zu,%zu,%zu,%s,%s\n", world, batch, codec_name.c_str(), step,
+  const std::string impl = args.label.empty() ? "ncclkit" : "ncclkit/" + args.label;
+  std::fprintf(f, "%s,%d,%zu,%s,%.4f,%.1f,%.4f,%.4f,%zu,%zu,%zu,%s,%s\n", impl.c_str(), world, batch, codec_name.c_str(), step,
                samples_per_s, reduce_ms, mean(step_ms), model.options().depth, model.options().width,
                args.accumulation, optimizer.c_str(), bucket.c_str());
   std::fclose(f);
@@ -225,18 +243,29 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
     // The compute stream: a non-blocking one of our own, so that nothing on the legacy default
     // stream orders itself with the step.
     ncclkit::nccl::Stream compute(device);
-    auto [me, store, comm] = ncclkit::init<Communicator>(
-        world, ncclkit::nccl::Options{.device = device, .name = "train_mlp", .stream = compute.get()});
+    ncclkit::nccl::Options options{.device = device, .max_ctas = args.max_ctas, .name = "train_mlp",
+                                   .stream = compute.get()};
+    int lowest = 0, highest = 0;
+    NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    // Buckets reduced at the highest priority take SMs as backward's kernels end, rather than
+    // queueing behind the GEMMs launched after them.
+    options.stream_priority = args.comm_priority.value_or(highest);
+    if (args.reduce_blocks) options.compressed_reduce_blocks = *args.reduce_blocks;
+    auto [me, store, comm] = ncclkit::init<Communicator>(world, std::move(options));
     Model model(args.model);
     if (me.rank == 0) {
       cudaDeviceProp properties{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
       const auto& m = args.model;
       std::printf("train_mlp: %d rank(s) on %s; MLP %zu -> %zu x %zu -> %zu (%zu layers, %.1f M parameters, "
-                  "%.0f MB of float32 gradients), %s GEMMs, lr %g\n",
+                  "%.0f MB of float32 gradients), %s GEMMs, lr %g; comm stream priority %d (range %d to %d), "
+                  "NCCL max CTAs %d, fused reduction blocks %d, cuBLAS SMs %d%s%s\n",
                   me.world_size, properties.name, m.input, m.width, m.depth - 1, m.output, m.depth,
                   static_cast<double>(m.parameters()) / 1e6, static_cast<double>(m.parameters()) * 4 / 1e6,
-                  m.precision == mlp_cublas::Precision::kTf32 ? "TF32" : "float32", args.lr);
+                  m.precision == mlp_cublas::Precision::kTf32 ? "TF32" : "float32", args.lr,
+                  comm.options().stream_priority, lowest, highest, comm.options().max_ctas,
+                  comm.options().compressed_reduce_blocks, m.cublas_sms, args.label.empty() ? "" : ", label ",
+                  args.label.c_str());
       std::fflush(stdout);
     }
     for (std::size_t batch : args.batches) {
@@ -254,8 +283,9 @@ void usage(std::FILE* out) {
   std::fprintf(out,
       "usage: train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]\n"
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
-      "                 [--bucket-mb 25 | --tune] [--accumulation 1] [--precision tf32|fp32]\n"
-      "                 [--reduce-repeats 20] [--csv PATH] [--init-url URL]\n");
+      "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32]\n"
+      "                 [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N]\n"
+      "                 [--cublas-sms N] [--label NAME] [--csv PATH] [--init-url URL]\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -336,8 +366,31 @@ int main(int argc, char** argv) {
           }
         }
       } else if (arg == "--bucket-mb") {
-        args.bucket_mb = number(1, 1 << 20);
+        const std::string text = value();
+        if (text == "whole") {
+          args.whole = true;
+        } else {
+          args.bucket_mb = whole(text, 1, 1 << 20);
+        }
         bucket_given = true;
+      } else if (arg == "--comm-priority") {
+        const auto p = ncclkit::parse_int(value());
+        if (!p || *p < -1000 || *p > 1000) {
+          throw ncclkit::ConfigError("train_mlp: --comm-priority wants a stream priority (CUDA clamps it to the "
+                                     "device's range, lower runs first), not '" + std::string(argv[i]) + "'");
+        }
+        args.comm_priority = static_cast<int>(*p);
+      } else if (arg == "--max-ctas") {
+        args.max_ctas = static_cast<int>(number(1, 64));
+      } else if (arg == "--reduce-blocks") {
+        args.reduce_blocks = static_cast<int>(number(1, 1024));
+      } else if (arg == "--cublas-sms") {
+        args.model.cublas_sms = static_cast<int>(number(0, 1024));
+      } else if (arg == "--label") {
+        args.label = value();
+        if (args.label.empty() || args.label.find_first_of(",\"\n/") != std::string::npos) {
+          throw ncclkit::ConfigError("train_mlp: --label names a CSV row: a word without commas, quotes or slashes");
+        }
       } else if (arg == "--tune") {
         args.tune = true;
       } else if (arg == "--accumulation") {
