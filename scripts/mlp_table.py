@@ -23,6 +23,9 @@ the script at once (exit 1, naming the file and line); rows of different models 
 a multi-GPU row without its 1-GPU row or its reduction alone, or GPUs and batches where one side
 has rows and the other none are listed after the table, which is still printed, and the exit
 status is 1.
+
+scripts/mlp_plot.py imports it: the reading (read_rows) and the pairing of rows (one_gpu_row,
+efficiency) are this file's, for both.
 """
 
 import csv
@@ -91,33 +94,58 @@ def best_torch(rows, row):
     return max(values) if values else None
 
 
+def efficiency(rows, row):
+    """Scaling efficiency of `row`: its 1-GPU row's step / its step (1.0 at one GPU), or None
+    where there is no 1-GPU row to measure it against."""
+    one = one_gpu_row(rows, row)
+    return one["step_ms"] / row["step_ms"] if one else None
+
+
 def derived(rows, row):
     """(1-GPU step, efficiency, hidden, vs PyTorch) of `row`, None where there is no input."""
     one = one_gpu_row(rows, row)
     one_step = one["step_ms"] if one else None
-    efficiency = one_step / row["step_ms"] if one_step else None
+    scaling = efficiency(rows, row)
     hidden = None
     if row["gpus"] > 1 and one_step and row["reduce_ms"]:
         hidden = 1 - (row["step_ms"] - one_step) / row["reduce_ms"]
     torch_best = best_torch(rows, row)
     versus = row["samples_per_s"] / torch_best if torch_best else None
-    return one_step, efficiency, hidden, versus
+    return one_step, scaling, hidden, versus
+
+
+def describe(row):
+    """The row for a message: what it measured and where it was read."""
+    return f"{row['impl']} {row['codec']} at {row['gpus']} GPU(s), batch {row['batch']} ({row['where']})"
+
+
+def mixed_models(rows):
+    """A line naming the models when the rows are of more than one (depth x width), else None."""
+    shapes = sorted({(r["depth"], r["width"]) for r in rows})
+    if len(shapes) < 2:
+        return None
+    return ("rows of different models (depth x width: " + ", ".join(f"{d} x {w}" for d, w in shapes) +
+            "); give the files of one run")
+
+
+def without_one_gpu_row(rows):
+    """A line for each row that has no 1-GPU row to measure it against."""
+    found = []
+    for r in rows:
+        if one_gpu_row(rows, r) is None:
+            baseline = "torch-1gpu" if r["impl"] in TORCH else f"{r['impl'].split('/')[0]} at 1 GPU"
+            found.append(f"{describe(r)}: no {baseline} row at that batch to measure it against")
+    return found
 
 
 def problems(rows):
     """What is missing for the table to be whole: one line each."""
-    found = []
-    shapes = sorted({(r["depth"], r["width"]) for r in rows})
-    if len(shapes) > 1:
-        found.append("rows of different models (depth x width: " +
-                     ", ".join(f"{d} x {w}" for d, w in shapes) + "); give the files of one run")
+    models = mixed_models(rows)
+    found = [models] if models else []
+    found += without_one_gpu_row(rows)
     for r in rows:
-        name = f"{r['impl']} {r['codec']} at {r['gpus']} GPU(s), batch {r['batch']} ({r['where']})"
-        if one_gpu_row(rows, r) is None:
-            baseline = "torch-1gpu" if r["impl"] in TORCH else f"{r['impl'].split('/')[0]} at 1 GPU"
-            found.append(f"{name}: no {baseline} row at that batch to measure it against")
         if r["gpus"] > 1 and r["reduce_ms"] is None:
-            found.append(f"{name}: no reduction alone (reduce_ms), so no share hidden")
+            found.append(f"{describe(r)}: no reduction alone (reduce_ms), so no share hidden")
     for gpus, batch in sorted({(r["gpus"], r["batch"]) for r in rows}):
         sides = {family(r) for r in rows if r["gpus"] == gpus and r["batch"] == batch}
         if "torch" not in sides:
@@ -137,10 +165,10 @@ def table(rows):
         return "-" if value is None else format(value, form) + suffix
 
     for r in rows:
-        one_step, efficiency, hidden, versus = derived(rows, r)
+        one_step, scaling, hidden, versus = derived(rows, r)
         reduce_ms = r["reduce_ms"] if r["gpus"] > 1 else None
         lines.append(f"| {r['impl']} | {r['gpus']} | {r['batch']} | {r['codec']} | {r['step_ms']:.3f} | "
-                     f"{cell(one_step, '.3f')} | {cell(efficiency, '.2f')} | {r['samples_per_s']:,.0f} | "
+                     f"{cell(one_step, '.3f')} | {cell(scaling, '.2f')} | {r['samples_per_s']:,.0f} | "
                      f"{cell(reduce_ms, '.3f')} | {cell(hidden, '.2f')} | {cell(versus, '.2f', 'x')} |")
     return "\n".join(lines)
 

@@ -7,42 +7,28 @@
 // GPUs as their world has.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>      // popen
 #include <filesystem>  // std::filesystem::path
 #include <string>      // std::string
 
+#include "support/run_shell.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
 
 namespace {
 
 using ncclkit_test::contains;
+using ncclkit_test::ShellRun;
 
 const std::string kScript = (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "scripts" / "gpu-run.sh")
                                 .lexically_normal()
                                 .string();
 
-struct DryRun {
-  int status = -1;     ///< the script's exit status
-  std::string output;  ///< what it printed (the phases it would run, then the summary)
-};
-
 /// Runs `scripts/gpu-run.sh run --dry-run` with `settings` ("NAME=value ..." for env) in a clean
-/// environment, into a folder of its own.
-DryRun dry_run(const std::string& settings) {
+/// environment, into a folder of its own. Its output: the phases it would run, then the summary.
+ShellRun dry_run(const std::string& settings) {
   ncclkit_test::TempDir out("gpu-run");
-  const std::string command =
-      "env -i PATH=\"$PATH\" " + settings + " bash '" + kScript + "' run --dry-run '" + out.path + "/out' 2>&1";
-  DryRun result;
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return ncclkit_test::run_shell("env -i PATH=\"$PATH\" " + settings + " bash '" + kScript + "' run --dry-run '" +
+                                 out.path + "/out'");
 }
 
 /// The line of `text` that starts with `prefix` ("" when none).
@@ -64,7 +50,7 @@ TEST_CASE("every set passes a dry run on 2 and 4 GPUs: its phases exist there an
     for (const char* set : {"tests", "tests-a", "tests-b", "perf", "fusion-bench", "copy-sweep", "mlp-bench"}) {
       CAPTURE(gpus);
       CAPTURE(set);
-      const DryRun run = dry_run(std::string("GPU_RUN_FAKE_GPUS=") + gpus + " GPU_RUN_SET=" + set);
+      const ShellRun run = dry_run(std::string("GPU_RUN_FAKE_GPUS=") + gpus + " GPU_RUN_SET=" + set);
       CHECK_MESSAGE(run.status == 0, run.output);
       CHECK(contains(run.output, "PASSED: every selected phase ran and passed"));
       CHECK_FALSE(contains(run.output, "INCOMPLETE"));
@@ -73,7 +59,7 @@ TEST_CASE("every set passes a dry run on 2 and 4 GPUs: its phases exist there an
 }
 
 TEST_CASE("the default set is the tests, and test phases require the GPUs they see") {
-  const DryRun run = dry_run("GPU_RUN_FAKE_GPUS=4");
+  const ShellRun run = dry_run("GPU_RUN_FAKE_GPUS=4");
   CHECK(run.status == 0);
   CHECK(contains(line_of(run.output, "GPUs used:"), "set tests: check communicator-4gpu"));
   CHECK(
@@ -84,14 +70,14 @@ TEST_CASE("the default set is the tests, and test phases require the GPUs they s
   CHECK(contains(line_of(run.output, "collectives-grouped (limit"), "NCCLKIT_TEST_WORLD_SIZES=2,4"));
   CHECK(contains(line_of(run.output, "collectives-grouped (limit"), "NCCLKIT_TEST_COLLECTIVE_PATH=grouped"));
   CHECK(contains(line_of(run.output, "collectives-net (limit"), "NCCLKIT_TEST_COLLECTIVE_PATH=native"));
-  const DryRun two = dry_run("GPU_RUN_FAKE_GPUS=2");
+  const ShellRun two = dry_run("GPU_RUN_FAKE_GPUS=2");
   CHECK(contains(line_of(two.output, "collectives-grouped (limit"), "NCCLKIT_TEST_WORLD_SIZES=2 "));
   // Nothing decides the fused kernel's requirement from PyTorch's presence.
   CHECK_FALSE(contains(run.output, "REQUIRE_FUSED"));
 }
 
 TEST_CASE("the mlp-bench set runs train_mlp and PyTorch's DDP at 1 and 2 GPUs, and at 4 where there are 4") {
-  const DryRun two = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_SET=mlp-bench");
+  const ShellRun two = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_SET=mlp-bench");
   CHECK(two.status == 0);
   CHECK(contains(line_of(two.output, "GPUs used:"), "train-mlp-p1 torch-mlp-p1 train-mlp-p2 torch-mlp-p2; budget"));
   CHECK(contains(line_of(two.output, "train-mlp-p1 (limit"), "CUDA_VISIBLE_DEVICES=0 "));
@@ -99,14 +85,14 @@ TEST_CASE("the mlp-bench set runs train_mlp and PyTorch's DDP at 1 and 2 GPUs, a
   CHECK(contains(line_of(two.output, "train-mlp-p2 (limit"), "CUDA_VISIBLE_DEVICES=0,1 "));
   CHECK(contains(line_of(two.output, "train-mlp-p2 (limit"), "--codec none,fp16"));
   CHECK(contains(line_of(two.output, "torch-mlp-p2 (limit"), "ddp_mlp_bench.py --nprocs 2 --depth 8 --width 4096"));
-  const DryRun four = dry_run("GPU_RUN_FAKE_GPUS=4 GPU_RUN_SET=mlp-bench");
+  const ShellRun four = dry_run("GPU_RUN_FAKE_GPUS=4 GPU_RUN_SET=mlp-bench");
   CHECK(four.status == 0);
   CHECK(contains(line_of(four.output, "train-mlp-p4 (limit"), "CUDA_VISIBLE_DEVICES=0,1,2,3 "));
   CHECK(contains(line_of(four.output, "torch-mlp-p4 (limit"), "--nprocs 4"));
 }
 
 TEST_CASE("a phase that exits 77 leaves the run INCOMPLETE, naming it, with exit status 3") {
-  const DryRun run = dry_run("GPU_RUN_FAKE='large-1gib=77'");
+  const ShellRun run = dry_run("GPU_RUN_FAKE='large-1gib=77'");
   CHECK(run.status == 3);
   CHECK(contains(run.output, "INCOMPLETE: 1 selected phase(s) did not run:"));
   CHECK(contains(run.output, "  large-1gib: skipped (exit 77"));
@@ -116,34 +102,34 @@ TEST_CASE("a phase that exits 77 leaves the run INCOMPLETE, naming it, with exit
 TEST_CASE("phases the time budget cuts, before or while they run, leave the run INCOMPLETE") {
   // communicator-4gpu takes 90 s of a 100 s budget: with less than 15 s left, every later
   // phase is cut before it starts.
-  const DryRun before = dry_run("GPU_RUN_BUDGET=100 GPU_RUN_FAKE='communicator-4gpu=0@90'");
+  const ShellRun before = dry_run("GPU_RUN_BUDGET=100 GPU_RUN_FAKE='communicator-4gpu=0@90'");
   CHECK(before.status == 3);
   CHECK(contains(before.output, "  collectives-4gpu: cut by the time budget (91 s of 100 s used)"));
   CHECK(contains(before.output, "  fused-memcheck: cut by the time budget"));
   // It would take 150 s: it gets the 99 s left, and is cut then (not a failure of its own).
-  const DryRun during = dry_run("GPU_RUN_BUDGET=100 GPU_RUN_FAKE='communicator-4gpu=0@150'");
+  const ShellRun during = dry_run("GPU_RUN_BUDGET=100 GPU_RUN_FAKE='communicator-4gpu=0@150'");
   CHECK(during.status == 3);
   CHECK(contains(during.output, "  communicator-4gpu: cut by the time budget after 99 s"));
   CHECK_FALSE(contains(during.output, "FAILED"));
 }
 
 TEST_CASE("phases left out on purpose by GPU_RUN_PHASES are no failure; a name that is no phase here is") {
-  const DryRun chosen = dry_run("GPU_RUN_PHASES='check large-1gib'");
+  const ShellRun chosen = dry_run("GPU_RUN_PHASES='check large-1gib'");
   CHECK(chosen.status == 0);
   CHECK(contains(chosen.output, "PASSED"));
   CHECK(contains(chosen.output, "TOTAL: 6 test cases run"));
   // perf-p4 on a machine of 2 GPUs (there it is perf-p2), and a typo.
-  const DryRun wrong = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_PHASES='check perf-p4 fusion-tset'");
+  const ShellRun wrong = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_PHASES='check perf-p4 fusion-tset'");
   CHECK(wrong.status == 3);
   CHECK(contains(wrong.output, "  perf-p4: no such phase on 2 GPU(s)"));
   CHECK(contains(wrong.output, "  fusion-tset: no such phase on 2 GPU(s)"));
-  const DryRun bad_set = dry_run("GPU_RUN_SET=everything");
+  const ShellRun bad_set = dry_run("GPU_RUN_SET=everything");
   CHECK(bad_set.status == 2);
   CHECK(contains(bad_set.output, "GPU_RUN_SET=everything is not a set"));
 }
 
 TEST_CASE("a machine with fewer GPUs than a phase needs leaves it out, and says so") {
-  const DryRun run = dry_run("GPU_RUN_FAKE_GPUS=1");
+  const ShellRun run = dry_run("GPU_RUN_FAKE_GPUS=1");
   CHECK(run.status == 3);
   CHECK(contains(run.output, "  collectives-grouped: needs 2 GPUs, this machine has 1"));
   CHECK(contains(run.output, "  watchdog-drills-4gpu: needs 2 GPUs, this machine has 1"));
@@ -151,18 +137,18 @@ TEST_CASE("a machine with fewer GPUs than a phase needs leaves it out, and says 
 }
 
 TEST_CASE("a failed phase, a phase past its own limit, or a test phase with no test case fails the run") {
-  const DryRun failed = dry_run("GPU_RUN_FAKE='collectives-4gpu=1'");
+  const ShellRun failed = dry_run("GPU_RUN_FAKE='collectives-4gpu=1'");
   CHECK(failed.status == 1);
   CHECK(contains(failed.output, "FAILED: 1 phase(s): collectives-4gpu"));
   // check's limit is 120 s, far inside the budget: a hang, not a cut.
-  const DryRun hung = dry_run("GPU_RUN_FAKE='check=0@500'");
+  const ShellRun hung = dry_run("GPU_RUN_FAKE='check=0@500'");
   CHECK(hung.status == 1);
   CHECK(contains(line_of(hung.output, "check  "), "TIMED OUT after 120 s"));
-  const DryRun empty = dry_run("GPU_RUN_FAKE='fusion-test=0@1@0'");
+  const ShellRun empty = dry_run("GPU_RUN_FAKE='fusion-test=0@1@0'");
   CHECK(empty.status == 1);
   CHECK(contains(line_of(empty.output, "fusion-test  "), "FAILED: no test case"));
   // Failed and incomplete at once: the failure decides the status, both are listed.
-  const DryRun both = dry_run("GPU_RUN_FAKE='check=1 large-1gib=77'");
+  const ShellRun both = dry_run("GPU_RUN_FAKE='check=1 large-1gib=77'");
   CHECK(both.status == 1);
   CHECK(contains(both.output, "FAILED: 1 phase(s): check"));
   CHECK(contains(both.output, "  large-1gib: skipped (exit 77"));

@@ -5,47 +5,35 @@
 // row's 1-GPU row or reduction alone, one side's rows) instead of a table with silent gaps.
 #include <doctest/doctest.h>
 
-#include <sys/wait.h>
-
-#include <cstdio>            // popen
 #include <filesystem>        // std::filesystem::path
 #include <fstream>           // std::ofstream
 #include <initializer_list>  // std::initializer_list
 #include <string>            // std::string
 #include <utility>           // std::pair
 
+#include "support/run_shell.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
 
 namespace mlp_table_test {
 
 using ncclkit_test::contains;
+using ncclkit_test::ShellRun;
 
 const std::string kTableScript =
-    (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "scripts" / "mlp_table.py").lexically_normal().string();
+    (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "scripts" / "mlp_table.py")
+        .lexically_normal()
+        .string();
 
 const std::string kHeader =
     "impl,gpus,batch,codec,step_ms,samples_per_s,reduce_ms,step_mean_ms,depth,width,accumulation,optimizer,bucket\n";
 
-struct TableRun {
-  int status = -1;     ///< the script's exit status
-  std::string output;  ///< standard output and error together
-};
-
 /// Writes `files` ({name, rows after the header}) into `dir`, runs the script on `names` (paths
 /// relative to `dir`, space separated) there.
-TableRun run_table(const ncclkit_test::TempDir& dir,
-                   std::initializer_list<std::pair<std::string, std::string>> files, const std::string& names) {
+ShellRun run_table(const ncclkit_test::TempDir& dir, std::initializer_list<std::pair<std::string, std::string>> files,
+                   const std::string& names) {
   for (const auto& [name, rows] : files) std::ofstream(dir.path + "/" + name) << kHeader << rows;
-  const std::string command = "cd '" + dir.path + "' && python3 '" + kTableScript + "' " + names + " 2>&1";
-  TableRun result;
-  std::FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return ncclkit_test::run_shell("cd '" + dir.path + "' && python3 '" + kTableScript + "' " + names);
 }
 
 // One GPU: ncclkit 2.0 ms, PyTorch 2.5 ms. Two GPUs: ncclkit 2.5 ms with float32 gradients whose
@@ -65,9 +53,9 @@ const std::string kTorch2 =
 TEST_CASE("mlp_table.py measures each side against its own 1-GPU step: efficiency, share hidden, samples/s") {
   using namespace mlp_table_test;
   ncclkit_test::TempDir dir("mlp-table");
-  const TableRun run = run_table(dir, {{"n1.csv", kNcclkit1}, {"n2.csv", kNcclkit2}, {"t1.csv", kTorch1},
-                                       {"t2.csv", kTorch2}},
-                                 "n1.csv n2.csv t1.csv t2.csv");
+  const ShellRun run =
+      run_table(dir, {{"n1.csv", kNcclkit1}, {"n2.csv", kNcclkit2}, {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
+                "n1.csv n2.csv t1.csv t2.csv");
   INFO(run.output);
   CHECK(run.status == 0);
   // ncclkit float32: 2.0 / 2.5 = 0.80; hidden 1 - 0.5 / 1.6 = 0.69; 51200 / 25600 = 2.00x.
@@ -81,51 +69,73 @@ TEST_CASE("mlp_table.py measures each side against its own 1-GPU step: efficienc
   CHECK(contains(run.output, "| ncclkit | 1 | 64 | none | 2.000 | 2.000 | 1.00 | 32,000 | - | - | 1.25x |"));
 }
 
+TEST_CASE("mlp_table.py measures an ablation's row (train_mlp --label) against its own 1-GPU row, else ncclkit's") {
+  using namespace mlp_table_test;
+  ncclkit_test::TempDir dir("mlp-table");
+  // "whole" has no 1-GPU row: against ncclkit's 2.0 ms, 2.0 / 2.8 = 0.71. "sms" has its own
+  // 1-GPU row of 2.2 ms: 2.2 / 2.75 = 0.80, where ncclkit's row would give 0.73.
+  const std::string ablation =
+      "ncclkit/whole,2,64,none,2.8000,45714.3,1.6000,2.9,8,4096,1,sgd,whole buffer\n"
+      "ncclkit/sms,1,64,none,2.2000,29090.9,0.0100,2.3,8,4096,1,sgd,25 MiB\n"
+      "ncclkit/sms,2,64,none,2.7500,46545.5,1.6000,2.8,8,4096,1,sgd,25 MiB\n";
+  const ShellRun run = run_table(
+      dir, {{"n1.csv", kNcclkit1}, {"a.csv", ablation}, {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
+      "n1.csv a.csv t1.csv t2.csv");
+  INFO(run.output);
+  CHECK(run.status == 0);
+  CHECK(contains(run.output, "| ncclkit/whole | 2 | 64 | none | 2.800 | 2.000 | 0.71 |"));
+  CHECK(contains(run.output, "| ncclkit/sms | 2 | 64 | none | 2.750 | 2.200 | 0.80 |"));
+}
+
 TEST_CASE("mlp_table.py fails, naming it, when a file, a column or a row it measures against is missing") {
   using namespace mlp_table_test;
   ncclkit_test::TempDir dir("mlp-table");
   SUBCASE("a file that is not there") {
-    const TableRun run = run_table(dir, {{"n1.csv", kNcclkit1}}, "n1.csv missing.csv");
+    const ShellRun run = run_table(dir, {{"n1.csv", kNcclkit1}}, "n1.csv missing.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "mlp_table: cannot read missing.csv"));
   }
   SUBCASE("a CSV of something else") {
     std::ofstream(dir.path + "/other.csv") << "size,count,type\n8,2,float\n";
-    const TableRun run = run_table(dir, {}, "other.csv");
+    const ShellRun run = run_table(dir, {}, "other.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "other.csv: no column impl, gpus, batch"));
   }
   SUBCASE("a step time that is not a number") {
-    const TableRun run = run_table(dir, {{"bad.csv", "ncclkit,2,64,none,fast,1,1,1,8,4096,1,sgd,-\n"}}, "bad.csv");
+    const ShellRun run = run_table(dir, {{"bad.csv", "ncclkit,2,64,none,fast,1,1,1,8,4096,1,sgd,-\n"}}, "bad.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "bad.csv:2: a field is not a number"));
   }
   SUBCASE("no 1-GPU row: the table is printed with gaps, and the run fails") {
-    const TableRun run = run_table(dir, {{"n2.csv", kNcclkit2}, {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
-                                   "n2.csv t1.csv t2.csv");
+    const ShellRun run =
+        run_table(dir, {{"n2.csv", kNcclkit2}, {"t1.csv", kTorch1}, {"t2.csv", kTorch2}}, "n2.csv t1.csv t2.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "| ncclkit | 2 | 64 | none | 2.500 | - | - |"));
     CHECK(contains(run.output, "ncclkit none at 2 GPU(s), batch 64 (n2.csv:2): no ncclkit at 1 GPU row"));
   }
   SUBCASE("no PyTorch rows at 2 GPUs") {
-    const TableRun run = run_table(dir, {{"n1.csv", kNcclkit1}, {"n2.csv", kNcclkit2}, {"t1.csv", kTorch1}},
-                                   "n1.csv n2.csv t1.csv");
+    const ShellRun run =
+        run_table(dir, {{"n1.csv", kNcclkit1}, {"n2.csv", kNcclkit2}, {"t1.csv", kTorch1}}, "n1.csv n2.csv t1.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "2 GPU(s), batch 64: no PyTorch row to compare with"));
   }
   SUBCASE("a multi-GPU row without its reduction alone") {
-    const TableRun run = run_table(
-        dir, {{"n1.csv", kNcclkit1}, {"n2.csv", "ncclkit,2,64,none,2.5000,51200.0,,2.6,8,4096,1,sgd,25 MiB\n"},
-              {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
-        "n1.csv n2.csv t1.csv t2.csv");
+    const ShellRun run = run_table(dir,
+                                   {{"n1.csv", kNcclkit1},
+                                    {"n2.csv", "ncclkit,2,64,none,2.5000,51200.0,,2.6,8,4096,1,sgd,25 MiB\n"},
+                                    {"t1.csv", kTorch1},
+                                    {"t2.csv", kTorch2}},
+                                   "n1.csv n2.csv t1.csv t2.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "no reduction alone (reduce_ms), so no share hidden"));
   }
   SUBCASE("rows of two models") {
-    const TableRun run = run_table(
-        dir, {{"n1.csv", "ncclkit,1,64,none,2.0000,32000.0,0.0100,2.1,8,2048,1,sgd,25 MiB\n"}, {"n2.csv", kNcclkit2},
-              {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
-        "n1.csv n2.csv t1.csv t2.csv");
+    const ShellRun run = run_table(dir,
+                                   {{"n1.csv", "ncclkit,1,64,none,2.0000,32000.0,0.0100,2.1,8,2048,1,sgd,25 MiB\n"},
+                                    {"n2.csv", kNcclkit2},
+                                    {"t1.csv", kTorch1},
+                                    {"t2.csv", kTorch2}},
+                                   "n1.csv n2.csv t1.csv t2.csv");
     CHECK(run.status == 1);
     CHECK(contains(run.output, "rows of different models (depth x width: 8 x 2048, 8 x 4096)"));
   }

@@ -6,15 +6,14 @@
 #include <algorithm>  // std::max
 #include <cmath>      // std::abs
 #include <cstddef>    // std::size_t
-#include <fstream>    // std::ifstream
 #include <map>        // std::map
 #include <set>        // std::set
-#include <sstream>    // std::stringstream
 #include <string>     // std::string
 #include <tuple>      // std::tuple
 #include <vector>     // std::vector
 
 #include "support/json_value.hpp"
+#include "support/text.hpp"
 
 namespace ncclkit_test {
 
@@ -37,14 +36,6 @@ struct TraceEvent {
   double dur = 0;
   long step = -1;
 };
-
-/// The file's text; empty when it cannot be read.
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 /// The trace's events other than metadata; throws std::runtime_error when the file is not a
 /// trace (not JSON, no traceEvents, an event without its fields, another pid).
