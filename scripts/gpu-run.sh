@@ -632,6 +632,14 @@ run_all() {
     python3 "$ROOT/scripts/mlp_table.py" "${mlp_csvs[@]}" >"$DATA/mlp_table.md" 2>&1 || table_status=$?
     cat "$DATA/mlp_table.md" >>"$SUMMARY"
     ((table_status == 0)) || echo "mlp_table failed (exit $table_status): its lines above say why" >>"$SUMMARY"
+    # Scaling efficiency against the GPU count, from mlp-bench's files (not the ablation's).
+    local scaling=()
+    for f in "$DATA"/mlp_ncclkit_p*.csv "$DATA"/mlp_torch_p*.csv; do [[ -s "$f" ]] && scaling+=("$f"); done
+    if ((${#scaling[@]})); then
+      python3 "$ROOT/scripts/mlp_plot.py" "$DATA/mlp_scaling.svg" "${scaling[@]}" \
+        --title "8 x 4096 MLP, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)" \
+        >>"$SUMMARY" 2>&1 || echo "mlp_plot failed" >>"$SUMMARY"
+    fi
   fi
   # Few files come back from a GPU machine: the logs and the data travel as one archive.
   tar -C "$out" -czf "$out/results.tar.gz" logs data && rm -rf "$LOGS" "$DATA"
