@@ -5,10 +5,13 @@
 // GPUs, the trainer over it: the loss falls over 20 steps and both ranks end with identical
 // parameters, with float32 and fp16 gradients. On 1 and 2 GPUs, the trainer's parameters after 4
 // SGD steps and the last step's gradients against the same MLP trained in float64 on the host.
+// Marking order: a test model that marks tensors ready before their weight-gradient GEMM has
+// run, on 2 GPUs, must leave exactly those tensors off that reference, so the comparison is shown
+// to catch an ordering bug.
 // ncclkit-test: labels=nccl timeout=300
 #include <doctest/doctest.h>
 
-#include <algorithm>   // std::max
+#include <algorithm>   // std::max, std::find
 #include <chrono>      // std::chrono::seconds
 #include <cmath>       // std::fabs, std::sqrt, std::isnan
 #include <cstddef>     // std::size_t, std::ptrdiff_t
@@ -393,6 +396,9 @@ TrainedRun train_against_reference(Communicator& comm, M& model, const mlp_cubla
   for (std::size_t s = 0; s < steps; ++s) {
     shards.push_back(data.batch(s * kGlobalBatch + static_cast<std::size_t>(comm.rank()) * shard, shard));
   }
+  // The ranks start their steps together: neither's reduction then waits for the other's
+  // longer than EarlyMarkingMlp's stalls last.
+  comm.barrier();
   for (const mlp_cublas::Batch& batch : shards) trainer.step(batch);
   comm.synchronize();
   const LayerTensors<float> parameters = download_tensors(comm, trainer.values(), shape);
@@ -403,6 +409,79 @@ TrainedRun train_against_reference(Communicator& comm, M& model, const mlp_cubla
   return {compare_tensors(shape, parameters, reference.parameters),
           compare_tensors(shape, gradients, reference.last_gradients)};
 }
+
+/// Holds its stream for `nanoseconds` of the GPU's global timer. One thread: the rest of the
+/// GPU stays free for the reductions it lets run ahead.
+__global__ void stall(std::uint64_t nanoseconds) {
+  std::uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
+/// A deliberately wrong Model for the marking-order test: the cuBLAS MLP, except that the
+/// tensors named in `early` are marked ready at the start of forward_backward, before a single
+/// element of their gradients is written; the inner model's own marks of them are dropped
+/// (GradientSync takes one mark per tensor per step). After every mark that reaches the
+/// trainer, the compute stream stalls for `stall_ns`: a bucket that mark launches is reduced
+/// before the work issued after the mark runs, so the race an early mark opens is always lost,
+/// never won by luck. With `early` empty it is the correct model, stalls included.
+class EarlyMarkingMlp {
+ public:
+  using Batch = mlp_cublas::Batch;
+
+  EarlyMarkingMlp(const mlp_cublas::MlpOptions& shape, std::vector<std::string> early, int device,
+                  std::uint64_t stall_ns)
+      : inner_(shape), early_(std::move(early)), device_(device), stall_ns_(stall_ns) {}
+
+  void declare(ncclkit::fusion::FusedLayout& layout) const { inner_.declare(layout); }
+
+  void bind(const ncclkit::trainer::ModelViews<Communicator>& views) {
+    inner_.bind(views);
+    layout_ = &views.layout();
+    early_slots_.clear();
+    for (const std::string& name : early_) early_slots_.push_back(layout_->slot(name));
+  }
+
+  void forward_backward(const Batch& batch, ncclkit::trainer::StepContext<Communicator>& step) {
+    for (const ncclkit::fusion::Slot slot : early_slots_) step.ready(slot);
+    if (!early_slots_.empty()) stall_stream(step.stream());
+    ncclkit::trainer::StepContext<Communicator> inner(
+        step.stream(), step.loss_weight(), step.metrics(),
+        [&](ncclkit::fusion::Slot slot, cudaStream_t stream) {
+          if (is_early(slot)) return;
+          step.ready(slot);
+          stall_stream(stream);
+        },
+        *layout_, step.step(), step.seed(), step.rank());
+    inner_.forward_backward(batch, inner);
+  }
+
+  void evaluate(const Batch& batch, ncclkit::trainer::EvalContext<Communicator>& eval) { inner_.evaluate(batch, eval); }
+
+ private:
+  bool is_early(ncclkit::fusion::Slot slot) const {
+    for (const ncclkit::fusion::Slot early : early_slots_) {
+      if (early.index == slot.index) return true;
+    }
+    return false;
+  }
+
+  void stall_stream(cudaStream_t stream) {
+    // The stream handle may be the legacy default stream, which means the current device's.
+    const ncclkit::nccl::DeviceGuard guard(device_);
+    stall<<<1, 1, 0, stream>>>(stall_ns_);
+    NCCLKIT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  Model inner_;
+  std::vector<std::string> early_;
+  int device_;
+  std::uint64_t stall_ns_;
+  const ncclkit::fusion::FusedLayout* layout_ = nullptr;
+  std::vector<ncclkit::fusion::Slot> early_slots_;
+};
 
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -518,5 +597,52 @@ TEST_CASE("the trainer over the cuBLAS MLP ends 4 SGD steps at the float64 refer
   SUBCASE("2 GPUs, each with its half of every global batch") {
     if (!ncclkit_test::have_gpus(2, "the cuBLAS MLP trained against the float64 reference on 2 GPUs")) return;
     ncclkit_test::run_workers(2, train);
+  }
+}
+
+TEST_CASE("marking order on 2 GPUs: a tensor marked ready before its gradient GEMM ran is caught by the reference") {
+  if (!ncclkit_test::have_gpus(2, "the marking-order test of the cuBLAS MLP")) return;
+  // One step on 2 GPUs with EarlyMarkingMlp marking the tensors `early` too soon: those must be
+  // off the reference by more than the tolerance, every other one within it. On 1 GPU the bug
+  // would go unseen: the mean of one rank's gradient is that gradient, whenever it is read.
+  const auto one_step = [](std::vector<std::string> early) {
+    ncclkit_test::run_workers(2, [&](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+      using namespace mlp_cublas_test;
+      ncclkit_test::Checker checker(me.rank);
+      Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-early"});
+      mlp_cublas::MlpOptions shape = kShape;
+      shape.precision = mlp_cublas::Precision::kFloat32;
+      // 10 ms: the ranks leave the barrier within far less, and a reduction of these 10 KB takes
+      // tens of microseconds.
+      EarlyMarkingMlp model(shape, early, comm.device(), 10'000'000);
+      const TrainedRun run = train_against_reference(comm, model, shape, 1);
+      for (const TensorError& e : run.parameters) {
+        std::printf("rank %d parameter %s\n", me.rank, e.describe().c_str());
+        if (std::find(early.begin(), early.end(), e.name) != early.end()) {
+          checker.expect(e.relative > kParameterTolerance,
+                         "rank " + std::to_string(me.rank) + ": " + e.name +
+                             " was marked ready before its gradient was written, yet every element is within " +
+                             number(kParameterTolerance) + " of the reference (worst: " + e.describe() +
+                             "): the comparison does not catch a marking-order bug");
+        } else {
+          checker.expect(e.relative <= kParameterTolerance, "rank " + std::to_string(me.rank) + ": " + e.name +
+                                                                " was marked in order, yet " + e.describe() +
+                                                                ", above the tolerance " + number(kParameterTolerance));
+        }
+      }
+      return checker.finish("cuBLAS MLP marking order");
+    });
+  };
+  SUBCASE("the wrapper marking every tensor after its GEMM, stalls included, matches the reference") { one_step({}); }
+  SUBCASE("every tensor marked at the start of the step: every tensor is off") {
+    std::vector<std::string> all;
+    for (std::size_t l = 0; l < mlp_cublas_test::kShape.depth; ++l) {
+      all.push_back(mlp_cublas::weight_name(l));
+      all.push_back(mlp_cublas::bias_name(l));
+    }
+    one_step(all);
+  }
+  SUBCASE("layer 0, whose weight-gradient GEMM is backward's last, marked at the start: only its tensors are off") {
+    one_step({mlp_cublas::weight_name(0), mlp_cublas::bias_name(0)});
   }
 }
