@@ -3,17 +3,23 @@
 // buffers held, each tensor marked ready in backward order once its gradient is complete on the
 // stream, also at sizes that are multiples of nothing; with TF32, within TF32's tolerance. On 2
 // GPUs, the trainer over it: the loss falls over 20 steps and both ranks end with identical
-// parameters, with float32 and fp16 gradients.
+// parameters, with float32 and fp16 gradients. On 1 and 2 GPUs, the trainer's parameters after 4
+// SGD steps and the last step's gradients against the same MLP trained in float64 on the host.
+// Marking order: a test model that marks tensors ready before their weight-gradient GEMM has
+// run, on 2 GPUs, must leave exactly those tensors off that reference, so the comparison is shown
+// to catch an ordering bug.
 // ncclkit-test: labels=nccl timeout=300
 #include <doctest/doctest.h>
 
-#include <algorithm>   // std::max
+#include <algorithm>   // std::max, std::find
 #include <chrono>      // std::chrono::seconds
+#include <cmath>       // std::fabs, std::sqrt, std::isnan
+#include <cstddef>     // std::size_t, std::ptrdiff_t
 #include <cstdint>     // std::uint64_t
-#include <cstdio>      // std::printf
-#include <cmath>       // std::fabs, std::sqrt
+#include <cstdio>      // std::printf, std::snprintf
 #include <fstream>     // std::ofstream, std::ifstream
 #include <iterator>    // std::istreambuf_iterator
+#include <limits>      // std::numeric_limits
 #include <map>         // std::map
 #include <memory>      // std::shared_ptr
 #include <string>      // std::string
@@ -43,17 +49,25 @@ std::vector<float> download(Communicator& comm, const void* data, std::size_t co
   return host;
 }
 
+/// Every layer's weight (row-major [out, in]) and bias, on the host, in layer order.
+template <class T>
+struct LayerTensors {
+  std::vector<std::vector<T>> weight, bias;
+};
+
 /// The gradients of loss_weight × Σ_s ℓ_s, ℓ_s = Σ_o (p_o − y_o)² / output, of the MLP with the
-/// given float32 weights, in float64: plain loops over row-major arrays, nothing shared with the
-/// model's cuBLAS calls.
-struct Reference {
-  std::vector<std::vector<double>> weight, bias;  // per layer
+/// given weights (float32 as the GPU holds them, or float64 as the reference trains them), in
+/// float64: plain loops over row-major arrays, nothing shared with the model's cuBLAS calls.
+struct Reference : LayerTensors<double> {
   double loss_sum = 0;
 };
 
-Reference reference_gradients(const mlp_cublas::MlpOptions& o, const std::vector<std::vector<float>>& weights,
-                              const std::vector<std::vector<float>>& biases, const std::vector<float>& x,
-                              const std::vector<float>& y, std::size_t n, double loss_weight) {
+template <class T>
+Reference reference_gradients(const mlp_cublas::MlpOptions& o, const LayerTensors<T>& parameters,
+                              const std::vector<float>& x, const std::vector<float>& y, std::size_t n,
+                              double loss_weight) {
+  const std::vector<std::vector<T>>& weights = parameters.weight;
+  const std::vector<std::vector<T>>& biases = parameters.bias;
   // a[l]: the input of layer l (a[0] = x); z[l]: layer l's pre-activation.
   std::vector<std::vector<double>> a(o.depth + 1), z(o.depth);
   a[0].assign(x.begin(), x.end());
@@ -110,6 +124,119 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
+/// Every layer's tensors of `buffer` (the trainer's or a test's values or gradients).
+LayerTensors<float> download_tensors(Communicator& comm, const ncclkit::fusion::FusedBuffer<Communicator>& buffer,
+                                     const mlp_cublas::MlpOptions& shape) {
+  LayerTensors<float> host;
+  for (std::size_t l = 0; l < shape.depth; ++l) {
+    host.weight.push_back(
+        download(comm, buffer.view(mlp_cublas::weight_name(l)).data, shape.in_features(l) * shape.out_features(l)));
+    host.bias.push_back(download(comm, buffer.view(mlp_cublas::bias_name(l)).data, shape.out_features(l)));
+  }
+  return host;
+}
+
+/// A tolerance or an error in a message: "4e-05".
+std::string number(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", x);
+  return text;
+}
+
+/// How far a tensor from the GPU is from its float64 reference: its worst element, measured
+/// relative to the largest magnitude in the reference tensor (an element-wise relative error
+/// would blow up at elements near zero, which a sum of many terms produces).
+struct TensorError {
+  std::string name;
+  std::size_t index = 0;  // the worst element
+  double got = 0, expected = 0;
+  double scale = 0;     // the reference tensor's largest magnitude
+  double relative = 0;  // |got − expected| / scale at the worst element (infinite for NaN)
+
+  std::string describe() const {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "%s[%zu] is %.9g against the float64 reference's %.9g: off by %.3e of the "
+                  "tensor's largest reference magnitude %.6g",
+                  name.c_str(), index, got, expected, relative, scale);
+    return text;
+  }
+};
+
+TensorError worst_error(const std::string& name, const std::vector<float>& got, const std::vector<double>& expected) {
+  TensorError worst{.name = name, .scale = max_abs(expected)};
+  if (got.size() != expected.size()) {
+    worst.name +=
+        " (" + std::to_string(got.size()) + " elements, the reference " + std::to_string(expected.size()) + ")";
+    worst.relative = std::numeric_limits<double>::infinity();
+    return worst;
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double off = std::fabs(double(got[i]) - expected[i]);
+    const double relative = std::isnan(off)   ? std::numeric_limits<double>::infinity()
+                            : worst.scale > 0 ? off / worst.scale
+                            : off > 0         ? std::numeric_limits<double>::infinity()
+                                              : 0.0;
+    if (i == 0 || relative > worst.relative) {
+      worst.index = i;
+      worst.got = got[i];
+      worst.expected = expected[i];
+      worst.relative = relative;
+    }
+  }
+  return worst;
+}
+
+/// worst_error of every tensor, in layer order, each layer's weight then its bias.
+std::vector<TensorError> compare_tensors(const mlp_cublas::MlpOptions& shape, const LayerTensors<float>& got,
+                                         const LayerTensors<double>& expected) {
+  std::vector<TensorError> errors;
+  for (std::size_t l = 0; l < shape.depth; ++l) {
+    errors.push_back(worst_error(mlp_cublas::weight_name(l), got.weight[l], expected.weight[l]));
+    errors.push_back(worst_error(mlp_cublas::bias_name(l), got.bias[l], expected.bias[l]));
+  }
+  return errors;
+}
+
+/// What the float64 reference of a training run ends with.
+struct ReferenceRun {
+  LayerTensors<double> parameters;
+  Reference last_gradients;  // of the last step, before its update
+};
+
+/// `steps` steps of plain SGD (p −= lr·g, no momentum or weight decay: TrainerOptions' default
+/// optimizer) of the MLP from `start`, in float64. Step s takes the global batch of samples
+/// [s·global_batch, (s+1)·global_batch) of x and y, and g is the gradient of that batch's mean
+/// loss (loss weight 1 / global_batch): what the trainer's ranks reach together, each adding
+/// world / global_batch (StepContext::loss_weight) times its shard's summed loss gradient, then
+/// averaging over the world ranks.
+ReferenceRun reference_sgd(const mlp_cublas::MlpOptions& shape, const LayerTensors<float>& start,
+                           const std::vector<float>& x, const std::vector<float>& y, std::size_t global_batch,
+                           std::size_t steps, double lr) {
+  ReferenceRun run;
+  for (std::size_t l = 0; l < shape.depth; ++l) {
+    run.parameters.weight.emplace_back(start.weight[l].begin(), start.weight[l].end());
+    run.parameters.bias.emplace_back(start.bias[l].begin(), start.bias[l].end());
+  }
+  for (std::size_t s = 0; s < steps; ++s) {
+    const auto samples = [&](const std::vector<float>& all, std::size_t features) {
+      const auto first = all.begin() + static_cast<std::ptrdiff_t>(s * global_batch * features);
+      return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(global_batch * features));
+    };
+    run.last_gradients = reference_gradients(shape, run.parameters, samples(x, shape.input), samples(y, shape.output),
+                                             global_batch, 1.0 / double(global_batch));
+    for (std::size_t l = 0; l < shape.depth; ++l) {
+      for (std::size_t i = 0; i < run.parameters.weight[l].size(); ++i) {
+        run.parameters.weight[l][i] -= lr * run.last_gradients.weight[l][i];
+      }
+      for (std::size_t i = 0; i < run.parameters.bias[l].size(); ++i) {
+        run.parameters.bias[l][i] -= lr * run.last_gradients.bias[l][i];
+      }
+    }
+  }
+  return run;
+}
+
 /// One forward_backward of the model of `shape` on `samples` samples on one GPU, checked against
 /// the reference: gradients that held `prior` (random, of the reference's scale) must hold
 /// prior + reference afterwards.
@@ -132,14 +259,10 @@ int check_gradients(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit:
   const mlp_cublas::Batch batch = data.batch(0, samples);
   const double loss_weight = 1.0 / static_cast<double>(samples);
 
-  std::vector<std::vector<float>> weights, biases;
-  for (std::size_t l = 0; l < shape.depth; ++l) {
-    weights.push_back(download(comm, values.view(mlp_cublas::weight_name(l)).data, shape.in_features(l) * shape.out_features(l)));
-    biases.push_back(download(comm, values.view(mlp_cublas::bias_name(l)).data, shape.out_features(l)));
-  }
+  const LayerTensors<float> parameters = download_tensors(comm, values, shape);
   const std::vector<float> x = download(comm, data.inputs(), samples * shape.input);
   const std::vector<float> y = download(comm, data.targets(), samples * shape.output);
-  const Reference ref = reference_gradients(shape, weights, biases, x, y, samples, loss_weight);
+  const Reference ref = reference_gradients(shape, parameters, x, y, samples, loss_weight);
 
   // What the gradients hold before: random values of the reference's scale, so that a model that
   // overwrites them (beta = 0), or adds twice, is off by far more than the tolerance.
@@ -220,6 +343,145 @@ int check_gradients(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit:
   checker.expect(host[1] == 0 && host[2] == double(samples), "metrics count the batch's samples");
   return checker.finish("cuBLAS MLP gradients");
 }
+
+// ---- training against the float64 reference ----------------------------------------------
+
+// The reference runs: a global batch of 16 samples a step (one shard of 16 on 1 GPU, two of 8 on
+// 2), SGD at the learning rate of the training test below, and 4 steps, enough for the
+// gradients of later steps to depend on the updates of earlier ones.
+constexpr std::size_t kGlobalBatch = 2 * kBatch;
+constexpr double kLearningRate = 0.2;
+constexpr std::size_t kReferenceSteps = 4;
+
+// Tolerances of the trained GPU model against reference_sgd, each element's error relative to
+// its tensor's largest reference magnitude (worst_error). Gradients: 2e-5, the bound the first
+// test case holds one float32 forward and backward to; the last step's are one such backward,
+// at parameters within far less of the reference's. Parameters: twice that. A step moves a
+// parameter by lr times its gradient, so a weight, dominated by its initial value, carries a
+// small share of the gradients' error, while a bias, which starts at 0 and is nothing but the
+// steps' sum, carries about all of it, up to k times where the steps' errors add up and its
+// largest value is less than k times a step's (2 for these 4 steps). A float32 emulation of
+// these runs on the host (the same data and initial values, float accumulation) stays within
+// 4e-7 of the reference, at 1 GPU and 2, after 1 step and after 4. A marking-order bug leaves a
+// rank's own gradient where the mean belongs: the tensors it touches move by lr times (that
+// rank's gradient minus the mean), 4e-2 to 0.6 of their largest value in that emulation, and
+// the tensors after them, through the changed forward, by 5e-3 or more within 4 steps.
+constexpr double kGradientTolerance = 2e-5;
+constexpr double kParameterTolerance = 2 * kGradientTolerance;
+
+/// What a training run on the GPUs ends with, against reference_sgd from the same start.
+struct TrainedRun {
+  std::vector<TensorError> parameters;      // after the last step
+  std::vector<TensorError> last_gradients;  // the last step's, averaged over the ranks
+};
+
+/// Trains `model` (of `shape`, not yet bound) with the DataParallelTrainer over `comm` for
+/// `steps` steps of kGlobalBatch samples, rank r's shard being the r-th slice of each global
+/// batch, and compares the result with reference_sgd started from the trainer's initial values
+/// (rank 0's, which its constructor broadcasts).
+template <class M>
+TrainedRun train_against_reference(Communicator& comm, M& model, const mlp_cublas::MlpOptions& shape,
+                                   std::size_t steps) {
+  ncclkit::trainer::DataParallelTrainer<M, Communicator> trainer(comm, model,
+                                                                 {.global_batch = kGlobalBatch,
+                                                                  .schedule = {.lr = kLearningRate},
+                                                                  .seed = 3,
+                                                                  .log_interval = 0,
+                                                                  .print_progress = false});
+  const LayerTensors<float> start = download_tensors(comm, trainer.values(), shape);
+  const auto world = static_cast<std::size_t>(comm.size());
+  const std::size_t shard = kGlobalBatch / world;
+  const mlp_cublas::SyntheticData data(shape.input, shape.output, steps * kGlobalBatch, 11, comm.device());
+  std::vector<mlp_cublas::Batch> shards;
+  for (std::size_t s = 0; s < steps; ++s) {
+    shards.push_back(data.batch(s * kGlobalBatch + static_cast<std::size_t>(comm.rank()) * shard, shard));
+  }
+  // The ranks start their steps together: neither's reduction then waits for the other's
+  // longer than EarlyMarkingMlp's stalls last.
+  comm.barrier();
+  for (const mlp_cublas::Batch& batch : shards) trainer.step(batch);
+  comm.synchronize();
+  const LayerTensors<float> parameters = download_tensors(comm, trainer.values(), shape);
+  const LayerTensors<float> gradients = download_tensors(comm, trainer.gradients(), shape);
+  const std::vector<float> x = download(comm, data.inputs(), data.size() * shape.input);
+  const std::vector<float> y = download(comm, data.targets(), data.size() * shape.output);
+  const ReferenceRun reference = reference_sgd(shape, start, x, y, kGlobalBatch, steps, kLearningRate);
+  return {compare_tensors(shape, parameters, reference.parameters),
+          compare_tensors(shape, gradients, reference.last_gradients)};
+}
+
+/// Holds its stream for `nanoseconds` of the GPU's global timer. One thread: the rest of the
+/// GPU stays free for the reductions it lets run ahead.
+__global__ void stall(std::uint64_t nanoseconds) {
+  std::uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
+/// A deliberately wrong Model for the marking-order test: the cuBLAS MLP, except that the
+/// tensors named in `early` are marked ready at the start of forward_backward, before a single
+/// element of their gradients is written; the inner model's own marks of them are dropped
+/// (GradientSync takes one mark per tensor per step). After every mark that reaches the
+/// trainer, the compute stream stalls for `stall_ns`: a bucket that mark launches is reduced
+/// before the work issued after the mark runs, so the race an early mark opens is always lost,
+/// never won by luck. With `early` empty it is the correct model, stalls included.
+class EarlyMarkingMlp {
+ public:
+  using Batch = mlp_cublas::Batch;
+
+  EarlyMarkingMlp(const mlp_cublas::MlpOptions& shape, std::vector<std::string> early, int device,
+                  std::uint64_t stall_ns)
+      : inner_(shape), early_(std::move(early)), device_(device), stall_ns_(stall_ns) {}
+
+  void declare(ncclkit::fusion::FusedLayout& layout) const { inner_.declare(layout); }
+
+  void bind(const ncclkit::trainer::ModelViews<Communicator>& views) {
+    inner_.bind(views);
+    layout_ = &views.layout();
+    early_slots_.clear();
+    for (const std::string& name : early_) early_slots_.push_back(layout_->slot(name));
+  }
+
+  void forward_backward(const Batch& batch, ncclkit::trainer::StepContext<Communicator>& step) {
+    for (const ncclkit::fusion::Slot slot : early_slots_) step.ready(slot);
+    if (!early_slots_.empty()) stall_stream(step.stream());
+    ncclkit::trainer::StepContext<Communicator> inner(
+        step.stream(), step.loss_weight(), step.metrics(),
+        [&](ncclkit::fusion::Slot slot, cudaStream_t stream) {
+          if (is_early(slot)) return;
+          step.ready(slot);
+          stall_stream(stream);
+        },
+        *layout_, step.step(), step.seed(), step.rank());
+    inner_.forward_backward(batch, inner);
+  }
+
+  void evaluate(const Batch& batch, ncclkit::trainer::EvalContext<Communicator>& eval) { inner_.evaluate(batch, eval); }
+
+ private:
+  bool is_early(ncclkit::fusion::Slot slot) const {
+    for (const ncclkit::fusion::Slot early : early_slots_) {
+      if (early.index == slot.index) return true;
+    }
+    return false;
+  }
+
+  void stall_stream(cudaStream_t stream) {
+    // The stream handle may be the legacy default stream, which means the current device's.
+    const ncclkit::nccl::DeviceGuard guard(device_);
+    stall<<<1, 1, 0, stream>>>(stall_ns_);
+    NCCLKIT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  Model inner_;
+  std::vector<std::string> early_;
+  int device_;
+  std::uint64_t stall_ns_;
+  const ncclkit::fusion::FusedLayout* layout_ = nullptr;
+  std::vector<ncclkit::fusion::Slot> early_slots_;
+};
 
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -302,5 +564,85 @@ TEST_CASE("the trainer over the cuBLAS MLP on 2 GPUs: the loss falls in 20 steps
     const std::string zero = mlp_cublas_test::read_file(dir.path + "/rank0");
     CHECK(zero.size() >= mlp_cublas_test::kShape.parameters() * sizeof(float));
     CHECK(zero == mlp_cublas_test::read_file(dir.path + "/rank1"));
+  }
+}
+
+TEST_CASE("the trainer over the cuBLAS MLP ends 4 SGD steps at the float64 reference's parameters and gradients") {
+  const auto train = [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+    using namespace mlp_cublas_test;
+    ncclkit_test::Checker checker(me.rank);
+    Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-reference"});
+    mlp_cublas::MlpOptions shape = kShape;
+    shape.precision = mlp_cublas::Precision::kFloat32;
+    Model model(shape);
+    const TrainedRun run = train_against_reference(comm, model, shape, kReferenceSteps);
+    const std::string where = "on " + std::to_string(comm.size()) + " GPU(s), rank " + std::to_string(me.rank) +
+                              ", after " + std::to_string(kReferenceSteps) + " steps: ";
+    for (const TensorError& e : run.parameters) {
+      std::printf("rank %d parameter %s\n", me.rank, e.describe().c_str());
+      checker.expect(e.relative <= kParameterTolerance,
+                     where + "parameter " + e.describe() + ", above the tolerance " + number(kParameterTolerance));
+    }
+    for (const TensorError& e : run.last_gradients) {
+      std::printf("rank %d last gradient %s\n", me.rank, e.describe().c_str());
+      checker.expect(e.relative <= kGradientTolerance, where + "the last step's gradient " + e.describe() +
+                                                           ", above the tolerance " + number(kGradientTolerance));
+    }
+    return checker.finish("cuBLAS MLP against the float64 reference");
+  };
+  SUBCASE("1 GPU") {
+    if (!ncclkit_test::have_gpus(1, "the cuBLAS MLP trained against the float64 reference on 1 GPU")) return;
+    ncclkit_test::run_workers(1, train);
+  }
+  SUBCASE("2 GPUs, each with its half of every global batch") {
+    if (!ncclkit_test::have_gpus(2, "the cuBLAS MLP trained against the float64 reference on 2 GPUs")) return;
+    ncclkit_test::run_workers(2, train);
+  }
+}
+
+TEST_CASE("marking order on 2 GPUs: a tensor marked ready before its gradient GEMM ran is caught by the reference") {
+  if (!ncclkit_test::have_gpus(2, "the marking-order test of the cuBLAS MLP")) return;
+  // One step on 2 GPUs with EarlyMarkingMlp marking the tensors `early` too soon: those must be
+  // off the reference by more than the tolerance, every other one within it. On 1 GPU the bug
+  // would go unseen: the mean of one rank's gradient is that gradient, whenever it is read.
+  const auto one_step = [](std::vector<std::string> early) {
+    ncclkit_test::run_workers(2, [&](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+      using namespace mlp_cublas_test;
+      ncclkit_test::Checker checker(me.rank);
+      Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-early"});
+      mlp_cublas::MlpOptions shape = kShape;
+      shape.precision = mlp_cublas::Precision::kFloat32;
+      // 10 ms: the ranks leave the barrier within far less, and a reduction of these 10 KB takes
+      // tens of microseconds.
+      EarlyMarkingMlp model(shape, early, comm.device(), 10'000'000);
+      const TrainedRun run = train_against_reference(comm, model, shape, 1);
+      for (const TensorError& e : run.parameters) {
+        std::printf("rank %d parameter %s\n", me.rank, e.describe().c_str());
+        if (std::find(early.begin(), early.end(), e.name) != early.end()) {
+          checker.expect(e.relative > kParameterTolerance,
+                         "rank " + std::to_string(me.rank) + ": " + e.name +
+                             " was marked ready before its gradient was written, yet every element is within " +
+                             number(kParameterTolerance) + " of the reference (worst: " + e.describe() +
+                             "): the comparison does not catch a marking-order bug");
+        } else {
+          checker.expect(e.relative <= kParameterTolerance, "rank " + std::to_string(me.rank) + ": " + e.name +
+                                                                " was marked in order, yet " + e.describe() +
+                                                                ", above the tolerance " + number(kParameterTolerance));
+        }
+      }
+      return checker.finish("cuBLAS MLP marking order");
+    });
+  };
+  SUBCASE("the wrapper marking every tensor after its GEMM, stalls included, matches the reference") { one_step({}); }
+  SUBCASE("every tensor marked at the start of the step: every tensor is off") {
+    std::vector<std::string> all;
+    for (std::size_t l = 0; l < mlp_cublas_test::kShape.depth; ++l) {
+      all.push_back(mlp_cublas::weight_name(l));
+      all.push_back(mlp_cublas::bias_name(l));
+    }
+    one_step(all);
+  }
+  SUBCASE("layer 0, whose weight-gradient GEMM is backward's last, marked at the start: only its tensors are off") {
+    one_step({mlp_cublas::weight_name(0), mlp_cublas::bias_name(0)});
   }
 }
