@@ -1,7 +1,10 @@
 #pragma once
 // The element-wise CUDA kernels of the cuBLAS MLP (mlp_cublas.cuh) and of its synthetic data
 // (synthetic_data.cuh): everything but the matrix products, which cuBLAS does. Kernels are
-// templates, so that several .cu files of one program can include this header and link.
+// templates, so that several .cu files of one program can include this header and link. Those
+// of the model take float or __nv_bfloat16 activations and do their arithmetic in float, so that
+// one kernel serves both precisions and the float32 path computes what it always did.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>  // std::min
@@ -55,15 +58,25 @@ __global__ void fill_value(T* out, std::size_t count, T value) {
   }
 }
 
+// out[i] = in[i], converted (float to bfloat16: round to nearest even).
+template <class From, class To>
+__global__ void cast(const From* in, To* out, std::size_t count) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    out[i] = static_cast<To>(static_cast<float>(in[i]));
+  }
+}
+
 // z[s][o] = act(z[s][o] + bias[o]) over `rows` samples of `features` values (row-major, that is
-// cuBLAS's column-major features × rows); act is ReLU where `relu`, else the identity.
-template <class T>
-__global__ void bias_activation(T* z, const T* bias, std::size_t rows, std::size_t features, bool relu) {
+// cuBLAS's column-major features × rows), summed in float; act is ReLU where `relu`, else the
+// identity. The bias may be of another type than z (float32 biases beside bfloat16 activations).
+template <class T, class Bias>
+__global__ void bias_activation(T* z, const Bias* bias, std::size_t rows, std::size_t features, bool relu) {
   const std::size_t count = rows * features;
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
        i += std::size_t{gridDim.x} * blockDim.x) {
-    const T v = z[i] + bias[i % features];
-    z[i] = relu && v < T(0) ? T(0) : v;
+    const float v = static_cast<float>(z[i]) + static_cast<float>(bias[i % features]);
+    z[i] = static_cast<T>(relu && v < 0.0f ? 0.0f : v);
   }
 }
 
@@ -73,25 +86,26 @@ template <class T>
 __global__ void relu_backward(T* delta, const T* activation, std::size_t count) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
        i += std::size_t{gridDim.x} * blockDim.x) {
-    if (!(activation[i] > T(0))) delta[i] = T(0);
+    if (!(static_cast<float>(activation[i]) > 0.0f)) delta[i] = static_cast<T>(0.0f);
   }
 }
 
 // Mean-squared error per sample, ℓ_s = Σ_o (p[s][o] − y[s][o])² / features: metrics[0] +=
 // Σ_s ℓ_s and metrics[2] += rows (the Metrics words of ncclkit::trainer), one atomicAdd per
 // block; where `dp` is given, dp = gradient_scale · (p − y), gradient_scale being
-// 2 · loss_weight / features, the gradient of loss_weight · Σ_s ℓ_s.
-template <class T>
-__global__ void mean_squared_error(const T* p, const T* y, std::size_t rows, std::size_t features,
-                                   float gradient_scale, T* dp, double* metrics) {
+// 2 · loss_weight / features, the gradient of loss_weight · Σ_s ℓ_s. p − y in float (the
+// predictions may be bfloat16, the targets float), the sum in double.
+template <class P, class Y>
+__global__ void mean_squared_error(const P* p, const Y* y, std::size_t rows, std::size_t features, float gradient_scale,
+                                   P* dp, double* metrics) {
   __shared__ double partial[kThreads];
   const std::size_t count = rows * features;
   double sum = 0;
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
        i += std::size_t{gridDim.x} * blockDim.x) {
-    const T d = p[i] - y[i];
+    const float d = static_cast<float>(p[i]) - static_cast<float>(y[i]);
     sum += static_cast<double>(d) * static_cast<double>(d);
-    if (dp != nullptr) dp[i] = static_cast<T>(gradient_scale) * d;
+    if (dp != nullptr) dp[i] = static_cast<P>(gradient_scale * d);
   }
   partial[threadIdx.x] = sum;
   __syncthreads();

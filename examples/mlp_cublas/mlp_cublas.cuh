@@ -9,24 +9,45 @@
 // of them transposed, so y = x Wᵀ + b is the column-major product Yᶜ = Wᶜᵀ Xᶜ.
 //
 // Precision: TF32 tensor cores by default (CUBLAS_COMPUTE_32F_FAST_TF32, as PyTorch with
-// torch.backends.cuda.matmul.allow_tf32 = True), or float32 (CUBLAS_COMPUTE_32F). Weights,
-// gradients and activations are float32 either way.
+// torch.backends.cuda.matmul.allow_tf32 = True), or float32 (CUBLAS_COMPUTE_32F), with weights,
+// gradients and activations in float32; or bf16 compute with float32 master weights
+// (Precision::kBf16, as PyTorch's autocast to bfloat16):
+// - The trainer's parameters stay float32 (the masters, which the optimizer updates) and so do
+//   the gradients (which the trainer reduces); the model keeps a bfloat16 copy of the weights,
+//   and reads the biases from the float32 masters.
+// - That copy is refreshed by one cast kernel over the span of all parameters at the start of
+//   each forward_backward and evaluate, on their stream. Why there: the masters change in the
+//   trainer's optimizer update (and its broadcast or checkpoint load, or a user's write), never
+//   inside a model call, and the start of the next call is the first point after any such change
+//   where the model runs; the trainer's update is on the same stream, so the cast reads the
+//   updated values. A cast fused into the optimizer's pass over the masters would save this
+//   second pass (6 bytes per parameter per call: 0.8 GB for 134 M parameters), but the trainer
+//   has no per-bucket post-update hook for models yet. With accumulation the cast runs once per
+//   micro-batch.
+// - Activations and deltas are bfloat16; the GEMMs take bfloat16 operands and accumulate in
+//   float32 (cublasGemmEx with CUDA_R_16BF inputs and CUBLAS_COMPUTE_32F). The weight-gradient
+//   GEMM adds straight into the float32 gradient (C of CUDA_R_32F beside bfloat16 A and B, a
+//   combination cublasGemmEx supports), the bias gradient is a GEMM with n = 1 against bfloat16
+//   ones into the float32 gradient, and the loss is computed in float from the bfloat16 outputs
+//   and float32 targets.
 //
 // Backward, layer by layer from the last: the weight-gradient GEMM (beta = 1: the gradient is
 // added, as the Model contract asks), the bias gradient (a GEMV against ones, beta = 1), then
 // `step.ready` for the weight and the bias at once, so their bucket is reduced while the input-
 // gradient GEMM and the earlier layers run; the input gradient goes to the next layer down.
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>  // std::max
-#include <cmath>      // std::sqrt
-#include <cstddef>    // std::size_t
-#include <cstdint>    // std::int64_t, std::uint64_t
-#include <limits>     // std::numeric_limits
-#include <string>     // std::string, std::to_string
-#include <utility>    // std::swap
-#include <vector>     // std::vector
+#include <algorithm>    // std::max, std::min
+#include <cmath>        // std::sqrt
+#include <cstddef>      // std::size_t
+#include <cstdint>      // std::int64_t, std::uint64_t
+#include <limits>       // std::numeric_limits
+#include <string>       // std::string, std::to_string
+#include <type_traits>  // std::is_same_v
+#include <utility>      // std::swap
+#include <vector>       // std::vector
 
 #include <ncclkit/core/error.hpp>
 #include <ncclkit/fusion/layout.hpp>
@@ -45,7 +66,21 @@ namespace mlp_cublas {
 enum class Precision {
   kTf32,     ///< TF32 tensor cores, float32 accumulation (default)
   kFloat32,  ///< full float32
+  kBf16,     ///< bfloat16 weights copy, activations and deltas, float32 accumulation, masters and gradients
 };
+
+/// "TF32", "float32" or "bf16".
+inline const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::kTf32:
+      return "TF32";
+    case Precision::kFloat32:
+      return "float32";
+    case Precision::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
 
 /// The model's shape and precision.
 struct MlpOptions {
@@ -111,12 +146,11 @@ class MlpCublas {
   void bind(const ncclkit::trainer::ModelViews<B>& views) {
     layers_.clear();
     for (std::size_t l = 0; l < options_.depth; ++l) {
-      layers_.push_back(Layer{views.template value_data<float>(weight_name(l)),
-                              views.template value_data<float>(bias_name(l)),
-                              views.template gradient_data<float>(weight_name(l)),
-                              views.template gradient_data<float>(bias_name(l)),
-                              views.layout().slot(weight_name(l)), views.layout().slot(bias_name(l)),
-                              options_.in_features(l), options_.out_features(l)});
+      layers_.push_back(
+          Layer{views.template value_data<float>(weight_name(l)), views.template value_data<float>(bias_name(l)),
+                views.template gradient_data<float>(weight_name(l)), views.template gradient_data<float>(bias_name(l)),
+                nullptr, views.layout().slot(weight_name(l)), views.layout().slot(bias_name(l)),
+                options_.in_features(l), options_.out_features(l)});
     }
     // The trainer's memory is on the communicator's GPU, which need not be the current one:
     // every later call switches to it, since kernels, handles and allocations go to the current
@@ -137,6 +171,7 @@ class MlpCublas {
                                                           ? CUBLAS_TF32_TENSOR_OP_MATH
                                                           : CUBLAS_DEFAULT_MATH));
     MLP_CUBLAS_CHECK(cublasSetSmCountTarget(handle_.get(), options_.cublas_sms));
+    if (options_.precision == Precision::kBf16) bind_bf16_weights();
     using kernels::blocks_for;
     using kernels::kThreads;
     for (std::size_t l = 0; l < layers_.size(); ++l) {
@@ -153,55 +188,19 @@ class MlpCublas {
   }
 
   void forward_backward(const Batch& batch, ncclkit::trainer::StepContext<B>& step) {
-    const ncclkit::nccl::DeviceGuard guard(device_);
-    const cudaStream_t stream = step.stream();
-    const std::size_t n = batch.size();
-    reserve(n);
-    MLP_CUBLAS_CHECK(cublasSetStream(handle_.get(), stream));
-    forward(batch, stream);
-    // The loss's gradient with respect to the output: loss_weight · 2 (p − y) / output.
-    const std::size_t out = options_.output;
-    float* delta = deltas_[0].data();
-    kernels::mean_squared_error<float><<<kernels::blocks_for(n * out, 1024), kernels::kThreads, 0, stream>>>(
-        activation(layers_.size() - 1), batch.targets.data(), n, out,
-        static_cast<float>(2.0 * step.loss_weight() / static_cast<double>(out)), delta, step.metrics());
-    NCCLKIT_CUDA_CHECK(cudaGetLastError());
-    float* spare = deltas_[1].data();
-    const float one = 1.0f, zero = 0.0f;
-    for (std::size_t l = layers_.size(); l-- > 0;) {
-      const Layer& layer = layers_[l];
-      const float* in = l == 0 ? batch.inputs.data() : activation(l - 1);
-      // dW += dZᵀ X (row-major [out, in]): column-major dWᶜ (in × out) += Xᶜ dZᶜᵀ.
-      gemm(CUBLAS_OP_N, CUBLAS_OP_T, layer.in, layer.out, n, in, layer.in, delta, layer.out, one, layer.weight_grad,
-           layer.in);
-      // db += Σ_s dZ[s]: column-major dZᶜ (out × n) times a vector of n ones.
-      MLP_CUBLAS_CHECK(cublasSgemv(handle_.get(), CUBLAS_OP_N, as_int(layer.out), as_int(n), &one, delta,
-                                   as_int(layer.out), ones_.data(), 1, &one, layer.bias_grad, 1));
-      step.ready(layer.weight_slot);
-      step.ready(layer.bias_slot);
-      if (l == 0) break;
-      // dX = dZ W (row-major [n, in]): column-major dXᶜ (in × n) = Wᶜ dZᶜ; then ReLU's backward
-      // through the layer below, whose output is this layer's input.
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.in, n, layer.out, layer.weight, layer.in, delta, layer.out, zero, spare,
-           layer.in);
-      kernels::relu_backward<float><<<kernels::blocks_for(n * layer.in), kernels::kThreads, 0, stream>>>(
-          spare, activation(l - 1), n * layer.in);
-      NCCLKIT_CUDA_CHECK(cudaGetLastError());
-      std::swap(delta, spare);
+    if (options_.precision == Precision::kBf16) {
+      forward_backward_as<__nv_bfloat16>(batch, step);
+    } else {
+      forward_backward_as<float>(batch, step);
     }
   }
 
   void evaluate(const Batch& batch, ncclkit::trainer::EvalContext<B>& eval) {
-    const ncclkit::nccl::DeviceGuard guard(device_);
-    const cudaStream_t stream = eval.stream();
-    const std::size_t n = batch.size();
-    reserve(n);
-    MLP_CUBLAS_CHECK(cublasSetStream(handle_.get(), stream));
-    forward(batch, stream);
-    kernels::mean_squared_error<float><<<kernels::blocks_for(n * options_.output, 1024), kernels::kThreads, 0,
-                                         stream>>>(activation(layers_.size() - 1), batch.targets.data(), n,
-                                                   options_.output, 0.0f, nullptr, eval.metrics());
-    NCCLKIT_CUDA_CHECK(cudaGetLastError());
+    if (options_.precision == Precision::kBf16) {
+      evaluate_as<__nv_bfloat16>(batch, eval);
+    } else {
+      evaluate_as<float>(batch, eval);
+    }
   }
 
  private:
@@ -210,26 +209,103 @@ class MlpCublas {
     float* bias;
     float* weight_grad;
     float* bias_grad;
+    __nv_bfloat16* weight_bf16;  // the bfloat16 copy of `weight` (kBf16 only)
     ncclkit::fusion::Slot weight_slot;
     ncclkit::fusion::Slot bias_slot;
     std::size_t in, out;
+  };
+
+  // The scratch of one batch in the activations' type T: float, or bfloat16 for kBf16.
+  template <class T>
+  struct Scratch {
+    ncclkit::nccl::DeviceBuffer<T> activations;
+    ncclkit::nccl::DeviceBuffer<T> deltas[2];
+    ncclkit::nccl::DeviceBuffer<T> ones;
+    ncclkit::nccl::DeviceBuffer<T> inputs;  // the batch's inputs cast to T (bfloat16 only)
   };
 
   static constexpr std::size_t kMostSamples = std::numeric_limits<int>::max();
 
   static int as_int(std::size_t n) { return static_cast<int>(n); }
 
-  void gemm(cublasOperation_t a_op, cublasOperation_t b_op, std::size_t m, std::size_t n, std::size_t k,
-            const float* a, std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  template <class T>
+  static constexpr cudaDataType_t kCudaType = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_16BF;
+
+  template <class T>
+  void forward_backward_as(const Batch& batch, ncclkit::trainer::StepContext<B>& step) {
+    const ncclkit::nccl::DeviceGuard guard(device_);
+    const cudaStream_t stream = step.stream();
+    const std::size_t n = batch.size();
+    reserve(n);
+    MLP_CUBLAS_CHECK(cublasSetStream(handle_.get(), stream));
+    forward<T>(batch, stream);
+    // The loss's gradient with respect to the output: loss_weight · 2 (p − y) / output.
+    const std::size_t out = options_.output;
+    Scratch<T>& scratch = scratch_for<T>();
+    T* delta = scratch.deltas[0].data();
+    kernels::mean_squared_error<<<kernels::blocks_for(n * out, 1024), kernels::kThreads, 0, stream>>>(
+        activation<T>(layers_.size() - 1), batch.targets.data(), n, out,
+        static_cast<float>(2.0 * step.loss_weight() / static_cast<double>(out)), delta, step.metrics());
+    NCCLKIT_CUDA_CHECK(cudaGetLastError());
+    T* spare = scratch.deltas[1].data();
+    const float one = 1.0f, zero = 0.0f;
+    for (std::size_t l = layers_.size(); l-- > 0;) {
+      const Layer& layer = layers_[l];
+      const T* in = input_of<T>(batch, l);
+      // dW += dZᵀ X (row-major [out, in]): column-major dWᶜ (in × out) += Xᶜ dZᶜᵀ.
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, layer.in, layer.out, n, in, layer.in, delta, layer.out, one, layer.weight_grad,
+           layer.in);
+      // db += Σ_s dZ[s]: column-major dZᶜ (out × n) times a vector of n ones.
+      if constexpr (std::is_same_v<T, float>) {
+        MLP_CUBLAS_CHECK(cublasSgemv(handle_.get(), CUBLAS_OP_N, as_int(layer.out), as_int(n), &one, delta,
+                                     as_int(layer.out), scratch.ones.data(), 1, &one, layer.bias_grad, 1));
+      } else {
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.out, 1, n, delta, layer.out, scratch.ones.data(), n, one, layer.bias_grad,
+             layer.out);
+      }
+      step.ready(layer.weight_slot);
+      step.ready(layer.bias_slot);
+      if (l == 0) break;
+      // dX = dZ W (row-major [n, in]): column-major dXᶜ (in × n) = Wᶜ dZᶜ; then ReLU's backward
+      // through the layer below, whose output is this layer's input.
+      gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.in, n, layer.out, weight_of<T>(layer), layer.in, delta, layer.out, zero,
+           spare, layer.in);
+      kernels::relu_backward<<<kernels::blocks_for(n * layer.in), kernels::kThreads, 0, stream>>>(
+          spare, activation<T>(l - 1), n * layer.in);
+      NCCLKIT_CUDA_CHECK(cudaGetLastError());
+      std::swap(delta, spare);
+    }
+  }
+
+  template <class T>
+  void evaluate_as(const Batch& batch, ncclkit::trainer::EvalContext<B>& eval) {
+    const ncclkit::nccl::DeviceGuard guard(device_);
+    const cudaStream_t stream = eval.stream();
+    const std::size_t n = batch.size();
+    reserve(n);
+    MLP_CUBLAS_CHECK(cublasSetStream(handle_.get(), stream));
+    forward<T>(batch, stream);
+    kernels::mean_squared_error<<<kernels::blocks_for(n * options_.output, 1024), kernels::kThreads, 0, stream>>>(
+        activation<T>(layers_.size() - 1), batch.targets.data(), n, options_.output, 0.0f, static_cast<T*>(nullptr),
+        eval.metrics());
+    NCCLKIT_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // C = A B (with the given transpositions) + beta C, float32 accumulation: A and B in the
+  // activations' type, C float32 (gradients) or the activations' type.
+  template <class AB, class C>
+  void gemm(cublasOperation_t a_op, cublasOperation_t b_op, std::size_t m, std::size_t n, std::size_t k, const AB* a,
+            std::size_t lda, const AB* b, std::size_t ldb, float beta, C* c, std::size_t ldc) {
     const float alpha = 1.0f;
     const cublasComputeType_t compute =
         options_.precision == Precision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    MLP_CUBLAS_CHECK(cublasGemmEx(handle_.get(), a_op, b_op, as_int(m), as_int(n), as_int(k), &alpha, a, CUDA_R_32F,
-                                  as_int(lda), b, CUDA_R_32F, as_int(ldb), &beta, c, CUDA_R_32F, as_int(ldc), compute,
-                                  CUBLAS_GEMM_DEFAULT));
+    MLP_CUBLAS_CHECK(cublasGemmEx(handle_.get(), a_op, b_op, as_int(m), as_int(n), as_int(k), &alpha, a, kCudaType<AB>,
+                                  as_int(lda), b, kCudaType<AB>, as_int(ldb), &beta, c, kCudaType<C>, as_int(ldc),
+                                  compute, CUBLAS_GEMM_DEFAULT));
   }
 
   // y = act(x Wᵀ + b) for every layer, each layer's output kept for backward.
+  template <class T>
   void forward(const Batch& batch, cudaStream_t stream) {
     const std::size_t n = batch.size();
     if (batch.inputs.size() != n * options_.input || batch.targets.size() != n * options_.output) {
@@ -239,20 +315,82 @@ class MlpCublas {
                                  std::to_string(options_.input) + " and gives " + std::to_string(options_.output) +
                                  " per sample");
     }
+    if constexpr (!std::is_same_v<T, float>) {
+      // The bfloat16 copies of the weights and of the inputs, from the float32 masters as they
+      // stand now (see the header comment for why here).
+      using kernels::blocks_for;
+      kernels::cast<<<blocks_for(bf16_weights_.size()), kernels::kThreads, 0, stream>>>(masters_, bf16_weights_.data(),
+                                                                                        bf16_weights_.size());
+      kernels::cast<<<blocks_for(n * options_.input), kernels::kThreads, 0, stream>>>(
+          batch.inputs.data(), scratch_for<T>().inputs.data(), n * options_.input);
+    }
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
-      const float* in = l == 0 ? batch.inputs.data() : activation(l - 1);
-      float* out = activation(l);
-      gemm(CUBLAS_OP_T, CUBLAS_OP_N, layer.out, n, layer.in, layer.weight, layer.in, in, layer.in, 0.0f, out,
-           layer.out);
-      kernels::bias_activation<float><<<kernels::blocks_for(n * layer.out), kernels::kThreads, 0, stream>>>(
+      T* out = activation<T>(l);
+      gemm(CUBLAS_OP_T, CUBLAS_OP_N, layer.out, n, layer.in, weight_of<T>(layer), layer.in, input_of<T>(batch, l),
+           layer.in, 0.0f, out, layer.out);
+      kernels::bias_activation<<<kernels::blocks_for(n * layer.out), kernels::kThreads, 0, stream>>>(
           out, layer.bias, n, layer.out, l + 1 < layers_.size());
     }
     NCCLKIT_CUDA_CHECK(cudaGetLastError());
   }
 
+  // kBf16: one bfloat16 buffer mirroring the span of the float32 parameters (every weight and
+  // bias, and the layout's padding between them), so that one cast refreshes all weights; each
+  // layer's copy sits at its master's offset. The biases' copies go unused: the bias is added in
+  // float from its master.
+  void bind_bf16_weights() {
+    const float* first = layers_.front().weight;
+    const float* end = first;
+    for (const Layer& layer : layers_) {
+      const float* weight = layer.weight;
+      const float* bias = layer.bias;
+      first = std::min({first, weight, bias});
+      end = std::max({end, weight + layer.in * layer.out, bias + layer.out});
+    }
+    masters_ = first;
+    const auto count = static_cast<std::size_t>(end - first);
+    if (bf16_weights_.size() != count || bf16_weights_.device() != device_) {
+      bf16_weights_ = ncclkit::nccl::DeviceBuffer<__nv_bfloat16>(count, device_);
+    }
+    for (Layer& layer : layers_) layer.weight_bf16 = bf16_weights_.data() + (layer.weight - first);
+  }
+
+  // The weight the GEMMs read: the float32 master, or its bfloat16 copy.
+  template <class T>
+  const T* weight_of(const Layer& layer) const {
+    if constexpr (std::is_same_v<T, float>) {
+      return layer.weight;
+    } else {
+      return layer.weight_bf16;
+    }
+  }
+
+  // Layer l's input: the batch's (cast to T for bfloat16), or the output of the layer below.
+  template <class T>
+  const T* input_of(const Batch& batch, std::size_t l) {
+    if (l > 0) return activation<T>(l - 1);
+    if constexpr (std::is_same_v<T, float>) {
+      return batch.inputs.data();
+    } else {
+      return scratch_for<T>().inputs.data();
+    }
+  }
+
+  template <class T>
+  Scratch<T>& scratch_for() {
+    if constexpr (std::is_same_v<T, float>) {
+      return float_scratch_;
+    } else {
+      return bf16_scratch_;
+    }
+  }
+
   // Layer l's output (after its activation) for the current batch: [n, out_features(l)].
-  float* activation(std::size_t l) const { return activations_.data() + capacity_ * activation_offsets_[l]; }
+  template <class T>
+  T* activation(std::size_t l) {
+    return scratch_for<T>().activations.data() + capacity_ * activation_offsets_[l];
+  }
 
   void reserve(std::size_t n) {
     if (n == 0) throw ncclkit::ConfigError("mlp_cublas::MlpCublas: an empty batch");
@@ -270,14 +408,24 @@ class MlpCublas {
       features += layers_[l].out;
       widest = std::max(widest, layers_[l].out);
     }
-    activations_ = ncclkit::nccl::DeviceBuffer<float>(n * features, device_);
-    deltas_[0] = ncclkit::nccl::DeviceBuffer<float>(n * widest, device_);
-    deltas_[1] = ncclkit::nccl::DeviceBuffer<float>(n * widest, device_);
-    ones_ = ncclkit::nccl::DeviceBuffer<float>(n, device_);
-    kernels::fill_value<float><<<kernels::blocks_for(n), kernels::kThreads>>>(ones_.data(), n, 1.0f);
+    if (options_.precision == Precision::kBf16) {
+      allocate(bf16_scratch_, n, features, widest);
+      bf16_scratch_.inputs = ncclkit::nccl::DeviceBuffer<__nv_bfloat16>(n * options_.input, device_);
+    } else {
+      allocate(float_scratch_, n, features, widest);
+    }
+    capacity_ = n;
+  }
+
+  template <class T>
+  void allocate(Scratch<T>& scratch, std::size_t n, std::size_t features, std::size_t widest) {
+    scratch.activations = ncclkit::nccl::DeviceBuffer<T>(n * features, device_);
+    scratch.deltas[0] = ncclkit::nccl::DeviceBuffer<T>(n * widest, device_);
+    scratch.deltas[1] = ncclkit::nccl::DeviceBuffer<T>(n * widest, device_);
+    scratch.ones = ncclkit::nccl::DeviceBuffer<T>(n, device_);
+    kernels::fill_value<T><<<kernels::blocks_for(n), kernels::kThreads>>>(scratch.ones.data(), n, static_cast<T>(1.0f));
     NCCLKIT_CUDA_CHECK(cudaGetLastError());
     NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
-    capacity_ = n;
   }
 
   MlpOptions options_;
@@ -286,9 +434,10 @@ class MlpCublas {
   CublasHandle handle_;
   std::size_t capacity_ = 0;  // samples the scratch holds
   std::vector<std::size_t> activation_offsets_;
-  ncclkit::nccl::DeviceBuffer<float> activations_;
-  ncclkit::nccl::DeviceBuffer<float> deltas_[2];
-  ncclkit::nccl::DeviceBuffer<float> ones_;
+  Scratch<float> float_scratch_;         // every precision but kBf16
+  Scratch<__nv_bfloat16> bf16_scratch_;  // kBf16
+  const float* masters_ = nullptr;       // kBf16: the first float32 parameter, mirrored by bf16_weights_
+  ncclkit::nccl::DeviceBuffer<__nv_bfloat16> bf16_weights_;
 };
 
 }  // namespace mlp_cublas

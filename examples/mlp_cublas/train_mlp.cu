@@ -4,8 +4,9 @@
 //
 //   train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]
 //             [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]
-//             [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32] [--reduce-repeats 20]
-//             [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N] [--label NAME]
+//             [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]
+//             [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N]
+//             [--label NAME]
 //             [--csv PATH] [--init-url URL]
 //
 // Run directly, it forks N workers (one GPU each) that rendezvous through a private FileStore;
@@ -262,7 +263,7 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
                   "NCCL max CTAs %d, fused reduction blocks %d, cuBLAS SMs %d%s%s\n",
                   me.world_size, properties.name, m.input, m.width, m.depth - 1, m.output, m.depth,
                   static_cast<double>(m.parameters()) / 1e6, static_cast<double>(m.parameters()) * 4 / 1e6,
-                  m.precision == mlp_cublas::Precision::kTf32 ? "TF32" : "float32", args.lr,
+                  mlp_cublas::precision_name(m.precision), args.lr,
                   comm.options().stream_priority, lowest, highest, comm.options().max_ctas,
                   comm.options().compressed_reduce_blocks, m.cublas_sms, args.label.empty() ? "" : ", label ",
                   args.label.c_str());
@@ -283,7 +284,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
       "usage: train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]\n"
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
-      "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32]\n"
+      "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]\n"
       "                 [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N]\n"
       "                 [--cublas-sms N] [--label NAME] [--csv PATH] [--init-url URL]\n");
 }
@@ -401,8 +402,10 @@ int main(int argc, char** argv) {
           args.model.precision = mlp_cublas::Precision::kTf32;
         } else if (name == "fp32") {
           args.model.precision = mlp_cublas::Precision::kFloat32;
+        } else if (name == "bf16") {
+          args.model.precision = mlp_cublas::Precision::kBf16;
         } else {
-          throw ncclkit::ConfigError("train_mlp: --precision is tf32 or fp32, not '" + name + "'");
+          throw ncclkit::ConfigError("train_mlp: --precision is tf32, fp32 or bf16, not '" + name + "'");
         }
       } else if (arg == "--reduce-repeats") {
         args.reduce_repeats = number(1, 100000);

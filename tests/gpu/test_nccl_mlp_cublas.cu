@@ -1,8 +1,9 @@
 // The cuBLAS MLP of examples/mlp_cublas as a trainer Model: on one GPU, its gradients (float32
 // GEMMs, TF32 off) against a float64 host reference of the same MLP, added to what the gradient
 // buffers held, each tensor marked ready in backward order once its gradient is complete on the
-// stream, also at sizes that are multiples of nothing; with TF32, within TF32's tolerance. On 2
-// GPUs, the trainer over it: the loss falls over 20 steps and both ranks end with identical
+// stream, also at sizes that are multiples of nothing; with TF32, within TF32's tolerance; with
+// bf16 compute, within bf16's, and each call computing with the float32 values as they are then.
+// On 2 GPUs, the trainer over it: the loss falls over 20 steps and both ranks end with identical
 // parameters, with float32 and fp16 gradients. On 1 and 2 GPUs, the trainer's parameters after 4
 // SGD steps and the last step's gradients against the same MLP trained in float64 on the host.
 // Marking order: a test model that marks tensors ready before their weight-gradient GEMM has
@@ -482,6 +483,65 @@ class EarlyMarkingMlp {
   const ncclkit::fusion::FusedLayout* layout_ = nullptr;
   std::vector<ncclkit::fusion::Slot> early_slots_;
 };
+/// kBf16 computes with a bfloat16 copy of the float32 values: each forward_backward and evaluate
+/// must take the values as they are at that call. Zeroed values give an output of zeros, whose
+/// loss sum Σ y² / output the host computes; the values restored give the first loss again. A
+/// copy refreshed less often (at bind, or by the other call only) gives the other loss.
+int check_bf16_refresh(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+  ncclkit_test::Checker checker(me.rank);
+  Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-bf16"});
+  mlp_cublas::MlpOptions shape = kShape;
+  shape.precision = mlp_cublas::Precision::kBf16;
+  Model model(shape);
+  ncclkit::fusion::FusedLayout layout;
+  model.declare(layout);
+  layout.finalize();
+  ncclkit::fusion::FusedBuffer<Communicator> values(comm, layout), gradients(comm, values.layout());
+  model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients));
+  const mlp_cublas::SyntheticData data(shape.input, shape.output, kBatch, 11, comm.device());
+  const mlp_cublas::Batch batch = data.batch(0, kBatch);
+  double zeros_loss = 0;
+  for (float v : download(comm, data.targets(), kBatch * shape.output)) {
+    zeros_loss += double(v) * double(v) / double(shape.output);
+  }
+
+  const ncclkit::TensorView all = values.all(ncclkit::DataType::kFloat32);
+  const std::vector<float> initial = download(comm, all.data, all.count);
+  ncclkit::nccl::DeviceBuffer<double> metrics(ncclkit::trainer::kMetricWords, comm.device());
+  const auto loss_sum = [&](bool train) {
+    comm.fill_zero(metrics.view());
+    if (train) {
+      ncclkit::trainer::StepContext<Communicator> step(
+          comm.default_stream(), 1.0 / double(kBatch), metrics.data(), [](ncclkit::fusion::Slot, cudaStream_t) {},
+          layout, 0, 0, me.rank);
+      model.forward_backward(batch, step);
+    } else {
+      ncclkit::trainer::EvalContext<Communicator> eval(comm.default_stream(), metrics.data());
+      model.evaluate(batch, eval);
+    }
+    double host[ncclkit::trainer::kMetricWords] = {};
+    comm.copy_to_host(host, metrics.data(), sizeof host);
+    comm.synchronize();
+    return host[0];
+  };
+  const auto near = [](double got, double expected) { return std::fabs(got - expected) <= 1e-6 * expected; };
+  const double first = loss_sum(true);
+  comm.fill_zero(all);
+  const double train_zeroed = loss_sum(true);
+  comm.copy_from_host(all.data, initial.data(), initial.size() * sizeof(float));
+  const double eval_restored = loss_sum(false);
+  comm.fill_zero(all);
+  const double eval_zeroed = loss_sum(false);
+  std::printf(
+      "bf16 loss sums: first %.6f, zero output %.6f; forward_backward on zeroed values %.6f, evaluate on "
+      "restored values %.6f, on zeroed values %.6f\n",
+      first, zeros_loss, train_zeroed, eval_restored, eval_zeroed);
+  checker.expect(std::fabs(first - zeros_loss) > 0.1 * zeros_loss, "the first loss differs from a zero output's");
+  checker.expect(near(train_zeroed, zeros_loss), "forward_backward computed with the zeroed values");
+  checker.expect(near(eval_restored, first), "evaluate computed with the restored values");
+  checker.expect(near(eval_zeroed, zeros_loss), "evaluate computed with the zeroed values");
+  return checker.finish("cuBLAS MLP bf16 copy refreshed");
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -511,6 +571,31 @@ TEST_CASE("the cuBLAS MLP adds the float64 reference's gradients and marks each 
       mlp_cublas::MlpOptions shape = mlp_cublas_test::kShape;
       shape.precision = mlp_cublas::Precision::kTf32;
       return mlp_cublas_test::check_gradients(me, store, shape, mlp_cublas_test::kBatch, 0, 1e-2);
+    });
+  }
+  // bf16 has 8 significant bits: each rounding (of the inputs, of the weights' copy, of every
+  // activation and delta, once or twice per layer) is off by up to 2^-8 relative, about 2e-3
+  // rms, and about ten of them lie on each gradient's path: about 6e-3 norm-relative. A host
+  // emulation of exactly these roundings on this shape and data gives 5.6e-3 (norm) and 9.2e-3
+  // (worst element): the tolerances leave a factor of 3, while a gradient overwritten instead of
+  // added (0.58 and more) or a transposed operand lands far outside. The shape is chosen: ReLU's
+  // gradient jumps where a pre-activation crosses zero, and one within bf16's error of zero flips
+  // its unit for that sample, which moves a tensor's gradient far more than rounding does (on
+  // 24 -> 32 -> 32 -> 16 with 8 samples one layer-0 unit of 256 flips and fc0's error is 0.11).
+  // Here the closest pre-activation under bf16 is 6.5e-3 from zero, and the GPU's sums differ from
+  // the emulation's only in float32 summation order (about 1e-6).
+  SUBCASE(
+      "bf16 compute with float32 masters (23 -> 30 -> 30 -> 17, 7 samples): norm-relative error within 2e-2, "
+      "every element within 3e-2 of its tensor's largest value") {
+    ncclkit_test::run_workers(1, [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+      const mlp_cublas::MlpOptions shape{
+          .input = 23, .width = 30, .output = 17, .depth = 3, .precision = mlp_cublas::Precision::kBf16};
+      return mlp_cublas_test::check_gradients(me, store, shape, 7, 3e-2, 2e-2);
+    });
+  }
+  SUBCASE("bf16 compute: forward_backward and evaluate compute with the float32 values as they are at each call") {
+    ncclkit_test::run_workers(1, [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+      return mlp_cublas_test::check_bf16_refresh(me, store);
     });
   }
 }
