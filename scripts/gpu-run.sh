@@ -165,8 +165,8 @@ SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep mlp-benc
 # The ablation's variants of train_mlp at 2 GPUs (define_phases says what each changes); the
 # cuBLAS SM targets change the 1-GPU step too, so they have 1-GPU rows of their own.
 MLP_ABLATION="mlp-timeline mlp-abl-whole mlp-abl-prio0 mlp-abl-tune mlp-abl-ctas8 mlp-abl-ctas16 mlp-abl-blocks32
-  mlp-abl-blocks66 mlp-abl-cublas116-p1 mlp-abl-cublas116 mlp-abl-cublas100-p1 mlp-abl-cublas100 mlp-abl-bf16-p1
-  mlp-abl-bf16"
+  mlp-abl-blocksall mlp-abl-cublas116-p1 mlp-abl-cublas116 mlp-abl-cublas100-p1 mlp-abl-cublas100 mlp-abl-bf16-p1
+  mlp-abl-bf16 mlp-abl-addgrads-p1 mlp-abl-addgrads"
 MLP_ABLATION=$(echo $MLP_ABLATION)
 
 # Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
@@ -336,9 +336,10 @@ define_phases() {
 
   # ---- mlp-ablation: mlp-bench, then each overlap lever of train_mlp changed alone at 2 GPUs
   # (rows "ncclkit/NAME" in the same table): no overlap (one flat all-reduce after backward), the
-  # comm stream at normal priority, the tuned bucket cap, NCCL's CTAs limited, fewer blocks for
-  # the fused 16-bit reduction, fewer SMs planned by cuBLAS (at 1 GPU too); and bf16 compute with
-  # float32 masters (at 1 GPU too), beside the TF32 default.
+  # comm stream at normal priority, the tuned bucket cap, NCCL's CTAs limited, the fused 16-bit
+  # reduction on 32 blocks or one per SM (train_mlp's default: half the SMs), fewer SMs planned
+  # by cuBLAS (at 1 GPU too); bf16 compute with float32 masters, and gradients zeroed and added
+  # to rather than written (both at 1 GPU too).
   # One step's picture first: the fp16 buckets under backward at batch 64 (the timeline keeps the
   # first steps, so few warm-up steps; tools/timeline_svg.py draws it from the traces).
   needs mlp-timeline 2 && NCCLKIT_TIMELINE="$data/timeline/mlp" NCCLKIT_TIMELINE_STEPS=6 CUDA_VISIBLE_DEVICES=0,1 \
@@ -346,11 +347,12 @@ define_phases() {
     --reduce-repeats 1 --codec fp16
   local abl=(--nprocs 2 "${mlp[@]}" --codec none,fp16 --csv "$data/mlp_ablation_p2.csv") v
   local variants=(whole:"--bucket-mb whole" prio0:"--comm-priority 0" tune:"--tune" ctas8:"--max-ctas 8"
-    ctas16:"--max-ctas 16" blocks32:"--reduce-blocks 32" blocks66:"--reduce-blocks 66"
-    cublas116:"--cublas-sms 116" cublas100:"--cublas-sms 100" bf16:"--precision bf16")
+    ctas16:"--max-ctas 16" blocks32:"--reduce-blocks 32" blocksall:"--reduce-blocks 0"
+    cublas116:"--cublas-sms 116" cublas100:"--cublas-sms 100" bf16:"--precision bf16"
+    addgrads:"--add-gradients")
   for v in "${variants[@]}"; do
     local name=${v%%:*} flags=${v#*:}
-    if [[ $name == cublas* || $name == bf16 ]]; then
+    if [[ $name == cublas* || $name == bf16 || $name == addgrads ]]; then
       # shellcheck disable=SC2086 # the variant's flags are words
       CUDA_VISIBLE_DEVICES=0 phase mlp-abl-$name-p1 60 "$bin/train_mlp" --nprocs 1 "${mlp[@]}" --codec none \
         $flags --label "$name" --csv "$data/mlp_ablation_p1.csv"

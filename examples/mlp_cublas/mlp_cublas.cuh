@@ -32,7 +32,8 @@
 //   and float32 targets.
 //
 // Backward, layer by layer from the last: the weight-gradient GEMM (beta = 1: the gradient is
-// added, as the Model contract asks), the bias gradient (a GEMV against ones, beta = 1), then
+// added, as the Model contract asks; beta = 0 where step.accumulate() is false, since the model
+// declares overwrites_gradients), the bias gradient (a GEMV against ones, the same beta), then
 // `step.ready` for the weight and the bias at once, so their bucket is reduced while the input-
 // gradient GEMM and the earlier layers run; the input gradient goes to the next layer down.
 #include <cublas_v2.h>
@@ -123,6 +124,9 @@ template <class B>
 class MlpCublas {
  public:
   using Batch = mlp_cublas::Batch;
+  /// Every gradient is written whole by a GEMM (trainer/model.hpp): with beta 0 on a step's first
+  /// micro-batch, so the trainer neither zeroes them nor do the GEMMs read them back.
+  static constexpr bool overwrites_gradients = true;
 
   explicit MlpCublas(MlpOptions options = {}) : options_(options) {
     if (std::string p = options_.problem(); !p.empty()) throw ncclkit::ConfigError(p);
@@ -249,19 +253,20 @@ class MlpCublas {
     NCCLKIT_CUDA_CHECK(cudaGetLastError());
     T* spare = scratch.deltas[1].data();
     const float one = 1.0f, zero = 0.0f;
+    const float grad_beta = step.accumulate() ? 1.0f : 0.0f;
     for (std::size_t l = layers_.size(); l-- > 0;) {
       const Layer& layer = layers_[l];
       const T* in = input_of<T>(batch, l);
       // dW += dZᵀ X (row-major [out, in]): column-major dWᶜ (in × out) += Xᶜ dZᶜᵀ.
-      gemm(CUBLAS_OP_N, CUBLAS_OP_T, layer.in, layer.out, n, in, layer.in, delta, layer.out, one, layer.weight_grad,
-           layer.in);
+      gemm(CUBLAS_OP_N, CUBLAS_OP_T, layer.in, layer.out, n, in, layer.in, delta, layer.out, grad_beta,
+           layer.weight_grad, layer.in);
       // db += Σ_s dZ[s]: column-major dZᶜ (out × n) times a vector of n ones.
       if constexpr (std::is_same_v<T, float>) {
         MLP_CUBLAS_CHECK(cublasSgemv(handle_.get(), CUBLAS_OP_N, as_int(layer.out), as_int(n), &one, delta,
-                                     as_int(layer.out), scratch.ones.data(), 1, &one, layer.bias_grad, 1));
+                                     as_int(layer.out), scratch.ones.data(), 1, &grad_beta, layer.bias_grad, 1));
       } else {
-        gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.out, 1, n, delta, layer.out, scratch.ones.data(), n, one, layer.bias_grad,
-             layer.out);
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.out, 1, n, delta, layer.out, scratch.ones.data(), n, grad_beta,
+             layer.bias_grad, layer.out);
       }
       step.ready(layer.weight_slot);
       step.ready(layer.bias_slot);

@@ -6,7 +6,7 @@
 //             [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]
 //             [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]
 //             [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N]
-//             [--label NAME]
+//             [--add-gradients] [--label NAME]
 //             [--csv PATH] [--init-url URL]
 //
 // Run directly, it forks N workers (one GPU each) that rendezvous through a private FileStore;
@@ -30,11 +30,14 @@
 //   --comm-priority P   the comm stream's priority (nccl::Options::stream_priority; CUDA's range
 //                       is [-5, 0] on H100/H200, lower runs first; default: the highest)
 //   --max-ctas N        NCCL's CTA limit (nccl::Options::max_ctas): SMs left to backward
-//   --reduce-blocks N   blocks of the fused 16-bit reduction (nccl::Options::compressed_reduce_blocks)
+//   --reduce-blocks N   blocks of the fused 16-bit reduction (nccl::Options::compressed_reduce_blocks;
+//                       default: half the SMs; 0: one per SM, the communicator's default)
+//   --add-gradients     the trainer zeroes the gradients and every GEMM adds to them (beta 1),
+//                       instead of the first micro-batch's GEMMs writing them (beta 0)
 //   --cublas-sms N      cublasSetSmCountTarget: SMs cuBLAS plans its GEMMs for (0: all)
 #include <cuda_runtime.h>
 
-#include <algorithm>     // std::sort, std::min
+#include <algorithm>     // std::sort, std::min, std::max
 #include <cmath>         // std::isfinite
 #include <cstdio>        // std::printf, std::FILE
 #include <cstdlib>       // std::strtod
@@ -59,7 +62,16 @@ namespace {
 
 using ncclkit::nccl::Communicator;
 using Model = mlp_cublas::MlpCublas<Communicator>;
-using Trainer = ncclkit::trainer::DataParallelTrainer<Model, Communicator>;
+/// The same model without overwrites_gradients (--add-gradients): the trainer zeroes the
+/// gradients before each step and every GEMM adds to them, for the ablation.
+struct AddingModel : Model {
+  using Model::Model;
+  static constexpr bool overwrites_gradients = false;
+};
+static_assert(ncclkit::trainer::OverwritesGradients<Model> && !AddingModel::overwrites_gradients &&
+              !ncclkit::trainer::OverwritesGradients<AddingModel>);
+template <class M>
+using TrainerOf = ncclkit::trainer::DataParallelTrainer<M, Communicator>;
 
 struct Arguments {
   int nprocs = 1;
@@ -77,6 +89,7 @@ struct Arguments {
   std::optional<int> comm_priority;
   int max_ctas = -1;
   std::optional<int> reduce_blocks;
+  bool add_gradients = false;
   std::string label;
   std::size_t accumulation = 1;
   std::size_t reduce_repeats = 20;
@@ -97,7 +110,8 @@ double mean(const std::vector<double>& v) {
 }
 
 /// The loss of `batch` under the current parameters, evaluated on `stream` (host wait).
-double loss_of(Communicator& comm, Model& model, const mlp_cublas::Batch& batch, cudaStream_t stream) {
+template <class M>
+double loss_of(Communicator& comm, M& model, const mlp_cublas::Batch& batch, cudaStream_t stream) {
   ncclkit::nccl::DeviceBuffer<double> metrics(ncclkit::trainer::kMetricWords, comm.device());
   comm.fill_zero(metrics.view(), stream);
   ncclkit::trainer::EvalContext<Communicator> eval(stream, metrics.data());
@@ -110,6 +124,7 @@ double loss_of(Communicator& comm, Model& model, const mlp_cublas::Batch& batch,
 
 /// Milliseconds per reduction of a copy of the trainer's gradients, with its plan and codec and
 /// no backward, the median of `repeats` (after 3 untimed).
+template <class Trainer>
 double reduce_alone_ms(Communicator& comm, const Trainer& trainer, ncclkit::compression::Codec codec,
                        std::size_t repeats, cudaStream_t stream) {
   const ncclkit::fusion::FusedBuffer<Communicator>& gradients = trainer.gradients();
@@ -143,6 +158,7 @@ double reduce_alone_ms(Communicator& comm, const Trainer& trainer, ncclkit::comp
   return median(ms);
 }
 
+template <class Trainer>
 std::string bucket_text(const Arguments& args, const Trainer& trainer) {
   if (args.whole) return "whole buffer";
   if (!args.tune) return std::to_string(args.bucket_mb) + " MiB";
@@ -153,12 +169,13 @@ std::string bucket_text(const Arguments& args, const Trainer& trainer) {
                                                             : "tuned: " + ncclkit::format_bytes(caps.bucket_bytes);
 }
 
-void run_configuration(Communicator& comm, Model& model, cudaStream_t stream, const Arguments& args,
+template <class M>
+void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const Arguments& args,
                        std::size_t batch, ncclkit::compression::Codec codec) {
   const int world = comm.size(), rank = comm.rank();
   const std::size_t per_rank = batch * args.accumulation;
   const std::size_t global = per_rank * static_cast<std::size_t>(world);
-  Trainer trainer(comm, model,
+  TrainerOf<M> trainer(comm, model,
                   {.global_batch = global,
                    .accumulation = args.accumulation,
                    .codec = codec,
@@ -251,26 +268,43 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
     // Buckets reduced at the highest priority take SMs as backward's kernels end, rather than
     // queueing behind the GEMMs launched after them.
     options.stream_priority = args.comm_priority.value_or(highest);
-    if (args.reduce_blocks) options.compressed_reduce_blocks = *args.reduce_blocks;
+    // Half the SMs for the fused 16-bit reduction: with every SM (the communicator's default, the
+    // fastest reduction alone) it crowds out backward's GEMMs, and the step is slower
+    // (docs/performance.md, "What each lever does").
+    int sms = 0;
+    NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    options.compressed_reduce_blocks = args.reduce_blocks.value_or(std::max(1, sms / 2));
     auto [me, store, comm] = ncclkit::init<Communicator>(world, std::move(options));
-    Model model(args.model);
     if (me.rank == 0) {
       cudaDeviceProp properties{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
       const auto& m = args.model;
       std::printf("train_mlp: %d rank(s) on %s; MLP %zu -> %zu x %zu -> %zu (%zu layers, %.1f M parameters, "
                   "%.0f MB of float32 gradients), %s GEMMs, lr %g; comm stream priority %d (range %d to %d), "
-                  "NCCL max CTAs %d, fused reduction blocks %d, cuBLAS SMs %d%s%s\n",
+                  "NCCL max CTAs %d, fused reduction blocks %d (0: one per SM), cuBLAS SMs %d, gradients %s%s%s\n",
                   me.world_size, properties.name, m.input, m.width, m.depth - 1, m.output, m.depth,
                   static_cast<double>(m.parameters()) / 1e6, static_cast<double>(m.parameters()) * 4 / 1e6,
                   mlp_cublas::precision_name(m.precision), args.lr,
                   comm.options().stream_priority, lowest, highest, comm.options().max_ctas,
-                  comm.options().compressed_reduce_blocks, m.cublas_sms, args.label.empty() ? "" : ", label ",
+                  comm.options().compressed_reduce_blocks, m.cublas_sms,
+                  args.add_gradients ? "zeroed, then added to" : "written by the first micro-batch",
+                  args.label.empty() ? "" : ", label ",
                   args.label.c_str());
       std::fflush(stdout);
     }
-    for (std::size_t batch : args.batches) {
-      for (ncclkit::compression::Codec codec : args.codecs) run_configuration(comm, model, comm.default_stream(), args, batch, codec);
+    const auto run_all = [&](auto& model) {
+      for (std::size_t batch : args.batches) {
+        for (ncclkit::compression::Codec codec : args.codecs) {
+          run_configuration(comm, model, comm.default_stream(), args, batch, codec);
+        }
+      }
+    };
+    if (args.add_gradients) {
+      AddingModel model(args.model);
+      run_all(model);
+    } else {
+      Model model(args.model);
+      run_all(model);
     }
     comm.synchronize();
     return 0;
@@ -286,7 +320,7 @@ void usage(std::FILE* out) {
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
       "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]\n"
       "                 [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N]\n"
-      "                 [--cublas-sms N] [--label NAME] [--csv PATH] [--init-url URL]\n");
+      "                 [--cublas-sms N] [--add-gradients] [--label NAME] [--csv PATH] [--init-url URL]\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -384,7 +418,9 @@ int main(int argc, char** argv) {
       } else if (arg == "--max-ctas") {
         args.max_ctas = static_cast<int>(number(1, 64));
       } else if (arg == "--reduce-blocks") {
-        args.reduce_blocks = static_cast<int>(number(1, 1024));
+        args.reduce_blocks = static_cast<int>(number(0, 1024));
+      } else if (arg == "--add-gradients") {
+        args.add_gradients = true;
       } else if (arg == "--cublas-sms") {
         args.model.cublas_sms = static_cast<int>(number(0, 1024));
       } else if (arg == "--label") {

@@ -137,9 +137,63 @@ struct Known {
   }
 };
 
+// Known, declaring overwrites_gradients: it writes the gradient where step.accumulate() is
+// false and adds where it is true, and records whether it ever found the gradient zeroed there
+// after the first step (it holds the last step's reduced gradient unless the trainer zeroed it).
+template <class Backend>
+struct KnownOverwriting : Known<Backend> {
+  static constexpr bool overwrites_gradients = true;
+  std::size_t calls = 0, written = 0, found_zeroed = 0;
+  void forward_backward(const Count& batch, ncclkit::trainer::StepContext<Backend>& step) {
+    if (!step.accumulate()) {
+      ++written;
+      if (calls > 0 && this->g[0] == 0.0f) ++found_zeroed;
+      for (int i = 0; i < 4; ++i) this->g[i] = 0.0f;  // written: Known adds to it below
+    }
+    ++calls;
+    Known<Backend>::forward_backward(batch, step);
+  }
+};
+
 }  // namespace trainer_tests
 
 using namespace trainer_tests;
+
+TEST_CASE("a model that overwrites its gradients on a step's first micro-batch trains as one that adds to zeros") {
+  // Two ranks, 3 micro-batches a step, momentum: the parameters after 3 steps must be the same
+  // bits, the first micro-batch of each step must be told to write, and after the first step
+  // the gradient it finds must be the last step's (the trainer no longer zeroes it).
+  LoopbackWorld world(2);
+  std::vector<std::vector<float>> adding(2), writing(2);
+  std::vector<std::size_t> written(2), zeroed(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    const TrainerOptions options =
+        quiet({.global_batch = 24, .accumulation = 3, .optimizer = {.momentum = 0.9}, .schedule = {.lr = 0.1}});
+    const std::vector<Count> micro(3, Count{4});
+    Known<B> plain;
+    DataParallelTrainer<Known<B>, B> a(backend, plain, options);
+    KnownOverwriting<B> over;
+    DataParallelTrainer<KnownOverwriting<B>, B> b(backend, over, options);
+    for (int s = 0; s < 3; ++s) {
+      a.step(std::span<const Count>(micro));
+      b.step(std::span<const Count>(micro));
+    }
+    const auto r = static_cast<std::size_t>(rank);
+    adding[r].assign(plain.w, plain.w + 4);
+    writing[r].assign(over.w, over.w + 4);
+    written[r] = over.written;
+    zeroed[r] = over.found_zeroed;
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+  for (std::size_t r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(writing[r] == adding[r]);
+    CHECK(adding[r] != std::vector<float>(4, 1.0f));  // it trained
+    CHECK(written[r] == 3);  // once per step: the first micro-batch
+    CHECK(zeroed[r] == 0);
+  }
+}
 
 TEST_CASE("N ranks with a global batch B reach the parameters of one rank with batch B (digits, SGD and AdamW)") {
   for (const auto kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {

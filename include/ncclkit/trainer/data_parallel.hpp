@@ -10,8 +10,8 @@
 /// its options and plan across ranks, resumes from the newest checkpoint if asked, and
 /// broadcasts rank 0's values (and optimizer state), so every replica starts identical.
 ///
-/// A step (`step`): gradients zeroed; forward and backward of each micro-batch, adding to the
-/// gradients; on the last micro-batch every `ready` marks a tensor for the GradientSync, whose
+/// A step (`step`): gradients zeroed (unless the model overwrites them: trainer/model.hpp);
+/// forward and backward of each micro-batch, adding to the gradients; on the last micro-batch every `ready` marks a tensor for the GradientSync, whose
 /// buckets are reduced while backward goes on; `finish` hands each bucket over as it lands and
 /// the optimizer updates it there (with clipping, after the norm of them all). Nothing waits on
 /// the host but progress lines, checkpoints, clipping and NonFinite::kSkip.
@@ -90,8 +90,10 @@ class DataParallelTrainer {
       buffers_.emplace(backend, std::move(layout));
       buffers_->zero_padding(compute_);
     }
-    // The alignment padding holds zeros, which updates keep zero, not whatever memory held.
+    // The alignment padding holds zeros, which updates keep zero, not whatever memory held; the
+    // gradients start as zeros too, since a model that overwrites them never writes the padding.
     values_.zero_padding(compute_);
+    for (DataType type : gradients_.layout().element_types()) backend.fill_zero(gradients_.all(type), compute_);
     model.bind(ModelViews<B>(values_, &gradients_));
     if constexpr (ModelWithBuffers<M, B>) model.bind_buffers(ModelViews<B>(*buffers_, nullptr));
     const std::string who = "ncclkit: DataParallelTrainer on rank " + std::to_string(backend.rank());
@@ -139,7 +141,11 @@ class DataParallelTrainer {
                         " micro-batches for an accumulation of " + std::to_string(options_.accumulation));
     }
     B& b = *backend_;
-    for (DataType type : gradients_.layout().element_types()) b.fill_zero(gradients_.all(type), compute_);
+    // A model that overwrites its gradients on the first micro-batch needs no zeros to add to.
+    constexpr bool overwrites = OverwritesGradients<M>;
+    if constexpr (!overwrites) {
+      for (DataType type : gradients_.layout().element_types()) b.fill_zero(gradients_.all(type), compute_);
+    }
     const double weight = static_cast<double>(backend_->size()) / static_cast<double>(options_.global_batch);
     const std::uint64_t seed = sampler_seed(steps_);
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
@@ -149,7 +155,7 @@ class DataParallelTrainer {
           [this, last](fusion::Slot slot, Stream stream) {
             if (last) sync_->mark_ready(slot, stream);
           },
-          values_.layout(), steps_, seed, b.rank());
+          values_.layout(), steps_, seed, b.rank(), !(overwrites && k == 0));
       model_->forward_backward(micro_batches[k], context);
     }
     const double lr = options_.schedule.at(static_cast<std::size_t>(steps_));
