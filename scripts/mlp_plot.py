@@ -187,12 +187,7 @@ def main(argv):
         return fail(f"cannot write {args.out}: {e.strerror}")
     models = mlp_table.mixed_models(rows)
     found = ([models] if models else []) + mlp_table.without_one_gpu_row(rows)
-    if found:
-        print(f"mlp_plot: wrote {args.out}, but it is incomplete ({len(found)} problem(s)):", file=sys.stderr)
-        for line in found:
-            print(f"  {line}", file=sys.stderr)
-        return 1
-    return 0
+    return mlp_table.report_incomplete(f"mlp_plot: wrote {args.out}, but it", found)
 
 
 if __name__ == "__main__":

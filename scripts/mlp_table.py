@@ -155,6 +155,18 @@ def problems(rows):
     return found
 
 
+def report_incomplete(what, found):
+    """Lists `found` (problem lines) on stderr after `what` ("mlp_table: the table"); the exit
+    status: 1 when there are any, else 0."""
+    if not found:
+        return 0
+    sys.stdout.flush()
+    print(f"{what} is incomplete ({len(found)} problem(s)):", file=sys.stderr)
+    for line in found:
+        print(f"  {line}", file=sys.stderr)
+    return 1
+
+
 def table(rows):
     rows = sorted(rows, key=lambda r: (r["batch"], r["gpus"], r["impl"] in TORCH, r["impl"], r["codec"]))
     lines = ["| impl | GPUs | batch/GPU | gradients | step ms | 1-GPU step ms | efficiency | samples/s | "
@@ -188,14 +200,7 @@ def main(argv):
     print("GPU trainer benchmark (efficiency = 1-GPU step / step, each against its own 1-GPU step; "
           "hidden = 1 - (step - 1-GPU step) / reduction alone; vs PyTorch = samples/s / PyTorch's best):")
     print(table(rows))
-    found = problems(rows)
-    if found:
-        sys.stdout.flush()
-        print(f"mlp_table: the table is incomplete ({len(found)} problem(s)):", file=sys.stderr)
-        for line in found:
-            print(f"  {line}", file=sys.stderr)
-        return 1
-    return 0
+    return report_incomplete("mlp_table: the table", problems(rows))
 
 
 if __name__ == "__main__":
