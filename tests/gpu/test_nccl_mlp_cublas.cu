@@ -238,6 +238,22 @@ ReferenceRun reference_sgd(const mlp_cublas::MlpOptions& shape, const LayerTenso
   return run;
 }
 
+/// The model bound to values and gradients of its own, as a trainer binds it (with no trainer).
+struct BoundMlp {
+  BoundMlp(Communicator& comm, const mlp_cublas::MlpOptions& shape)
+      : model(shape), values(comm, declared(model)), gradients(comm, values.layout()) {
+    model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients));
+  }
+  static ncclkit::fusion::FusedLayout declared(const Model& model) {
+    ncclkit::fusion::FusedLayout layout;
+    model.declare(layout);
+    layout.finalize();
+    return layout;
+  }
+  Model model;
+  ncclkit::fusion::FusedBuffer<Communicator> values, gradients;
+};
+
 /// One forward_backward of the model of `shape` on `samples` samples on one GPU, checked against
 /// the reference: gradients that held `prior` (random, of the reference's scale) must hold
 /// prior + reference afterwards.
@@ -250,12 +266,11 @@ int check_gradients(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit:
   ncclkit_test::Checker checker(me.rank);
   Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-grads"});
   shape.seed = 5;
-  Model model(shape);
-  ncclkit::fusion::FusedLayout layout;
-  model.declare(layout);
-  layout.finalize();
-  ncclkit::fusion::FusedBuffer<Communicator> values(comm, layout), gradients(comm, values.layout());
-  model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients));
+  BoundMlp bound(comm, shape);
+  Model& model = bound.model;
+  const ncclkit::fusion::FusedLayout& layout = bound.values.layout();
+  ncclkit::fusion::FusedBuffer<Communicator>& values = bound.values;
+  ncclkit::fusion::FusedBuffer<Communicator>& gradients = bound.gradients;
   const mlp_cublas::SyntheticData data(shape.input, shape.output, samples, 11, comm.device());
   const mlp_cublas::Batch batch = data.batch(0, samples);
   const double loss_weight = 1.0 / static_cast<double>(samples);
@@ -492,12 +507,10 @@ int check_bf16_refresh(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclk
   Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-bf16"});
   mlp_cublas::MlpOptions shape = kShape;
   shape.precision = mlp_cublas::Precision::kBf16;
-  Model model(shape);
-  ncclkit::fusion::FusedLayout layout;
-  model.declare(layout);
-  layout.finalize();
-  ncclkit::fusion::FusedBuffer<Communicator> values(comm, layout), gradients(comm, values.layout());
-  model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients));
+  BoundMlp bound(comm, shape);
+  Model& model = bound.model;
+  ncclkit::fusion::FusedBuffer<Communicator>& values = bound.values;
+  ncclkit::fusion::FusedBuffer<Communicator>& gradients = bound.gradients;
   const mlp_cublas::SyntheticData data(shape.input, shape.output, kBatch, 11, comm.device());
   const mlp_cublas::Batch batch = data.batch(0, kBatch);
   double zeros_loss = 0;
@@ -513,7 +526,7 @@ int check_bf16_refresh(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclk
     if (train) {
       ncclkit::trainer::StepContext<Communicator> step(
           comm.default_stream(), 1.0 / double(kBatch), metrics.data(), [](ncclkit::fusion::Slot, cudaStream_t) {},
-          layout, 0, 0, me.rank);
+          values.layout(), 0, 0, me.rank);
       model.forward_backward(batch, step);
     } else {
       ncclkit::trainer::EvalContext<Communicator> eval(comm.default_stream(), metrics.data());
