@@ -170,21 +170,23 @@ std::string bucket_text(const Arguments& args, const Trainer& trainer) {
 }
 
 template <class M>
-void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const Arguments& args,
-                       std::size_t batch, ncclkit::compression::Codec codec) {
+void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const Arguments& args, std::size_t batch,
+                       ncclkit::compression::Codec codec) {
   const int world = comm.size(), rank = comm.rank();
   const std::size_t per_rank = batch * args.accumulation;
   const std::size_t global = per_rank * static_cast<std::size_t>(world);
   TrainerOf<M> trainer(comm, model,
-                  {.global_batch = global,
-                   .accumulation = args.accumulation,
-                   .codec = codec,
-                   .bucket_bytes = args.tune ? 0 : args.whole ? ncclkit::fusion::kWholeBuffer : args.bucket_mb << 20,
-                   .optimizer = {.kind = args.optimizer},
-                   .schedule = {.lr = args.lr},
-                   .seed = 42,
-                   .log_interval = 0,
-                   .print_progress = false});
+                       {.global_batch = global,
+                        .accumulation = args.accumulation,
+                        .codec = codec,
+                        .bucket_bytes = args.tune    ? 0
+                                        : args.whole ? ncclkit::fusion::kWholeBuffer
+                                                     : args.bucket_mb << 20,
+                        .optimizer = {.kind = args.optimizer},
+                        .schedule = {.lr = args.lr},
+                        .seed = 42,
+                        .log_interval = 0,
+                        .print_progress = false});
   // One step's samples: this rank's micro-batches, made once (the timing is of training, not of
   // data loading).
   const mlp_cublas::SyntheticData data(model.options().input, model.options().output, global, 7, comm.device());
@@ -242,9 +244,9 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
                     "optimizer,bucket\n");
   }
   const std::string impl = args.label.empty() ? "ncclkit" : "ncclkit/" + args.label;
-  std::fprintf(f, "%s,%d,%zu,%s,%.4f,%.1f,%.4f,%.4f,%zu,%zu,%zu,%s,%s\n", impl.c_str(), world, batch, codec_name.c_str(), step,
-               samples_per_s, reduce_ms, mean(step_ms), model.options().depth, model.options().width,
-               args.accumulation, optimizer.c_str(), bucket.c_str());
+  std::fprintf(f, "%s,%d,%zu,%s,%.4f,%.1f,%.4f,%.4f,%zu,%zu,%zu,%s,%s\n", impl.c_str(), world, batch,
+               codec_name.c_str(), step, samples_per_s, reduce_ms, mean(step_ms), model.options().depth,
+               model.options().width, args.accumulation, optimizer.c_str(), bucket.c_str());
   std::fclose(f);
 }
 
@@ -261,8 +263,8 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
     // The compute stream: a non-blocking one of our own, so that nothing on the legacy default
     // stream orders itself with the step.
     ncclkit::nccl::Stream compute(device);
-    ncclkit::nccl::Options options{.device = device, .max_ctas = args.max_ctas, .name = "train_mlp",
-                                   .stream = compute.get()};
+    ncclkit::nccl::Options options{
+        .device = device, .max_ctas = args.max_ctas, .name = "train_mlp", .stream = compute.get()};
     int lowest = 0, highest = 0;
     NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
     // Buckets reduced at the highest priority take SMs as backward's kernels end, rather than
@@ -279,17 +281,16 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
       cudaDeviceProp properties{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
       const auto& m = args.model;
-      std::printf("train_mlp: %d rank(s) on %s; MLP %zu -> %zu x %zu -> %zu (%zu layers, %.1f M parameters, "
-                  "%.0f MB of float32 gradients), %s GEMMs, lr %g; comm stream priority %d (range %d to %d), "
-                  "NCCL max CTAs %d, fused reduction blocks %d (0: one per SM), cuBLAS SMs %d, gradients %s%s%s\n",
-                  me.world_size, properties.name, m.input, m.width, m.depth - 1, m.output, m.depth,
-                  static_cast<double>(m.parameters()) / 1e6, static_cast<double>(m.parameters()) * 4 / 1e6,
-                  mlp_cublas::precision_name(m.precision), args.lr,
-                  comm.options().stream_priority, lowest, highest, comm.options().max_ctas,
-                  comm.options().compressed_reduce_blocks, m.cublas_sms,
-                  args.add_gradients ? "zeroed, then added to" : "written by the first micro-batch",
-                  args.label.empty() ? "" : ", label ",
-                  args.label.c_str());
+      std::printf(
+          "train_mlp: %d rank(s) on %s; MLP %zu -> %zu x %zu -> %zu (%zu layers, %.1f M parameters, "
+          "%.0f MB of float32 gradients), %s GEMMs, lr %g; comm stream priority %d (range %d to %d), "
+          "NCCL max CTAs %d, fused reduction blocks %d (0: one per SM), cuBLAS SMs %d, gradients %s%s%s\n",
+          me.world_size, properties.name, m.input, m.width, m.depth - 1, m.output, m.depth,
+          static_cast<double>(m.parameters()) / 1e6, static_cast<double>(m.parameters()) * 4 / 1e6,
+          mlp_cublas::precision_name(m.precision), args.lr, comm.options().stream_priority, lowest, highest,
+          comm.options().max_ctas, comm.options().compressed_reduce_blocks, m.cublas_sms,
+          args.add_gradients ? "zeroed, then added to" : "written by the first micro-batch",
+          args.label.empty() ? "" : ", label ", args.label.c_str());
       std::fflush(stdout);
     }
     const auto run_all = [&](auto& model) {
@@ -315,7 +316,8 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
 }
 
 void usage(std::FILE* out) {
-  std::fprintf(out,
+  std::fprintf(
+      out,
       "usage: train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]\n"
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
       "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]\n"
@@ -411,8 +413,10 @@ int main(int argc, char** argv) {
       } else if (arg == "--comm-priority") {
         const auto p = ncclkit::parse_int(value());
         if (!p || *p < -1000 || *p > 1000) {
-          throw ncclkit::ConfigError("train_mlp: --comm-priority wants a stream priority (CUDA clamps it to the "
-                                     "device's range, lower runs first), not '" + std::string(argv[i]) + "'");
+          throw ncclkit::ConfigError(
+              "train_mlp: --comm-priority wants a stream priority (CUDA clamps it to the "
+              "device's range, lower runs first), not '" +
+              std::string(argv[i]) + "'");
         }
         args.comm_priority = static_cast<int>(*p);
       } else if (arg == "--max-ctas") {

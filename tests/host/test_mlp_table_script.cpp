@@ -78,9 +78,9 @@ TEST_CASE("mlp_table.py measures an ablation's row (train_mlp --label) against i
       "ncclkit/whole,2,64,none,2.8000,45714.3,1.6000,2.9,8,4096,1,sgd,whole buffer\n"
       "ncclkit/sms,1,64,none,2.2000,29090.9,0.0100,2.3,8,4096,1,sgd,25 MiB\n"
       "ncclkit/sms,2,64,none,2.7500,46545.5,1.6000,2.8,8,4096,1,sgd,25 MiB\n";
-  const ShellRun run = run_table(
-      dir, {{"n1.csv", kNcclkit1}, {"a.csv", ablation}, {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
-      "n1.csv a.csv t1.csv t2.csv");
+  const ShellRun run =
+      run_table(dir, {{"n1.csv", kNcclkit1}, {"a.csv", ablation}, {"t1.csv", kTorch1}, {"t2.csv", kTorch2}},
+                "n1.csv a.csv t1.csv t2.csv");
   INFO(run.output);
   CHECK(run.status == 0);
   CHECK(contains(run.output, "| ncclkit/whole | 2 | 64 | none | 2.800 | 2.000 | 0.71 |"));

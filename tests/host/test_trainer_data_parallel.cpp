@@ -190,7 +190,7 @@ TEST_CASE("a model that overwrites its gradients on a step's first micro-batch t
     CAPTURE(r);
     CHECK(writing[r] == adding[r]);
     CHECK(adding[r] != std::vector<float>(4, 1.0f));  // it trained
-    CHECK(written[r] == 3);  // once per step: the first micro-batch
+    CHECK(written[r] == 3);                           // once per step: the first micro-batch
     CHECK(zeroed[r] == 0);
   }
 }

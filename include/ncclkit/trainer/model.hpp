@@ -179,7 +179,8 @@ concept Model = Backend<B> && requires(M& model, fusion::FusedLayout& layout, co
 template <class M>
 concept OverwritesGradients = requires {
   { M::overwrites_gradients } -> std::convertible_to<bool>;
-} && static_cast<bool>(M::overwrites_gradients);
+}
+&&static_cast<bool>(M::overwrites_gradients);
 
 /// A model with state that is not trained (see the header comment).
 template <class M, class B>
