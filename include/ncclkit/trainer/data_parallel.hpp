@@ -10,11 +10,12 @@
 /// its options and plan across ranks, resumes from the newest checkpoint if asked, and
 /// broadcasts rank 0's values (and optimizer state), so every replica starts identical.
 ///
-/// A step (`step`): gradients zeroed (unless the model overwrites them: trainer/model.hpp);
-/// forward and backward of each micro-batch, adding to the gradients; on the last micro-batch every `ready` marks a tensor for the GradientSync, whose
-/// buckets are reduced while backward goes on; `finish` hands each bucket over as it lands and
-/// the optimizer updates it there (with clipping, after the norm of them all). Nothing waits on
-/// the host but progress lines, checkpoints, clipping and NonFinite::kSkip.
+/// A step (`step`): gradients zeroed (unless the model overwrites them: trainer/model.hpp); forward
+/// and backward of each micro-batch, adding to the gradients; on the last micro-batch every `ready`
+/// marks a tensor for the GradientSync, whose buckets are reduced while backward goes on; `finish`
+/// hands each bucket over as it lands and the optimizer updates it there (with clipping, after the
+/// norm of them all). Nothing waits on the host but progress lines, checkpoints, clipping and
+/// NonFinite::kSkip.
 ///
 /// `fit` draws each rank's samples from a DistributedSampler (one global stream: a resume at
 /// any world size continues with the unseen samples), agrees the epoch's step count across

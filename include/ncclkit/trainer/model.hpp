@@ -35,7 +35,6 @@
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
-#include <concepts>     // std::convertible_to
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint64_t
 #include <functional>   // std::function
@@ -177,10 +176,7 @@ concept Model = Backend<B> && requires(M& model, fusion::FusedLayout& layout, co
 
 /// A model that writes its gradients on a step's first micro-batch (see the header comment).
 template <class M>
-concept OverwritesGradients = requires {
-  { M::overwrites_gradients } -> std::convertible_to<bool>;
-}
-&&static_cast<bool>(M::overwrites_gradients);
+concept OverwritesGradients = requires { requires static_cast<bool>(M::overwrites_gradients); };
 
 /// A model with state that is not trained (see the header comment).
 template <class M, class B>
