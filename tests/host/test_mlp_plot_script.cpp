@@ -13,6 +13,7 @@
 #include <utility>           // std::pair
 #include <vector>            // std::vector
 
+#include "support/mlp_csv.hpp"
 #include "support/run_shell.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
@@ -22,20 +23,11 @@ namespace mlp_plot_test {
 using ncclkit_test::contains;
 using ncclkit_test::ShellRun;
 
-const std::string kPlotScript =
-    (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "scripts" / "mlp_plot.py")
-        .lexically_normal()
-        .string();
-
-const std::string kHeader =
-    "impl,gpus,batch,codec,step_ms,samples_per_s,reduce_ms,step_mean_ms,depth,width,accumulation,optimizer,bucket\n";
-
-/// Writes `files` ({name, rows after the header}) into `dir`, runs the script there with
-/// `arguments` (the SVG to write, then the CSVs, relative to `dir`).
+/// scripts/mlp_plot.py run in `dir` on `files` ({name, rows after the header}) with `arguments`
+/// (the SVG to write, then the CSVs, relative to `dir`).
 ShellRun run_plot(const ncclkit_test::TempDir& dir, std::initializer_list<std::pair<std::string, std::string>> files,
                   const std::string& arguments) {
-  for (const auto& [name, rows] : files) std::ofstream(dir.path + "/" + name) << kHeader << rows;
-  return ncclkit_test::run_shell("cd '" + dir.path + "' && python3 '" + kPlotScript + "' " + arguments);
+  return ncclkit_test::run_mlp_script("mlp_plot.py", dir, files, arguments);
 }
 
 /// One line of the plot: its tooltip (series, batch, the efficiency at each GPU count) and how

@@ -5,12 +5,12 @@
 // row's 1-GPU row or reduction alone, one side's rows) instead of a table with silent gaps.
 #include <doctest/doctest.h>
 
-#include <filesystem>        // std::filesystem::path
 #include <fstream>           // std::ofstream
 #include <initializer_list>  // std::initializer_list
 #include <string>            // std::string
 #include <utility>           // std::pair
 
+#include "support/mlp_csv.hpp"
 #include "support/run_shell.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
@@ -20,20 +20,10 @@ namespace mlp_table_test {
 using ncclkit_test::contains;
 using ncclkit_test::ShellRun;
 
-const std::string kTableScript =
-    (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "scripts" / "mlp_table.py")
-        .lexically_normal()
-        .string();
-
-const std::string kHeader =
-    "impl,gpus,batch,codec,step_ms,samples_per_s,reduce_ms,step_mean_ms,depth,width,accumulation,optimizer,bucket\n";
-
-/// Writes `files` ({name, rows after the header}) into `dir`, runs the script on `names` (paths
-/// relative to `dir`, space separated) there.
+/// scripts/mlp_table.py run in `dir` on `files` ({name, rows after the header}) with `names`.
 ShellRun run_table(const ncclkit_test::TempDir& dir, std::initializer_list<std::pair<std::string, std::string>> files,
                    const std::string& names) {
-  for (const auto& [name, rows] : files) std::ofstream(dir.path + "/" + name) << kHeader << rows;
-  return ncclkit_test::run_shell("cd '" + dir.path + "' && python3 '" + kTableScript + "' " + names);
+  return ncclkit_test::run_mlp_script("mlp_table.py", dir, files, names);
 }
 
 // One GPU: ncclkit 2.0 ms, PyTorch 2.5 ms. Two GPUs: ncclkit 2.5 ms with float32 gradients whose
