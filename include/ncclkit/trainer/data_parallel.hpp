@@ -91,10 +91,11 @@ class DataParallelTrainer {
       buffers_.emplace(backend, std::move(layout));
       buffers_->zero_padding(compute_);
     }
-    // The alignment padding holds zeros, which updates keep zero, not whatever memory held; the
-    // gradients start as zeros too, since a model that overwrites them never writes the padding.
+    // The alignment padding holds zeros, which updates keep zero, not whatever memory held. A
+    // model that overwrites its gradients never writes their padding, and steps no longer zero
+    // them: they start as zeros.
     values_.zero_padding(compute_);
-    for (DataType type : gradients_.layout().element_types()) backend.fill_zero(gradients_.all(type), compute_);
+    if constexpr (OverwritesGradients<M>) zero_gradients();
     model.bind(ModelViews<B>(values_, &gradients_));
     if constexpr (ModelWithBuffers<M, B>) model.bind_buffers(ModelViews<B>(*buffers_, nullptr));
     const std::string who = "ncclkit: DataParallelTrainer on rank " + std::to_string(backend.rank());
@@ -144,9 +145,7 @@ class DataParallelTrainer {
     B& b = *backend_;
     // A model that overwrites its gradients on the first micro-batch needs no zeros to add to.
     constexpr bool overwrites = OverwritesGradients<M>;
-    if constexpr (!overwrites) {
-      for (DataType type : gradients_.layout().element_types()) b.fill_zero(gradients_.all(type), compute_);
-    }
+    if constexpr (!overwrites) zero_gradients();
     const double weight = static_cast<double>(backend_->size()) / static_cast<double>(options_.global_batch);
     const std::uint64_t seed = sampler_seed(steps_);
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
@@ -271,6 +270,10 @@ class DataParallelTrainer {
     model.declare(layout);
     layout.finalize();
     return layout;
+  }
+
+  void zero_gradients() {
+    for (DataType type : gradients_.layout().element_types()) backend_->fill_zero(gradients_.all(type), compute_);
   }
 
   typename fusion::GradientSync<B>::Options sync_options() const {
