@@ -47,6 +47,17 @@ struct UpdateRule {
   int state_count() const { return kind == Kind::kAdamW ? 2 : momentum != 0.0f ? 1 : 0; }
 };
 
+/// An update that a reduction applies itself, where its result lands (a reducer that can:
+/// fusion/reducer.hpp, BucketReducer::can_update): `rule` over float32 `values` and state laid
+/// out like the reduced data, element i of each belonging to the data's element i; `state0` and
+/// `state1` null where the rule keeps fewer (UpdateRule::state_count).
+struct FusedUpdate {
+  UpdateRule rule;
+  float* values = nullptr;
+  float* state0 = nullptr;
+  float* state1 = nullptr;
+};
+
 /// One element's update: `p` the parameter, `g` its gradient, `s0` and `s1` its state (only the
 /// rule's state_count() of them are touched). Host and device code alike (CUDA: __host__
 /// __device__ through the macro the kernels define).

@@ -25,12 +25,13 @@
 #include <cstdint>  // std::uint64_t, std::uint32_t
 #include <memory>   // std::unique_ptr, std::shared_ptr
 #include <span>     // std::span
-#include <string>   // std::string
+#include <string>   // std::string, std::to_string
 #include <vector>   // std::vector
 
 #include "ncclkit/core/backend.hpp"
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/core/update.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/observer.hpp"
 #include "ncclkit/fusion/ready_tracker.hpp"
@@ -99,6 +100,22 @@ class BucketReducer {
   virtual bool reduces_in_place(std::size_t bucket) const {
     (void)bucket;
     return false;
+  }
+  /// Whether `launch` can apply an optimizer update to bucket `b`'s result itself (set_update),
+  /// in the pass that writes it: the gradients are then read once and the parameters updated
+  /// where the reduction lands, with no separate pass over the bucket.
+  virtual bool can_update(std::size_t bucket) const {
+    (void)bucket;
+    return false;
+  }
+  /// The update that the next `launch` of bucket `b` (where can_update) applies to its result:
+  /// `update`'s pointers belong to the first element of BucketData::data. The result then goes
+  /// into the parameters, not the gradients: the bucket's gradients keep this rank's own values.
+  /// For one step: `end_step` forgets it. The same on every rank, as the reduction's result is.
+  virtual void set_update(std::size_t bucket, const FusedUpdate& update) {
+    (void)update;
+    throw ConfigError("ncclkit: the " + name() + " reducer cannot apply bucket " + std::to_string(bucket) +
+                      "'s update itself (ask can_update first)");
   }
   /// Issues the reduction of buckets `range` (consecutive, in plan order), whose gradients
   /// are written by the work issued so far on `compute`: ordered after that work by events,
