@@ -166,7 +166,7 @@ SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep mlp-benc
 # cuBLAS SM targets change the 1-GPU step too, so they have 1-GPU rows of their own.
 MLP_ABLATION="mlp-timeline mlp-abl-whole mlp-abl-prio0 mlp-abl-tune mlp-abl-ctas8 mlp-abl-ctas16 mlp-abl-blocks32
   mlp-abl-blocksall mlp-abl-cublas116-p1 mlp-abl-cublas116 mlp-abl-cublas100-p1 mlp-abl-cublas100 mlp-abl-bf16-p1
-  mlp-abl-bf16 mlp-abl-addgrads-p1 mlp-abl-addgrads"
+  mlp-abl-bf16 mlp-abl-addgrads-p1 mlp-abl-addgrads mlp-abl-separate"
 MLP_ABLATION=$(echo $MLP_ABLATION)
 
 # Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
@@ -339,7 +339,8 @@ define_phases() {
   # comm stream at normal priority, the tuned bucket cap, NCCL's CTAs limited, the fused 16-bit
   # reduction on 32 blocks or one per SM (train_mlp's default: half the SMs), fewer SMs planned
   # by cuBLAS (at 1 GPU too); bf16 compute with float32 masters, and gradients zeroed and added
-  # to rather than written (both at 1 GPU too).
+  # to rather than written (both at 1 GPU too); the optimizer's own pass instead of the update
+  # fused into the 16-bit reduction.
   # One step's picture first: the fp16 buckets under backward at batch 64 (the timeline keeps the
   # first steps, so few warm-up steps; tools/timeline_svg.py draws it from the traces).
   needs mlp-timeline 2 && NCCLKIT_TIMELINE="$data/timeline/mlp" NCCLKIT_TIMELINE_STEPS=6 CUDA_VISIBLE_DEVICES=0,1 \
@@ -349,7 +350,7 @@ define_phases() {
   local variants=(whole:"--bucket-mb whole" prio0:"--comm-priority 0" tune:"--tune" ctas8:"--max-ctas 8"
     ctas16:"--max-ctas 16" blocks32:"--reduce-blocks 32" blocksall:"--reduce-blocks 0"
     cublas116:"--cublas-sms 116" cublas100:"--cublas-sms 100" bf16:"--precision bf16"
-    addgrads:"--add-gradients")
+    addgrads:"--add-gradients" separate:"--separate-update")
   for v in "${variants[@]}"; do
     local name=${v%%:*} flags=${v#*:}
     if [[ $name == cublas* || $name == bf16 || $name == addgrads ]]; then

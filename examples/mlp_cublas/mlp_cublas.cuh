@@ -31,11 +31,14 @@
 //   ones into the float32 gradient, and the loss is computed in float from the bfloat16 outputs
 //   and float32 targets.
 //
-// Backward, layer by layer from the last: the weight-gradient GEMM (beta = 1: the gradient is
-// added, as the Model contract asks; beta = 0 where step.accumulate() is false, since the model
-// declares overwrites_gradients), the bias gradient (a GEMV against ones, the same beta), then
-// `step.ready` for the weight and the bias at once, so their bucket is reduced while the input-
-// gradient GEMM and the earlier layers run; the input gradient goes to the next layer down.
+// Backward, layer by layer from the last: the input-gradient GEMM (the last read of the layer's
+// weight in the step), the weight-gradient GEMM (beta = 1: the gradient is added, as the Model
+// contract asks; beta = 0 where step.accumulate() is false, since the model declares
+// overwrites_gradients), the bias gradient (a GEMV against ones, the same beta), then
+// `step.ready` for the weight and the bias at once, so their bucket is reduced while the earlier
+// layers run; the input gradient goes to the next layer down. Nothing reads a layer's values
+// after its mark, so the model declares done_with_values_when_ready and the reduction may update
+// them while backward goes on.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -127,6 +130,8 @@ class MlpCublas {
   /// Every gradient is written whole by a GEMM (trainer/model.hpp): with beta 0 on a step's first
   /// micro-batch, so the trainer neither zeroes them nor do the GEMMs read them back.
   static constexpr bool overwrites_gradients = true;
+  /// Backward reads a layer's weight (the input-gradient GEMM) before its gradients are marked.
+  static constexpr bool done_with_values_when_ready = true;
 
   explicit MlpCublas(MlpOptions options = {}) : options_(options) {
     if (std::string p = options_.problem(); !p.empty()) throw ncclkit::ConfigError(p);
@@ -257,6 +262,11 @@ class MlpCublas {
     for (std::size_t l = layers_.size(); l-- > 0;) {
       const Layer& layer = layers_[l];
       const T* in = input_of<T>(batch, l);
+      // dX = dZ W (row-major [n, in]): column-major dXᶜ (in × n) = Wᶜ dZᶜ, before the mark below.
+      if (l > 0) {
+        gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.in, n, layer.out, weight_of<T>(layer), layer.in, delta, layer.out, zero,
+             spare, layer.in);
+      }
       // dW += dZᵀ X (row-major [out, in]): column-major dWᶜ (in × out) += Xᶜ dZᶜᵀ.
       gemm(CUBLAS_OP_N, CUBLAS_OP_T, layer.in, layer.out, n, in, layer.in, delta, layer.out, grad_beta,
            layer.weight_grad, layer.in);
@@ -271,10 +281,7 @@ class MlpCublas {
       step.ready(layer.weight_slot);
       step.ready(layer.bias_slot);
       if (l == 0) break;
-      // dX = dZ W (row-major [n, in]): column-major dXᶜ (in × n) = Wᶜ dZᶜ; then ReLU's backward
-      // through the layer below, whose output is this layer's input.
-      gemm(CUBLAS_OP_N, CUBLAS_OP_N, layer.in, n, layer.out, weight_of<T>(layer), layer.in, delta, layer.out, zero,
-           spare, layer.in);
+      // ReLU's backward through the layer below, whose output is this layer's input.
       kernels::relu_backward<<<kernels::blocks_for(n * layer.in), kernels::kThreads, 0, stream>>>(
           spare, activation<T>(l - 1), n * layer.in);
       NCCLKIT_CUDA_CHECK(cudaGetLastError());

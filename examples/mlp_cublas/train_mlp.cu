@@ -6,7 +6,7 @@
 //             [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]
 //             [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]
 //             [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N]
-//             [--add-gradients] [--label NAME]
+//             [--add-gradients] [--separate-update] [--label NAME]
 //             [--csv PATH] [--init-url URL]
 //
 // Run directly, it forks N workers (one GPU each) that rendezvous through a private FileStore;
@@ -35,6 +35,8 @@
 //   --add-gradients     the trainer zeroes the gradients and every GEMM adds to them (beta 1),
 //                       instead of the first micro-batch's GEMMs writing them (beta 0)
 //   --cublas-sms N      cublasSetSmCountTarget: SMs cuBLAS plans its GEMMs for (0: all)
+//   --separate-update   the optimizer's own pass over each bucket after it lands, instead of the
+//                       fused 16-bit reduction applying the update (TrainerOptions::fuse_update)
 #include <cuda_runtime.h>
 
 #include <algorithm>     // std::sort, std::min, std::max
@@ -90,6 +92,7 @@ struct Arguments {
   int max_ctas = -1;
   std::optional<int> reduce_blocks;
   bool add_gradients = false;
+  bool separate_update = false;
   std::string label;
   std::size_t accumulation = 1;
   std::size_t reduce_repeats = 20;
@@ -184,6 +187,7 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
                                                      : args.bucket_mb << 20,
                         .optimizer = {.kind = args.optimizer},
                         .schedule = {.lr = args.lr},
+                        .fuse_update = !args.separate_update,
                         .seed = 42,
                         .log_interval = 0,
                         .print_progress = false});
@@ -284,12 +288,13 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
       std::printf(
           "train_mlp: %d rank(s) on %s; MLP %zu -> %zu x %zu -> %zu (%zu layers, %.1f M parameters, "
           "%.0f MB of float32 gradients), %s GEMMs, lr %g; comm stream priority %d (range %d to %d), "
-          "NCCL max CTAs %d, fused reduction blocks %d (0: one per SM), cuBLAS SMs %d, gradients %s%s%s\n",
+          "NCCL max CTAs %d, fused reduction blocks %d (0: one per SM), cuBLAS SMs %d, gradients %s, update %s%s%s\n",
           me.world_size, properties.name, m.input, m.width, m.depth - 1, m.output, m.depth,
           static_cast<double>(m.parameters()) / 1e6, static_cast<double>(m.parameters()) * 4 / 1e6,
           mlp_cublas::precision_name(m.precision), args.lr, comm.options().stream_priority, lowest, highest,
           comm.options().max_ctas, comm.options().compressed_reduce_blocks, m.cublas_sms,
           args.add_gradients ? "zeroed, then added to" : "written by the first micro-batch",
+          args.separate_update ? "the optimizer's own pass" : "fused into the 16-bit reduction where it can",
           args.label.empty() ? "" : ", label ", args.label.c_str());
       std::fflush(stdout);
     }
@@ -322,7 +327,8 @@ void usage(std::FILE* out) {
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
       "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]\n"
       "                 [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N]\n"
-      "                 [--cublas-sms N] [--add-gradients] [--label NAME] [--csv PATH] [--init-url URL]\n");
+      "                 [--cublas-sms N] [--add-gradients] [--separate-update] [--label NAME] [--csv PATH]\n"
+      "                 [--init-url URL]\n");
 }
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -425,6 +431,8 @@ int main(int argc, char** argv) {
         args.reduce_blocks = static_cast<int>(number(0, 1024));
       } else if (arg == "--add-gradients") {
         args.add_gradients = true;
+      } else if (arg == "--separate-update") {
+        args.separate_update = true;
       } else if (arg == "--cublas-sms") {
         args.model.cublas_sms = static_cast<int>(number(0, 1024));
       } else if (arg == "--label") {

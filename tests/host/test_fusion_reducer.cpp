@@ -2,8 +2,10 @@
 // loop-back backend: finish's per-bucket callback runs after its bucket's reduction and before
 // the last bucket's has landed; a reducer written here, a reduce-scatter whose result lands on
 // each rank's shard of every bucket (what sharded optimizer state needs), plugs into
-// GradientSync as it is; a rank whose own options are invalid makes every rank fail at once,
-// naming it, instead of leaving the others waiting for the timeout.
+// GradientSync as it is; a reducer that applies the optimizer update itself gets each bucket's
+// update at the bucket's offsets and finish's callback learns which buckets it updated; a rank
+// whose own options are invalid makes every rank fail at once, naming it, instead of leaving the
+// others waiting for the timeout.
 #include <doctest/doctest.h>
 
 #include <chrono>              // std::chrono
@@ -11,11 +13,13 @@
 #include <cstddef>             // std::size_t
 #include <memory>              // std::make_shared, std::unique_ptr
 #include <mutex>               // std::mutex
+#include <optional>            // std::optional
 #include <span>                // std::span
 #include <string>              // std::string
 #include <utility>             // std::pair
 #include <vector>              // std::vector
 
+#include "ncclkit/core/update.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/fusion/reducer.hpp"
 #include "support/fusion_check.hpp"
@@ -144,6 +148,76 @@ class ShardFactory final : public ReducerFactory<B> {
   }
 };
 
+// ---- a reducer that applies the update itself -----------------------------------------------
+
+// An all_reduce in place per bucket; where a step's update was set (only buckets `can` admits),
+// the update then runs on the comm stream over the reduced gradients. It records what set_update
+// was given, per step.
+class UpdatingReducer final : public BucketReducer<B> {
+ public:
+  UpdatingReducer(const ReducerSetup<B>& setup, std::vector<bool> can) : setup_(&setup), can_(std::move(can)) {
+    for (std::size_t b = 0; b < setup.buckets.size(); ++b) {
+      pieces_.push_back({b, 0, 1, setup.buckets[b].data.bytes()});
+      handed_over_.push_back(setup.backend->create_event());
+      done_.push_back(setup.backend->create_event());
+    }
+    given_.resize(setup.buckets.size());
+  }
+  std::string name() const override { return "updating all_reduce"; }
+  std::span<const ReducerPiece> pieces() const override { return pieces_; }
+  bool can_update(std::size_t bucket) const override { return can_[bucket]; }
+  void set_update(std::size_t bucket, const ncclkit::FusedUpdate& update) override {
+    REQUIRE(can_[bucket]);
+    given_[bucket] = update;
+  }
+  void launch(BucketRange range, Stream compute) override {
+    B& backend = *setup_->backend;
+    for (std::size_t b : range) {
+      backend.record(handed_over_[b], compute);
+      backend.wait(handed_over_[b], setup_->comm);
+      const TensorView data = setup_->buckets[b].data;
+      backend.all_reduce(data, data, setup_->op, setup_->comm);
+      if (const auto& u = given_[b]) {
+        const auto view = [&](float* p) { return TensorView{p, p ? data.count : 0, DataType::kFloat32, data.where}; };
+        backend.update(u->rule, view(u->values), data, view(u->state0), view(u->state1), setup_->comm);
+      }
+      backend.record(done_[b], setup_->comm);
+    }
+  }
+  void complete(std::size_t bucket, Stream stream) override { setup_->backend->wait(done_[bucket], stream); }
+  void end_step(Stream) override {
+    last_given_ = given_;
+    given_.assign(given_.size(), std::nullopt);
+  }
+  /// What the last finished step's set_update calls gave, per bucket.
+  const std::vector<std::optional<ncclkit::FusedUpdate>>& last_given() const { return last_given_; }
+
+ private:
+  const ReducerSetup<B>* setup_;
+  std::vector<bool> can_;
+  std::vector<ReducerPiece> pieces_;
+  std::vector<LoopbackBackend::Event> handed_over_;
+  std::vector<LoopbackBackend::Event> done_;
+  std::vector<std::optional<ncclkit::FusedUpdate>> given_;
+  std::vector<std::optional<ncclkit::FusedUpdate>> last_given_;
+};
+
+class UpdatingFactory final : public ReducerFactory<B> {
+ public:
+  explicit UpdatingFactory(std::vector<bool> can) : can_(std::move(can)) {}
+  std::string name() const override { return "updating all_reduce"; }
+  std::string describe(std::span<const std::uint64_t>) const override { return "reducer updating all_reduce"; }
+  std::unique_ptr<BucketReducer<B>> make(const ReducerSetup<B>& setup) const override {
+    return std::make_unique<UpdatingReducer>(setup, can_);
+  }
+
+ private:
+  std::vector<bool> can_;
+};
+
+// Parameter `e` of tensor `tensor` before any update.
+float initial_value(std::uint32_t tensor, std::size_t e) { return 1.0f + 0.01f * static_cast<float>(tensor * 64 + e); }
+
 }  // namespace reducer_tests
 
 using namespace reducer_tests;
@@ -271,4 +345,103 @@ TEST_CASE("one rank's invalid options are a ConfigError on every rank at once, n
   CHECK(message_of(other_plan[0]).find("rank 1 rejected its own arguments") != std::string::npos);
   CHECK(message_of(other_plan[1]).find("not made for this buffer's layout") != std::string::npos);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(6));
+}
+
+TEST_CASE("a reducer that updates gets each bucket's update at the bucket's offsets, and finish's callback learns which") {
+  constexpr int kRanks = 2;
+  LoopbackWorld world(kRanks, std::chrono::seconds(5));
+  const auto errors = run_ranks(kRanks, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer gradients(backend, small_layout(8));
+    Buffer values(backend, gradients.layout());
+    Buffer momentum(backend, gradients.layout());
+    Sync sync(gradients, BucketPlan::compute(gradients.layout(), ncclkit::testing::kTwoPerBucket),
+              {.reducer = std::make_shared<UpdatingFactory>(std::vector<bool>{true, false, true, false})});
+    REQUIRE(sync.plan().size() == 4);
+    const auto& reducer = dynamic_cast<const UpdatingReducer&>(sync.reducer());
+    for (std::uint32_t i = 0; i < 8; ++i) {
+      auto v = values.span<float>(Slot{i});
+      for (std::size_t e = 0; e < v.size(); ++e) v[e] = initial_value(i, e);
+    }
+    const ncclkit::UpdateRule rule{.lr = 0.5f, .momentum = 0.9f, .first_step = true};
+    auto* base = static_cast<float*>(values.data(DataType::kFloat32));
+    auto* state = static_cast<float*>(momentum.data(DataType::kFloat32));
+
+    // Momentum needs its state buffer.
+    CHECK_THROWS_WITH_AS(sync.fuse_update(rule, {base, nullptr, nullptr}),
+                         doctest::Contains("the rule keeps 1 state values per parameter"), ConfigError);
+
+    // Step 0, fused: the reducer updates buckets 0 and 2, the callback the others.
+    write_gradients(gradients, rank, 0);
+    sync.fuse_update(rule, {base, state, nullptr});
+    for (std::uint32_t i = 0; i < 8; ++i) sync.mark_ready(Slot{i});
+    // Too late once a bucket has launched.
+    CHECK_THROWS_WITH_AS(sync.fuse_update(rule, {base, state, nullptr}),
+                         doctest::Contains("call it before the step's first mark_ready"), ConfigError);
+    std::vector<bool> updated;
+    sync.finish(backend.default_stream(), [&](std::size_t b) {
+      updated.push_back(sync.updated(b));
+      if (sync.updated(b)) return;
+      const auto& bucket = sync.plan()[b];
+      const std::size_t first = bucket.begin_bytes / 4;
+      const auto at = [&](float* p) { return TensorView{p + first, bucket.count(), DataType::kFloat32, B::memory_kind}; };
+      backend.update(rule, at(base), at(static_cast<float*>(gradients.data(DataType::kFloat32))), at(state),
+                     TensorView{nullptr, 0, DataType::kFloat32, B::memory_kind}, backend.default_stream());
+    });
+    CHECK(updated == std::vector<bool>{true, false, true, false});
+    for (std::size_t b = 0; b < 4; ++b) {
+      const auto& given = reducer.last_given()[b];
+      REQUIRE(given.has_value() == (b % 2 == 0));
+      if (!given) continue;
+      const std::size_t first = sync.plan()[b].begin_bytes / 4;
+      CHECK(given->values == base + first);
+      CHECK(given->state0 == state + first);
+      CHECK(given->state1 == nullptr);
+      CHECK(given->rule.lr == 0.5f);
+    }
+    // Every parameter took exactly one update, by whichever path: p − lr·average.
+    for (std::uint32_t i = 0; i < 8; ++i) {
+      const auto v = values.span<float>(Slot{i});
+      for (std::size_t e = 0; e < v.size(); ++e) {
+        const float g = average(kRanks, 0, i, e);
+        CHECK(v[e] == initial_value(i, e) - 0.5f * g);
+      }
+    }
+
+    // Step 1 without fuse_update: the reducer is given nothing, and no bucket counts as updated.
+    write_gradients(gradients, rank, 1);
+    for (std::uint32_t i = 0; i < 8; ++i) sync.mark_ready(Slot{i});
+    std::vector<bool> updated_after;
+    sync.finish(backend.default_stream(), [&](std::size_t b) { updated_after.push_back(sync.updated(b)); });
+    CHECK(updated_after == std::vector<bool>(4, false));
+    for (const auto& given : reducer.last_given()) CHECK_FALSE(given.has_value());
+  });
+  for (int r = 0; r < kRanks; ++r) CHECK(message_of(errors[r]) == "");
+}
+
+TEST_CASE("a bucket with a loose tensor is never given to the reducer to update: its values are not in the buffer") {
+  constexpr int kRanks = 2;
+  LoopbackWorld world(kRanks, std::chrono::seconds(5));
+  const auto errors = run_ranks(kRanks, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer gradients(backend, small_layout(8));
+    Buffer values(backend, gradients.layout());
+    // Tensor 3 lives outside the buffer.
+    std::vector<float> own(64, 0.0f);
+    std::vector<void*> loose(8, nullptr);
+    loose[3] = own.data();
+    Sync sync(gradients, BucketPlan::compute(gradients.layout(), ncclkit::testing::kTwoPerBucket), loose,
+              {.reducer = std::make_shared<UpdatingFactory>(std::vector<bool>(4, true))});
+    REQUIRE(sync.plan().size() == 4);
+    const auto with_loose = sync.plan().bucket_of(Slot{3});
+    REQUIRE(with_loose.has_value());
+    sync.fuse_update(ncclkit::UpdateRule{.lr = 0.1f}, {static_cast<float*>(values.data(DataType::kFloat32))});
+    for (std::uint32_t i = 0; i < 8; ++i) sync.mark_ready(Slot{i});
+    std::vector<bool> updated;
+    sync.finish(backend.default_stream(), [&](std::size_t b) { updated.push_back(sync.updated(b)); });
+    std::vector<bool> expected(4, true);
+    expected[*with_loose] = false;
+    CHECK(updated == expected);
+  });
+  for (int r = 0; r < kRanks; ++r) CHECK(message_of(errors[r]) == "");
 }

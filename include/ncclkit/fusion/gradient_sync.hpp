@@ -12,7 +12,8 @@
 /// wait for each bucket, in plan order, by events: work issued there afterwards sees reduced
 /// gradients. With a callback, `finish` hands over each bucket as soon as that bucket is
 /// complete on the stream, so an optimizer's update of bucket b runs while later buckets are
-/// still being reduced.
+/// still being reduced. A reducer that can (the fused 16-bit kernel) applies the update itself
+/// where each bucket lands, given it before the step (`fuse_update`).
 ///
 /// Loose tensors: given a pointer per slot (null for a tensor that lives in the buffer), the
 /// buffer is a staging area: a bucket's loose gradients are packed into it by one batched copy
@@ -153,6 +154,40 @@ class GradientSync {
   /// b has landed, while later buckets are still reduced (an optimizer's per-bucket update).
   void finish(Stream stream, const std::function<void(std::size_t bucket)>& on_bucket) { finish_step(stream, on_bucket); }
 
+  /// Float32 parameters and optimizer state laid out like this sync's buffer (its float32
+  /// allocation): a trainer's FusedBuffers of values and state over the same layout. State
+  /// pointers null where the rule keeps fewer (UpdateRule::state_count).
+  struct UpdateBuffers {
+    float* values = nullptr;
+    float* state0 = nullptr;
+    float* state1 = nullptr;
+  };
+  /// For this step only (call it before the step's first mark_ready): every float32 bucket whose
+  /// reducer can (BucketReducer::can_update; no loose tensor in it) gets `rule` applied by the
+  /// reduction itself as it lands, to `buffers` at the bucket's offsets. The reduced gradients
+  /// of those buckets then go into the parameters, not the gradients, which keep this rank's own
+  /// values. In `finish`'s callback, `updated(b)` says which buckets were updated so: update the
+  /// others as usual. ConfigError when the step has already launched a bucket, or when
+  /// `buffers` lacks the values or the state the rule needs.
+  void fuse_update(const UpdateRule& rule, UpdateBuffers buffers) {
+    throw_if_failed();
+    PlanState& s = *state_;
+    if (s.tracker.launched() > 0) {
+      throw ConfigError("ncclkit: GradientSync::fuse_update after " + std::to_string(s.tracker.launched()) +
+                        " buckets of the step were launched; call it before the step's first mark_ready");
+    }
+    const int states = rule.state_count();
+    if (buffers.values == nullptr || (states > 0 && buffers.state0 == nullptr) ||
+        (states > 1 && buffers.state1 == nullptr)) {
+      throw ConfigError("ncclkit: GradientSync::fuse_update: the rule keeps " + std::to_string(states) +
+                        " state values per parameter; give the values and that many state buffers");
+    }
+    fused_.emplace(FusedStep{rule, buffers});
+  }
+  /// Whether this step's (in `finish`'s callback; after it, the last finished step's) update of
+  /// bucket `b` was applied by the reducer (fuse_update).
+  bool updated(std::size_t bucket) const { return bucket < state().updated.size() && state().updated[bucket] != 0; }
+
   /// Non-finite values (Inf, NaN) in the last finished step's results, as the reducer counts
   /// them (compression counts its 16-bit results; 0 for the plain all_reduce): the same on every
   /// rank, so all ranks can act on it with no more communication. May synchronise the stream
@@ -203,6 +238,11 @@ class GradientSync {
     std::optional<detail::LooseStaging<B>> staging;
     std::vector<std::uint32_t> pending;      // non-empty tensors per bucket not marked yet this step
     std::vector<BucketTiming> timings;       // this step's
+    std::vector<char> updated;               // per bucket: the reducer applied the step's update
+  };
+  struct FusedStep {
+    UpdateRule rule;
+    UpdateBuffers buffers;
   };
 
   GradientSync(FusedBuffer<B>& buffer, std::optional<BucketPlan> plan, std::span<void* const> loose, Options options)
@@ -257,6 +297,7 @@ class GradientSync {
     s->staging.emplace(*backend_, layout_, base_.data(), loose_, p, *s->reducer);
     for (std::size_t b = 0; b < p.size(); ++b) s->pending.push_back(static_cast<std::uint32_t>(p[b].slots.size()));
     s->timings.resize(p.size());
+    s->updated.assign(p.size(), 0);
     // The zeroed padding before any other stream reads it; an idle comm stream for the anchor.
     backend_->synchronize(comm_);
     s->observers.add(detail::NvtxObserver<B>::make());
@@ -305,6 +346,14 @@ class GradientSync {
       }
       observe(Phase::kReady, b, false, stream);
       s.timings[b].launched = Clock::now();
+      if (b == 0) s.updated.assign(s.updated.size(), 0);  // a new step: buckets launch in plan order
+      if (fused_ && fuses(b)) {
+        const std::size_t first = s.tracker.plan()[b].begin_bytes / sizeof(float);
+        const auto at = [first](float* base) { return base == nullptr ? nullptr : base + first; };
+        s.reducer->set_update(b, FusedUpdate{fused_->rule, at(fused_->buffers.values), at(fused_->buffers.state0),
+                                             at(fused_->buffers.state1)});
+        s.updated[b] = 1;
+      }
     }
     s.reducer->launch(range, stream);
   }
@@ -338,6 +387,7 @@ class GradientSync {
       throw;
     }
     step_in_flight_.on = false;
+    fused_.reset();
     stats_.buckets = s.tracker.plan().size();
     stats_.launched_before_finish = launched_before;
     stats_.zeroed = result.zeroed.size();
@@ -370,6 +420,19 @@ class GradientSync {
       failure_ = std::string("tuning failed (") + e.what() + ")";
       throw;
     }
+  }
+
+  /// Whether bucket `b` of this step's plan may take the fused update: float32, wholly in the
+  /// buffer (a loose tensor's values are not laid out there), and a reducer that can.
+  bool fuses(std::size_t b) const {
+    const Bucket& bucket = state_->tracker.plan()[b];
+    if (bucket.dtype != DataType::kFloat32) return false;
+    if (!loose_.empty()) {
+      for (Slot slot : bucket.slots) {
+        if (loose_[slot.index] != nullptr) return false;
+      }
+    }
+    return state_->reducer->can_update(b);
   }
 
   void observe(Phase phase, std::size_t index, bool end, Stream stream) {
@@ -410,6 +473,7 @@ class GradientSync {
   std::array<std::byte*, kDataTypeCount> base_{};  // the buffer's allocations, by element type
   Options options_;
   Stream comm_;
+  std::optional<FusedStep> fused_;  // this step's update for the reducer, from fuse_update
   ReducerChoice<B> factory_;
   std::vector<void*> loose_;  // the user's pointers by slot, or none
   std::optional<detail::Tuner> tuner_;

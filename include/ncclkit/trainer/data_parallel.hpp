@@ -14,7 +14,7 @@
 /// and backward of each micro-batch, adding to the gradients; on the last micro-batch every `ready`
 /// marks a tensor for the GradientSync, whose buckets are reduced while backward goes on; `finish`
 /// hands each bucket over as it lands and the optimizer updates it there (with clipping, after the
-/// norm of them all). Nothing waits on the host but progress lines, checkpoints, clipping and
+/// norm of them all), unless the reduction applied the update itself (TrainerOptions::fuse_update). Nothing waits on the host but progress lines, checkpoints, clipping and
 /// NonFinite::kSkip.
 ///
 /// `fit` draws each rank's samples from a DistributedSampler (one global stream: a resume at
@@ -146,6 +146,12 @@ class DataParallelTrainer {
     // A model that overwrites its gradients on the first micro-batch needs no zeros to add to.
     constexpr bool overwrites = OverwritesGradients<M>;
     if constexpr (!overwrites) zero_gradients();
+    const double lr = options_.schedule.at(static_cast<std::size_t>(steps_));
+    const bool after_norm = options_.clip_norm > 0 || options_.nonfinite == NonFinite::kSkip;
+    const UpdateRule rule = optimizer_->rule(lr, 1.0);
+    // The reduction may write a bucket's parameters while backward goes on: only for a model
+    // that reads them no more once marked.
+    if (DoneWithValuesWhenReady<M> && !after_norm && options_.fuse_update) sync_->fuse_update(rule, update_buffers());
     const double weight = static_cast<double>(backend_->size()) / static_cast<double>(options_.global_batch);
     const std::uint64_t seed = sampler_seed(steps_);
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
@@ -158,12 +164,12 @@ class DataParallelTrainer {
           values_.layout(), steps_, seed, b.rank(), !(overwrites && k == 0));
       model_->forward_backward(micro_batches[k], context);
     }
-    const double lr = options_.schedule.at(static_cast<std::size_t>(steps_));
-    if (options_.clip_norm > 0 || options_.nonfinite == NonFinite::kSkip) {
+    if (after_norm) {
       update_after_norm(lr);
     } else {
-      const UpdateRule rule = optimizer_->rule(lr, 1.0);
-      sync_->finish(compute_, [&](std::size_t bucket) { optimizer_->update(sync_->plan()[bucket], rule, compute_); });
+      sync_->finish(compute_, [&](std::size_t bucket) {
+        if (!sync_->updated(bucket)) optimizer_->update(sync_->plan()[bucket], rule, compute_);
+      });
       optimizer_->finish_step();
     }
     ++steps_;
@@ -274,6 +280,13 @@ class DataParallelTrainer {
 
   void zero_gradients() {
     for (DataType type : gradients_.layout().element_types()) backend_->fill_zero(gradients_.all(type), compute_);
+  }
+
+  /// The parameters and optimizer state a fused update writes (GradientSync::fuse_update).
+  typename fusion::GradientSync<B>::UpdateBuffers update_buffers() {
+    auto& state = optimizer_->state();
+    const auto f32 = [](fusion::FusedBuffer<B>& buffer) { return static_cast<float*>(buffer.data(DataType::kFloat32)); };
+    return {f32(values_), state.size() > 0 ? f32(state[0]) : nullptr, state.size() > 1 ? f32(state[1]) : nullptr};
   }
 
   typename fusion::GradientSync<B>::Options sync_options() const {

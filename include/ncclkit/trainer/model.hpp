@@ -32,6 +32,12 @@
 /// with beta 1: two passes over the gradients' bytes fewer per step, which is what PyTorch gets
 /// from gradients set to None. A model that leaves a gradient unwritten there trains on the
 /// previous step's values: declare it only where every gradient is always written.
+///
+/// Optional: `static constexpr bool done_with_values_when_ready = true;` promises that once
+/// forward_backward marks a tensor ready, that call neither reads nor writes the tensor's values
+/// again (compute the input gradient, which reads the weight, before the weight gradient that is
+/// marked). The trainer may then let the reduction update the parameters while backward still
+/// runs (TrainerOptions::fuse_update); without the promise it updates them after backward.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -177,6 +183,10 @@ concept Model = Backend<B> && requires(M& model, fusion::FusedLayout& layout, co
 /// A model that writes its gradients on a step's first micro-batch (see the header comment).
 template <class M>
 concept OverwritesGradients = requires { requires static_cast<bool>(M::overwrites_gradients); };
+
+/// A model whose parameters may be updated as soon as they are marked ready (see the header comment).
+template <class M>
+concept DoneWithValuesWhenReady = requires { requires static_cast<bool>(M::done_with_values_when_ready); };
 
 /// A model with state that is not trained (see the header comment).
 template <class M, class B>

@@ -59,6 +59,13 @@ struct TrainerOptions {
   /// norm on the host, so the updates follow the last bucket rather than each bucket.
   double clip_norm = 0.0;
   NonFinite nonfinite = NonFinite::kStop;
+  /// Let the reduction apply the optimizer update where each bucket lands, where it can (the
+  /// fused 16-bit kernel of codec kFloat16 / kBFloat16 on GPUs: compression/) and the model
+  /// allows it (done_with_values_when_ready: trainer/model.hpp), saving the optimizer's own pass
+  /// over the gradients and parameters. Steps with clipping or
+  /// NonFinite::kSkip update after the norm, never so. After such a step the gradients hold each
+  /// rank's own values, not the average. false: the optimizer's own pass, always.
+  bool fuse_update = true;
 
   // ---- data
   /// Seeds the data order (with the epoch) and each step's randomness (StepContext::seed).

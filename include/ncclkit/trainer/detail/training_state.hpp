@@ -26,7 +26,7 @@ namespace ncclkit::trainer::detail {
 inline constexpr const char* kOptionWordNames[] = {
     "another model (its layout's fingerprint)", "another global_batch", "another accumulation", "another eval_batch",
     "another codec", "another bucket_bytes", "another unused_parameters", "another optimizer", "another schedule",
-    "another clip_norm", "another nonfinite", "another seed", "another shuffle", "another last_batch",
+    "another clip_norm", "another nonfinite", "another fuse_update", "another seed", "another shuffle", "another last_batch",
     "another log_interval", "another checkpoint_interval", "another choice of resuming (resume, checkpoint_folder)"};
 
 inline std::vector<std::uint64_t> option_words(const TrainerOptions& o, const fusion::FusedLayout& layout) {
@@ -53,6 +53,7 @@ inline std::vector<std::uint64_t> option_words(const TrainerOptions& o, const fu
           ncclkit::detail::fnv1a64(std::move(schedule).take()),
           std::bit_cast<std::uint64_t>(o.clip_norm),
           static_cast<std::uint64_t>(o.nonfinite),
+          static_cast<std::uint64_t>(o.fuse_update),
           o.seed,
           static_cast<std::uint64_t>(o.shuffle),
           static_cast<std::uint64_t>(o.last_batch),
