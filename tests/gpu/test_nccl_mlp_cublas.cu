@@ -512,7 +512,6 @@ int check_bf16_refresh(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclk
   BoundMlp bound(comm, shape);
   Model& model = bound.model;
   ncclkit::fusion::FusedBuffer<Communicator>& values = bound.values;
-  ncclkit::fusion::FusedBuffer<Communicator>& gradients = bound.gradients;
   const mlp_cublas::SyntheticData data(shape.input, shape.output, kBatch, 11, comm.device());
   const mlp_cublas::Batch batch = data.batch(0, kBatch);
   double zeros_loss = 0;
