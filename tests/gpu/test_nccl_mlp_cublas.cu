@@ -775,7 +775,9 @@ TEST_CASE("fp16 gradients on 2 GPUs: the update fused into the reduction ends wh
         mlp_cublas_test::Model model(shape);
         ncclkit::trainer::DataParallelTrainer<mlp_cublas_test::Model, ncclkit::nccl::Communicator> trainer(
             comm, model,
-            {.global_batch = 2 * kBatch, .codec = ncclkit::compression::Codec::kFloat16, .optimizer = optimizer,
+            // Small buckets: several of them, each tensor's own, lengths that are multiples of nothing.
+            {.global_batch = 2 * kBatch, .codec = ncclkit::compression::Codec::kFloat16, .bucket_bytes = 1024,
+             .optimizer = optimizer,
              .schedule = {.lr = 0.05}, .fuse_update = fuse, .seed = 3, .log_interval = 0, .print_progress = false});
         for (std::size_t s = 0; s < 4; ++s) {
           trainer.step(data.batch((s % 3) * 2 * kBatch + static_cast<std::size_t>(me.rank) * kBatch, kBatch));
