@@ -14,8 +14,8 @@
 /// and backward of each micro-batch, adding to the gradients; on the last micro-batch every `ready`
 /// marks a tensor for the GradientSync, whose buckets are reduced while backward goes on; `finish`
 /// hands each bucket over as it lands and the optimizer updates it there (with clipping, after the
-/// norm of them all), unless the reduction applied the update itself (TrainerOptions::fuse_update). Nothing waits on the host but progress lines, checkpoints, clipping and
-/// NonFinite::kSkip.
+/// norm of them all), unless the reduction applied the update itself (TrainerOptions::fuse_update).
+/// Nothing waits on the host but progress lines, checkpoints, clipping and NonFinite::kSkip.
 ///
 /// `fit` draws each rank's samples from a DistributedSampler (one global stream: a resume at
 /// any world size continues with the unseen samples), agrees the epoch's step count across
