@@ -7,7 +7,7 @@
 // reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32; a timeline
 // with CUDA timing events placed on the host's clock; the fused compressed reduction
 // (Communicator::compressed_all_reduce) on its own, and with an optimizer update applied in its
-// pass.
+// pass (alone and through the fused reducer).
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
@@ -594,6 +594,79 @@ TEST_CASE("compressed_all_reduce with an update: the bits of reduce then update,
         comm.synchronize(s);
       }
       return checker.finish("compressed_all_reduce with an update");
+    });
+  }
+}
+
+// The fused reducer through a GradientSync over NCCL, driven through the reducer seam: a float32
+// bucket can take an update and a float16 one cannot; set_update applies to its bucket, piece by
+// piece (1 KiB chunks, the last one clipped at the tensor's end), with the bits of the same
+// reduction followed by Communicator::update; the gradients keep this rank's own values.
+TEST_CASE("the fused reducer over NCCL applies a bucket's update where it lands: can_update, set_update") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fused-reducer-update"});
+      FusedLayout layout;
+      layout.add("w", {1001}, DataType::kFloat32);
+      layout.add("h", {50}, DataType::kFloat16);
+      layout.finalize();
+      FusedBuffer<Communicator> grads(comm, layout);
+      GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout()),
+                                      {.reducer = ncclkit::compression::compressed(
+                                           {.codec = ncclkit::compression::Codec::kFloat16, .chunk_bytes = 1024})});
+      if (!expect_fused(checker, world.rank, comm.compressed_reduce_unavailable(), "the fused reducer's update")) {
+        return checker.finish("the fused reducer's update (unavailable)");
+      }
+      // GradientSync hands its buckets' updates to the reducer; this test drives the seam itself.
+      auto& reducer = const_cast<ncclkit::fusion::BucketReducer<Communicator>&>(sync.reducer());
+      const Slot w = layout.slot("w"), h = layout.slot("h");
+      const std::size_t bucket_w = *sync.plan().bucket_of(w), bucket_h = *sync.plan().bucket_of(h);
+      checker.expect(reducer.can_update(bucket_w), "a float32 bucket can take an update");
+      checker.expect(!reducer.can_update(bucket_h), "a float16 bucket cannot");
+      const cudaStream_t s = comm.default_stream();
+      const std::vector<float> mine = normal_values(5, world.rank, 1001, 1e-3f);
+      const auto step = [&] {
+        comm.copy_from_host(grads.view(w).data, mine.data(), 1001 * sizeof(float), s);
+        sync.mark_ready(w, s);
+        sync.mark_ready(h, s);
+        sync.finish(s);
+      };
+      using Allocation = ncclkit::detail::Allocation<Communicator>;
+      const std::size_t bytes = 1001 * sizeof(float);
+      Allocation param(comm, bytes), param_ref(comm, bytes), momentum(comm, bytes), momentum_ref(comm, bytes);
+      const std::vector<float> params = normal_values(6, 0, 1001, 0.1f), moments = normal_values(7, 0, 1001, 1e-3f);
+      for (Allocation* a : {&param, &param_ref}) comm.copy_from_host(a->data(), params.data(), bytes, s);
+      for (Allocation* a : {&momentum, &momentum_ref}) comm.copy_from_host(a->data(), moments.data(), bytes, s);
+      const ncclkit::UpdateRule rule{.lr = 0.05f, .weight_decay = 1e-2f, .momentum = 0.9f, .nesterov = true};
+      const auto view = [](void* p) {
+        return ncclkit::TensorView{p, 1001, DataType::kFloat32, ncclkit::MemoryKind::kDevice};
+      };
+      // The reference: the step without an update, then the backend's update on its result.
+      step();
+      comm.update(rule, view(param_ref.data()), grads.view(w), view(momentum_ref.data()), ncclkit::TensorView{}, s);
+      // With the update: the same gradients, the result into the parameters and momentum.
+      reducer.set_update(bucket_w,
+                         {rule, reinterpret_cast<float*>(param.data()), reinterpret_cast<float*>(momentum.data())});
+      step();
+      checker.expect(device_bits(comm, param.data(), 1001, s) == device_bits(comm, param_ref.data(), 1001, s),
+                     "the parameters differ from reduce, then update");
+      checker.expect(device_bits(comm, momentum.data(), 1001, s) == device_bits(comm, momentum_ref.data(), 1001, s),
+                     "the momentum differs from reduce, then update");
+      std::vector<float> kept(1001);
+      comm.copy_to_host(kept.data(), grads.view(w).data, bytes, s);
+      comm.synchronize(s);
+      checker.expect(std::memcmp(kept.data(), mine.data(), bytes) == 0, "the gradients keep this rank's own values");
+      // Forgotten at the step's end: the next step reduces the gradients, the parameters stay.
+      step();
+      checker.expect(device_bits(comm, param.data(), 1001, s) == device_bits(comm, param_ref.data(), 1001, s),
+                     "a step without an update leaves the parameters");
+      comm.copy_to_host(kept.data(), grads.view(w).data, bytes, s);
+      comm.synchronize(s);
+      checker.expect(std::memcmp(kept.data(), mine.data(), bytes) != 0,
+                     "a step without an update reduces the gradients");
+      return checker.finish("the fused reducer's update");
     });
   }
 }
