@@ -6,15 +6,16 @@
 // float32, fp16 and bf16 compressed, loose tensors packed per bucket, a tensor never marked
 // reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32; a timeline
 // with CUDA timing events placed on the host's clock; the fused compressed reduction
-// (Communicator::compressed_all_reduce) on its own.
+// (Communicator::compressed_all_reduce) on its own, and with an optimizer update applied in its
+// pass (alone and through the fused reducer).
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
 #include <chrono>     // std::chrono
-#include <cmath>      // std::fabs, std::isfinite
+#include <cmath>      // std::fabs, std::isfinite, std::pow
 #include <cstdint>    // std::uint64_t
 #include <cstdlib>    // std::getenv
-#include <cstring>    // std::memcpy
+#include <cstring>    // std::memcpy, std::memcmp
 #include <map>        // std::map
 #include <random>     // std::mt19937_64, std::normal_distribution
 #include <string>     // std::string
@@ -23,6 +24,7 @@
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/compression.hpp"
 #include "ncclkit/core/detail/backend_memory.hpp"
+#include "ncclkit/core/update.hpp"
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "support/model_shapes.hpp"
@@ -447,6 +449,224 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
         checker.expect(std::string(e.what()).find("not float16 or bfloat16") != std::string::npos, e.what());
       }
       return checker.finish("compressed_all_reduce");
+    });
+  }
+}
+
+// The bits of `count` floats at `device` (a synchronising copy on `s`).
+std::vector<std::uint32_t> device_bits(Communicator& comm, const void* device, std::size_t count, cudaStream_t s) {
+  std::vector<std::uint32_t> bits(count);
+  comm.copy_to_host(bits.data(), device, count * sizeof(float), s);
+  comm.synchronize(s);
+  return bits;
+}
+
+// Rank r's float values of `count`, N(0, sigma), from `seed` (absolute values where `positive`).
+std::vector<float> normal_values(std::uint64_t seed, int rank, std::size_t count, float sigma, bool positive = false) {
+  std::mt19937_64 random(seed * 7919u + static_cast<std::uint64_t>(rank));
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(count);
+  for (float& x : v) x = positive ? std::fabs(normal(random)) : normal(random);
+  return v;
+}
+
+// AdamW at step 3: lr 1e-3, weight decay 1e-2, PyTorch's betas, the host's double factors.
+ncclkit::UpdateRule adamw_rule() {
+  const double beta1 = 0.9, beta2 = 0.999;
+  return {.kind = ncclkit::UpdateRule::Kind::kAdamW,
+          .lr = 1e-3f,
+          .weight_decay = 1e-2f,
+          .beta1 = static_cast<float>(beta1),
+          .beta2 = static_cast<float>(beta2),
+          .one_minus_beta1 = static_cast<float>(1.0 - beta1),
+          .one_minus_beta2 = static_cast<float>(1.0 - beta2),
+          .eps = 1e-8f,
+          .bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, 3)),
+          .bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, 3))};
+}
+
+// compressed_all_reduce with an optimizer update: the parameters and state get exactly the bits
+// of compressed_all_reduce without one followed by Communicator::update on its result (the same
+// update_element), for plain SGD, SGD with momentum, weight decay and Nesterov (its first step
+// and a later one) and AdamW, at a count whose last vector of 8 is partial (the scalar tail); the
+// gradients keep this rank's own values; the state a rule does not keep is left alone; misuse
+// (no values, missing state, a misaligned pointer, values over the data) is a ConfigError.
+TEST_CASE("compressed_all_reduce with an update: the bits of reduce then update, gradients kept; misuse named") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fused-update"});
+      const std::string why = comm.compressed_reduce_unavailable();
+      if (!expect_fused(checker, world.rank, why, "compressed_all_reduce with an update")) {
+        return checker.finish("compressed_all_reduce with an update (unavailable)");
+      }
+      // Not a multiple of 8 x world for any world size: every rank's shard ends in a partial vector
+      // or the data ends inside one.
+      constexpr std::size_t kCount = 100003;
+      for (const DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+        auto workspace = comm.prepare_compressed_reduce(kCount, wire);
+        if (!checker.expect(workspace.has_value(), "a workspace where it can run")) break;
+        using Allocation = ncclkit::detail::Allocation<Communicator>;
+        const std::size_t bytes = kCount * sizeof(float);
+        Allocation grad(comm, bytes), reduced(comm, bytes), param(comm, bytes), param_ref(comm, bytes),
+            state0(comm, bytes), state0_ref(comm, bytes), state1(comm, bytes), state1_ref(comm, bytes),
+            nonfinite(comm, sizeof(std::uint64_t));
+        const auto view = [](Allocation& a) {
+          return ncclkit::TensorView{a.data(), kCount, DataType::kFloat32, ncclkit::MemoryKind::kDevice};
+        };
+        const cudaStream_t s = comm.default_stream();
+        const std::vector<float> mine = normal_values(1, world.rank, kCount, 1e-3f);
+        // Parameters and state are replicas: the same on every rank.
+        const std::vector<float> params = normal_values(2, 0, kCount, 0.1f),
+                                 first_state = normal_values(3, 0, kCount, 1e-3f),
+                                 second_state = normal_values(4, 0, kCount, 1e-6f, /*positive=*/true);
+        struct RuleCase {
+          const char* name;
+          ncclkit::UpdateRule rule;
+        };
+        const RuleCase rules[] = {
+            {"SGD", {.lr = 0.1f}},
+            {"SGD, momentum, weight decay, Nesterov, first step",
+             {.lr = 0.05f, .weight_decay = 1e-2f, .momentum = 0.9f, .nesterov = true, .first_step = true}},
+            {"SGD, momentum, weight decay, Nesterov, later step",
+             {.lr = 0.05f, .weight_decay = 1e-2f, .momentum = 0.9f, .dampening = 0.1f, .nesterov = true}},
+            {"AdamW", adamw_rule()},
+        };
+        for (const RuleCase& c : rules) {
+          const std::string what = std::string(ncclkit::name_of(wire)) + ", " + c.name + ": ";
+          comm.copy_from_host(grad.data(), mine.data(), bytes, s);
+          comm.copy_from_host(reduced.data(), mine.data(), bytes, s);
+          for (Allocation* a : {&param, &param_ref}) comm.copy_from_host(a->data(), params.data(), bytes, s);
+          for (Allocation* a : {&state0, &state0_ref}) comm.copy_from_host(a->data(), first_state.data(), bytes, s);
+          for (Allocation* a : {&state1, &state1_ref}) comm.copy_from_host(a->data(), second_state.data(), bytes, s);
+          comm.fill_zero(ncclkit::TensorView{nonfinite.data(), 1, DataType::kUint64, ncclkit::MemoryKind::kDevice}, s);
+          // The reference: reduce, then the backend's update kernel.
+          comm.compressed_all_reduce(*workspace, view(reduced), 1.0 / world.world_size, 1.0, nullptr, s);
+          comm.update(c.rule, view(param_ref), view(reduced), view(state0_ref), view(state1_ref), s);
+          // Fused: the state pointers are given for every rule; those it does not keep stay as they are.
+          const ncclkit::FusedUpdate update{c.rule, reinterpret_cast<float*>(param.data()),
+                                            reinterpret_cast<float*>(state0.data()),
+                                            reinterpret_cast<float*>(state1.data())};
+          comm.compressed_all_reduce(*workspace, view(grad), 1.0 / world.world_size, 1.0, update,
+                                     reinterpret_cast<std::uint64_t*>(nonfinite.data()), s);
+          checker.expect(device_bits(comm, param.data(), kCount, s) == device_bits(comm, param_ref.data(), kCount, s),
+                         what + "the parameters differ from reduce, then update");
+          checker.expect(device_bits(comm, state0.data(), kCount, s) == device_bits(comm, state0_ref.data(), kCount, s),
+                         what + "the first state differs from reduce, then update");
+          checker.expect(device_bits(comm, state1.data(), kCount, s) == device_bits(comm, state1_ref.data(), kCount, s),
+                         what + "the second state differs from reduce, then update");
+          std::vector<float> kept(kCount);
+          comm.copy_to_host(kept.data(), grad.data(), bytes, s);
+          std::uint64_t bad = 1;
+          comm.copy_to_host(&bad, nonfinite.data(), sizeof bad, s);
+          comm.synchronize(s);
+          checker.expect(std::memcmp(kept.data(), mine.data(), bytes) == 0,
+                         what + "the gradients changed; with an update they keep this rank's own values");
+          checker.expect(bad == 0, what + std::to_string(bad) + " non-finite counted in N(0, 1e-3) values");
+          // The update did something: not the parameters it started from.
+          const std::vector<std::uint32_t> after = device_bits(comm, param.data(), kCount, s);
+          checker.expect(std::memcmp(after.data(), params.data(), bytes) != 0, what + "the parameters did not move");
+        }
+        // Misuse, named on every rank (no collective is issued).
+        const auto rejects = [&](const ncclkit::FusedUpdate& update, const char* needle) {
+          try {
+            comm.compressed_all_reduce(*workspace, view(grad), 1.0, 1.0, update, nullptr, s);
+            checker.expect(false, std::string("no ConfigError for ") + needle);
+          } catch (const ncclkit::ConfigError& e) {
+            checker.expect(std::string(e.what()).find(needle) != std::string::npos,
+                           std::string("the error names ") + needle + ": " + e.what());
+          }
+        };
+        auto* p = reinterpret_cast<float*>(param.data());
+        auto* m = reinterpret_cast<float*>(state0.data());
+        auto* v = reinterpret_cast<float*>(state1.data());
+        rejects({.rule = {.lr = 0.1f}}, "update.values is null");
+        rejects({adamw_rule(), p, m, nullptr}, "update.state1 is null");
+        rejects({{.lr = 0.1f, .momentum = 0.9f}, p, nullptr, nullptr}, "update.state0 is null");
+        rejects({{.lr = 0.1f}, p + 1, nullptr, nullptr}, "update.values is not 16-byte aligned");
+        rejects({adamw_rule(), p, m, v + 2}, "update.state1 is not 16-byte aligned");
+        rejects({{.lr = 0.1f}, reinterpret_cast<float*>(grad.data()) + 4, nullptr, nullptr},
+                "update.values overlaps data");
+        // Still usable after the refusals.
+        comm.copy_from_host(grad.data(), mine.data(), bytes, s);
+        comm.compressed_all_reduce(*workspace, view(grad), 1.0 / world.world_size, 1.0, {{.lr = 0.1f}, p}, nullptr, s);
+        comm.synchronize(s);
+      }
+      return checker.finish("compressed_all_reduce with an update");
+    });
+  }
+}
+
+// The fused reducer through a GradientSync over NCCL, driven through the reducer seam: a float32
+// bucket can take an update and a float16 one cannot; set_update applies to its bucket, piece by
+// piece (1 KiB chunks, the last one clipped at the tensor's end), with the bits of the same
+// reduction followed by Communicator::update; the gradients keep this rank's own values.
+TEST_CASE("the fused reducer over NCCL applies a bucket's update where it lands: can_update, set_update") {
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "fused-reducer-update"});
+      FusedLayout layout;
+      layout.add("w", {1001}, DataType::kFloat32);
+      layout.add("h", {50}, DataType::kFloat16);
+      layout.finalize();
+      FusedBuffer<Communicator> grads(comm, layout);
+      GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout()),
+                                      {.reducer = ncclkit::compression::compressed(
+                                           {.codec = ncclkit::compression::Codec::kFloat16, .chunk_bytes = 1024})});
+      if (!expect_fused(checker, world.rank, comm.compressed_reduce_unavailable(), "the fused reducer's update")) {
+        return checker.finish("the fused reducer's update (unavailable)");
+      }
+      // GradientSync hands its buckets' updates to the reducer; this test drives the seam itself.
+      auto& reducer = const_cast<ncclkit::fusion::BucketReducer<Communicator>&>(sync.reducer());
+      const Slot w = layout.slot("w"), h = layout.slot("h");
+      const std::size_t bucket_w = *sync.plan().bucket_of(w), bucket_h = *sync.plan().bucket_of(h);
+      checker.expect(reducer.can_update(bucket_w), "a float32 bucket can take an update");
+      checker.expect(!reducer.can_update(bucket_h), "a float16 bucket cannot");
+      const cudaStream_t s = comm.default_stream();
+      const std::vector<float> mine = normal_values(5, world.rank, 1001, 1e-3f);
+      const auto step = [&] {
+        comm.copy_from_host(grads.view(w).data, mine.data(), 1001 * sizeof(float), s);
+        sync.mark_ready(w, s);
+        sync.mark_ready(h, s);
+        sync.finish(s);
+      };
+      using Allocation = ncclkit::detail::Allocation<Communicator>;
+      const std::size_t bytes = 1001 * sizeof(float);
+      Allocation param(comm, bytes), param_ref(comm, bytes), momentum(comm, bytes), momentum_ref(comm, bytes);
+      const std::vector<float> params = normal_values(6, 0, 1001, 0.1f), moments = normal_values(7, 0, 1001, 1e-3f);
+      for (Allocation* a : {&param, &param_ref}) comm.copy_from_host(a->data(), params.data(), bytes, s);
+      for (Allocation* a : {&momentum, &momentum_ref}) comm.copy_from_host(a->data(), moments.data(), bytes, s);
+      const ncclkit::UpdateRule rule{.lr = 0.05f, .weight_decay = 1e-2f, .momentum = 0.9f, .nesterov = true};
+      const auto view = [](void* p) {
+        return ncclkit::TensorView{p, 1001, DataType::kFloat32, ncclkit::MemoryKind::kDevice};
+      };
+      // The reference: the step without an update, then the backend's update on its result.
+      step();
+      comm.update(rule, view(param_ref.data()), grads.view(w), view(momentum_ref.data()), ncclkit::TensorView{}, s);
+      // With the update: the same gradients, the result into the parameters and momentum.
+      reducer.set_update(bucket_w,
+                         {rule, reinterpret_cast<float*>(param.data()), reinterpret_cast<float*>(momentum.data())});
+      step();
+      checker.expect(device_bits(comm, param.data(), 1001, s) == device_bits(comm, param_ref.data(), 1001, s),
+                     "the parameters differ from reduce, then update");
+      checker.expect(device_bits(comm, momentum.data(), 1001, s) == device_bits(comm, momentum_ref.data(), 1001, s),
+                     "the momentum differs from reduce, then update");
+      std::vector<float> kept(1001);
+      comm.copy_to_host(kept.data(), grads.view(w).data, bytes, s);
+      comm.synchronize(s);
+      checker.expect(std::memcmp(kept.data(), mine.data(), bytes) == 0, "the gradients keep this rank's own values");
+      // Forgotten at the step's end: the next step reduces the gradients, the parameters stay.
+      step();
+      checker.expect(device_bits(comm, param.data(), 1001, s) == device_bits(comm, param_ref.data(), 1001, s),
+                     "a step without an update leaves the parameters");
+      comm.copy_to_host(kept.data(), grads.view(w).data, bytes, s);
+      comm.synchronize(s);
+      checker.expect(std::memcmp(kept.data(), mine.data(), bytes) != 0,
+                     "a step without an update reduces the gradients");
+      return checker.finish("the fused reducer's update");
     });
   }
 }

@@ -20,6 +20,8 @@
 #include "ncclkit/core/detail/cast.hpp"
 #include "ncclkit/compression.hpp"
 #include "ncclkit/compression/detail/pieces.hpp"
+#include "ncclkit/core/detail/update_on_host.hpp"
+#include "ncclkit/core/update.hpp"
 #include "support/element_conversions.hpp"
 #include "support/fusion_check.hpp"
 #include "support/loopback_backend.hpp"
@@ -344,6 +346,123 @@ TEST_CASE("fused transfer counts fp16 overflow on every rank alike") {
   for (const auto& e : errors) CHECK(message_of(e) == "");
   CHECK(counts[0] == 10);
   CHECK(counts[1] == 10);
+}
+
+// The fused reducer applying an optimizer update where a float32 bucket lands (the seam's
+// can_update and set_update, driven here on the sync's own reducer): parameters and momentum get
+// the bits of reducing and then updating, through every chunk of a chunked bucket (the last one
+// clipped at the tensor's end, the padding after it untouched); the gradients keep this rank's
+// own values; the update is forgotten at the step's end; a float16 bucket cannot take one.
+TEST_CASE("fused transfer applies an optimizer update where a float32 bucket lands: the bits of reduce, then update") {
+  LoopbackWorld world(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    backend.allow_compressed_reduce(true);
+    FusedLayout layout;
+    layout.add("w", {1001}, DataType::kFloat32);
+    layout.add("b", {37}, DataType::kFloat32);
+    layout.add("h", {50}, DataType::kFloat16);
+    layout.finalize();
+    Buffer buffer(backend, layout);
+    // 1 KiB caps: "w" and "b" get a bucket each; 1 KiB chunks cut "w" (1024 elements with its
+    // padding) into 4 pieces, the last reaching past the tensor's 1001 elements.
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), {.bucket_bytes = 1024, .first_bucket_bytes = 1024}),
+              {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .chunk_bytes = 1024})});
+    REQUIRE(ncclkit::testing::runs_fused(sync));
+    auto& reducer = const_cast<ncclkit::fusion::BucketReducer<LoopbackBackend>&>(sync.reducer());
+    const Slot w = layout.slot("w"), b = layout.slot("b"), h = layout.slot("h");
+    const std::size_t bucket_w = *sync.plan().bucket_of(w), bucket_b = *sync.plan().bucket_of(b),
+                      bucket_h = *sync.plan().bucket_of(h);
+    REQUIRE(bucket_w != bucket_b);
+    CHECK(reducer.pieces().size() == 6);
+    CHECK(reducer.can_update(bucket_w));
+    CHECK(reducer.can_update(bucket_b));
+    CHECK_FALSE(reducer.can_update(bucket_h));
+    float unused[4] = {};
+    CHECK_THROWS_WITH_AS(reducer.set_update(bucket_h, {.values = unused}), doctest::Contains("holds half values"),
+                         ConfigError);
+    CHECK_THROWS_WITH_AS(reducer.set_update(bucket_w, {}), doctest::Contains("no values"), ConfigError);
+
+    const auto step = [&] {
+      ncclkit::testing::write_gradients(buffer, rank, 0);  // the same gradients every step
+      for (Slot slot : ncclkit::testing::shuffled_slots(layout.size(), rank, 0)) sync.mark_ready(slot);
+      sync.finish();
+    };
+    const auto floats = [&](Slot slot) {
+      const auto values = buffer.span<float>(slot);
+      return std::vector<float>(values.begin(), values.end());
+    };
+    const auto view = [](std::vector<float>& v) {
+      return TensorView{v.data(), v.size(), DataType::kFloat32, LoopbackBackend::memory_kind};
+    };
+    // Without an update: the reduced gradients, the reference's input.
+    step();
+    std::vector<float> reduced_w = floats(w), reduced_b = floats(b);
+    const auto h_reduced = buffer.span<Half>(h);
+    const std::vector<Half> reduced_h(h_reduced.begin(), h_reduced.end());
+    const std::vector<float> own_w = [&] {
+      std::vector<float> v(1001);
+      for (std::size_t e = 0; e < v.size(); ++e) {
+        v[e] = static_cast<float>(ncclkit::testing::gradient(rank, 0, w.index, e));
+      }
+      return v;
+    }();
+
+    // SGD with momentum, weight decay and Nesterov, past its first step (the buffer is blended).
+    const ncclkit::UpdateRule rule{.lr = 0.1f, .weight_decay = 0.01f, .momentum = 0.9f, .nesterov = true};
+    const auto start = [](std::size_t n, float from) {
+      std::vector<float> v(n);
+      for (std::size_t e = 0; e < n; ++e) v[e] = from - 1e-3f * static_cast<float>(e % 97);
+      return v;
+    };
+    std::vector<float> param_w = start(1001, 0.5f), momentum_w = start(1001, 0.01f), param_b = start(37, -0.25f),
+                       momentum_b = start(37, 0.02f);
+    std::vector<float> want_param_w = param_w, want_momentum_w = momentum_w, want_param_b = param_b,
+                       want_momentum_b = momentum_b;
+    const TensorView none{};
+    ncclkit::detail::update_on_host(rule, view(want_param_w), view(reduced_w), view(want_momentum_w), none);
+    ncclkit::detail::update_on_host(rule, view(want_param_b), view(reduced_b), view(want_momentum_b), none);
+
+    // With the update: one per float32 piece, the parameters and momentum updated, the
+    // gradients left as this rank wrote them, the float16 bucket reduced as before.
+    reducer.set_update(bucket_w, {rule, param_w.data(), momentum_w.data(), nullptr});
+    reducer.set_update(bucket_b, {rule, param_b.data(), momentum_b.data(), nullptr});
+    const std::size_t applied = backend.updates_applied();
+    step();
+    CHECK(backend.updates_applied() - applied == 5);
+    CHECK(param_w == want_param_w);
+    CHECK(momentum_w == want_momentum_w);
+    CHECK(param_b == want_param_b);
+    CHECK(momentum_b == want_momentum_b);
+    CHECK(floats(w) == own_w);
+    CHECK(std::memcmp(buffer.span<Half>(h).data(), reduced_h.data(), reduced_h.size() * sizeof(Half)) == 0);
+
+    // The next step has none: the reduced gradients again, the parameters untouched.
+    step();
+    CHECK(backend.updates_applied() - applied == 5);
+    CHECK(param_w == want_param_w);
+    CHECK(floats(w) == reduced_w);
+    CHECK(floats(b) == reduced_b);
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("only the fused kernel applies an update: the separate casts, the float32 rerun and all_reduce cannot") {
+  LoopbackWorld world(1);
+  LoopbackBackend backend(world, 0);
+  backend.allow_compressed_reduce(true);
+  Buffer buffer(backend, two_tensors(1024));
+  float unused[4] = {};
+  const std::vector<ncclkit::fusion::ReducerChoice<LoopbackBackend>> reducers = {
+      ncclkit::compression::compressed({.codec = Codec::kFloat16, .fused_transfer = false}),
+      ncclkit::compression::compressed({.codec = Codec::kFloat16, .rerun_nonfinite = true}), nullptr};
+  for (const auto& reducer : reducers) {
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()), {.reducer = reducer});
+    CAPTURE(sync.reducer().name());
+    CHECK_FALSE(sync.reducer().can_update(0));
+    auto& seam = const_cast<ncclkit::fusion::BucketReducer<LoopbackBackend>&>(sync.reducer());
+    CHECK_THROWS_WITH_AS(seam.set_update(0, {.values = unused}), doctest::Contains("can_update"), ConfigError);
+  }
 }
 
 TEST_CASE("ranks that differ in fused_transfer get a ConfigError naming it, before any window is made") {

@@ -548,7 +548,32 @@ class LoopbackBackend {
       if (nonfinite != nullptr && bad != 0) std::atomic_ref<std::uint64_t>(*nonfinite).fetch_add(bad);
     });
   }
+  /// With an update: the decoded result goes through update_on_host into the update's values
+  /// and state, `data` keeps this rank's values (as the NCCL kernel does).
+  void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,
+                             const FusedUpdate& update, std::uint64_t* nonfinite, Stream stream) {
+    const int states = update.rule.state_count();
+    if (update.values == nullptr || (states > 0 && update.state0 == nullptr) ||
+        (states > 1 && update.state1 == nullptr)) {
+      throw ConfigError("LoopbackBackend::compressed_all_reduce: the update's values and the state its rule keeps");
+    }
+    ++updates_applied_;
+    // The reduction as without an update, into a buffer of its own, then the update from it.
+    auto result = std::make_shared<std::vector<float>>(data.count);
+    TensorView reduced = data;
+    reduced.data = result->data();
+    copy(reduced.data, data.data, data.bytes(), stream);
+    compressed_all_reduce(workspace, reduced, encode, decode, nonfinite, stream);
+    const auto view = [&](float* p) { return TensorView{p, data.count, DataType::kFloat32, memory_kind}; };
+    const TensorView values = view(update.values), state0 = view(states > 0 ? update.state0 : nullptr),
+                     state1 = view(states > 1 ? update.state1 : nullptr);
+    run_on(stream, [rule = update.rule, values, reduced, state0, state1, result] {
+      ncclkit::detail::update_on_host(rule, values, reduced, state0, state1);
+    });
+  }
   void allow_compressed_reduce(bool allowed) { compressed_reduce_allowed_ = allowed; }
+  /// Fused reductions that applied an update so far.
+  std::size_t updates_applied() const { return updates_applied_.load(); }
   /// Workspaces prepared and fused reductions issued so far.
   std::size_t compressed_reduces_prepared() const { return compressed_reduces_prepared_.load(); }
   std::size_t compressed_reduces() const { return compressed_reduces_.load(); }
@@ -617,6 +642,7 @@ class LoopbackBackend {
   bool compressed_reduce_allowed_ = false;
   std::atomic<std::size_t> compressed_reduces_prepared_{0};
   std::atomic<std::size_t> compressed_reduces_{0};
+  std::atomic<std::size_t> updates_applied_{0};
   detail::LoopbackQueue queue_;  // last: its worker stops before the counters go
 };
 

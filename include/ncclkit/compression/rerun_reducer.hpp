@@ -5,7 +5,9 @@
 /// never a step. To know which pieces to rerun, the first `complete` of a step counts every
 /// compressed piece's non-finite results (a pass that leaves them as they are) and reads the
 /// counts on the host: every rank holds the same sums, so every rank reruns the same pieces.
-/// That one host wait per step is the price.
+/// That one host wait per step is the price. It cannot apply an optimizer update itself
+/// (BucketReducer::can_update stays false): a rerun replaces a result after the fact, which an
+/// update already applied from it could not take back.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 

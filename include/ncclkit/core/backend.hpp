@@ -142,14 +142,21 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
 ///     data = decode * wire(sum over ranks of wire(data * encode)) (each rank's own part may be
 ///     summed unrounded), the same bits on every rank; adds the count of non-finite 16-bit
 ///     results to `*nonfinite` where it is not null (the same count on every rank).
+///   - `compressed_all_reduce(workspace, data, encode, decode, update, nonfinite, stream)`: the
+///     same reduction with a `FusedUpdate` (core/update.hpp) applied to each result where it is
+///     made, as `update(update.rule, values, result, state0, state1)` would (the same
+///     update_element): the result goes into the parameters and state, `data` keeps this rank's
+///     own values.
 template <class B>
 concept CompressedReduceBackend = Backend<B> &&
     requires(B& backend, TensorView data, double factor, std::uint64_t* nonfinite,
-             typename B::CompressedReduce& workspace, typename B::Stream stream, std::size_t count, DataType wire) {
+             typename B::CompressedReduce& workspace, typename B::Stream stream, std::size_t count, DataType wire,
+             const FusedUpdate& update) {
   typename B::CompressedReduce;
   { backend.compressed_reduce_unavailable() } -> std::convertible_to<std::string>;
   { backend.prepare_compressed_reduce(count, wire) } -> std::same_as<std::optional<typename B::CompressedReduce>>;
   backend.compressed_all_reduce(workspace, data, factor, factor, nonfinite, stream);
+  backend.compressed_all_reduce(workspace, data, factor, factor, update, nonfinite, stream);
 };
 
 }  // namespace ncclkit

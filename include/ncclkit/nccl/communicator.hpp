@@ -86,6 +86,7 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/core/update.hpp"
 #include "ncclkit/nccl/compressed_reduce.hpp"
 #include "ncclkit/nccl/copy_batch.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
@@ -715,6 +716,19 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
                              std::uint64_t* nonfinite = nullptr, StreamArg stream = {}) {
     const detail::CheckedCall call(core(), "compressed_all_reduce", stream);
     workspace.run(call, data, encode, decode, nonfinite);
+  }
+  /// The same reduction, with an optimizer update (core/update.hpp) applied in the kernel's pass
+  /// that makes each result: `update.values` and the rule's state (element i of each belonging to
+  /// data's element i) get what `update(update.rule, values, <the result>, state0, state1)` would
+  /// give them, bit for bit (the same update_element), without the result ever being written to
+  /// memory and read back. `data` is not written: it keeps this rank's own values. The values and
+  /// the state the rule keeps (UpdateRule::state_count; the others are ignored): `data.count`
+  /// float32 values each, in this GPU's memory (checked like `data`), 16-byte aligned, none
+  /// overlapping `data`; anything else is a ConfigError. Every rank passes the same rule.
+  void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,
+                             const FusedUpdate& update, std::uint64_t* nonfinite = nullptr, StreamArg stream = {}) {
+    const detail::CheckedCall call(core(), "compressed_all_reduce", stream);
+    workspace.run(call, data, encode, decode, nonfinite, &update);
   }
 
   // ---- sub-groups and failure -------------------------------------------------------------

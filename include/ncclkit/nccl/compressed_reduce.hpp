@@ -35,6 +35,7 @@
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/core/update.hpp"
 #include "ncclkit/nccl/cuda_check.hpp"
 #include "ncclkit/nccl/detail/argument_checks.hpp"
 #include "ncclkit/nccl/detail/comm_core.hpp"
@@ -185,7 +186,9 @@ class CompressedReduce {
     return w;
   }
 
-  void run(const detail::CheckedCall& call, TensorView data, double encode, double decode, std::uint64_t* nonfinite) {
+  /// `update`: null, or the update the kernel applies instead of writing `data`.
+  void run(const detail::CheckedCall& call, TensorView data, double encode, double decode, std::uint64_t* nonfinite,
+           const FusedUpdate* update = nullptr) {
     if (core_ != &call.core()) call.misuse("the CompressedReduce was prepared by another communicator");
     if (data.dtype != DataType::kFloat32) {
       call.misuse("data is " + std::string(name_of(data.dtype)) + "; compressed_all_reduce reduces float32");
@@ -195,6 +198,7 @@ class CompressedReduce {
                   " the CompressedReduce was prepared for");
     }
     if (reinterpret_cast<std::uintptr_t>(data.data) % 16 != 0) call.misuse("data is not 16-byte aligned");
+    if (update != nullptr) check_update(call, data, *update);
     if (*static_cast<volatile int*>(gave_up_) != 0) {
       // A kernel stopped waiting for a peer: its data, and the barrier counts, are not whole.
       // (A stop raised by the host before an abort needs no check here: the abort has failed
@@ -205,6 +209,13 @@ class CompressedReduce {
     }
     if (data.count == 0) return;
     call.buffer("data", data);
+    const int states = update != nullptr ? update->rule.state_count() : 0;
+    if (update != nullptr) {
+      const auto view = [&](float* p) { return TensorView{p, data.count, DataType::kFloat32, MemoryKind::kDevice}; };
+      call.buffer("update.values", view(update->values));
+      if (states > 0) call.buffer("update.state0", view(update->state0));
+      if (states > 1) call.buffer("update.state1", view(update->state1));
+    }
     detail::CompressedReduceArgs args{};
     args.window = window_;
     args.data = static_cast<float*>(data.data);
@@ -226,6 +237,11 @@ class CompressedReduce {
     args.timeout_ns = static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(call.core().options.timeout + std::chrono::seconds(1))
             .count());
+    if (update != nullptr) {
+      // The kernel tests the state pointers, not the rule: those the rule does not keep are null.
+      args.update = {update->rule, update->values, states > 0 ? update->state0 : nullptr,
+                     states > 1 ? update->state1 : nullptr};
+    }
     const auto launcher = detail::compressed_reduce_launcher();
     detail::issue(call.core(), call.operation(), data.bytes(), call.stream(), [&](ncclComm_t, cudaStream_t s) {
       return launcher(args, s) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
@@ -234,6 +250,46 @@ class CompressedReduce {
       DeviceGuard guard(call.core().device);
       NCCLKIT_CUDA_CHECK(cudaEventRecord(done_, call.stream().stream));
       used_ = true;
+    }
+  }
+
+  /// Misuse where the kernel could not apply `update` to `data`'s results: the values and the
+  /// state the rule keeps (UpdateRule::state_count) given, each 16-byte aligned (the kernel reads
+  /// and writes them 16 bytes at a time) and apart from `data`, which keeps this rank's own
+  /// values while other blocks of the kernel may still be reading them.
+  static void check_update(const detail::CheckedCall& call, const TensorView& data, const FusedUpdate& update) {
+    if (update.values == nullptr) {
+      call.misuse(
+          "update.values is null; pass the parameters the update writes, or call compressed_all_reduce "
+          "without an update");
+    }
+    const int states = update.rule.state_count();
+    const struct {
+      const char* name;
+      const float* pointer;
+      bool kept;
+    } buffers[] = {{"update.values", update.values, true},
+                   {"update.state0", update.state0, states > 0},
+                   {"update.state1", update.state1, states > 1}};
+    const auto data_begin = reinterpret_cast<std::uintptr_t>(data.data);
+    const std::uintptr_t bytes = data.count * sizeof(float);
+    for (const auto& b : buffers) {
+      if (!b.kept) continue;
+      if (b.pointer == nullptr) {
+        call.misuse(std::string(b.name) + " is null, but this update keeps " + std::to_string(states) +
+                    " state values per parameter (UpdateRule::state_count): give as many state buffers of " +
+                    std::to_string(data.count) + " float32 values");
+      }
+      const auto begin = reinterpret_cast<std::uintptr_t>(b.pointer);
+      if (begin % 16 != 0) {
+        call.misuse(std::string(b.name) +
+                    " is not 16-byte aligned (the kernel reads and writes it 16 bytes at a time)");
+      }
+      if (begin < data_begin + bytes && data_begin < begin + bytes) {
+        call.misuse(std::string(b.name) +
+                    " overlaps data; the update's buffers must be apart from the gradients, "
+                    "which keep this rank's own values");
+      }
     }
   }
 

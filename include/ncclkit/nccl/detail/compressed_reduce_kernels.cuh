@@ -16,6 +16,13 @@
 /// alike everywhere. Non-finite 16-bit results are counted over the whole tensor on every
 /// rank (phase 2 counts the own shard, phase 3 the others'), so the counts agree too.
 ///
+/// With an optimizer update (CompressedReduceArgs::update), phases 2 and 3 do not write the
+/// results into `data`: each result goes through update_element (core/update.hpp, the same
+/// arithmetic as the separate update kernel, so the same bits as reducing and then updating)
+/// into the parameters and state, read and written once where the result is made. `data` keeps
+/// this rank's own values, which phase 1 of other blocks may still be reading: the update's
+/// buffers must not overlap it.
+///
 /// Between the phases, block b of every rank meets block b of every other at a barrier of
 /// flags in the window; word v of an inbox slot is always handled by the same block (a
 /// grid-stride loop over a grid of fixed size, slots of fixed size), so those pairwise
@@ -56,6 +63,7 @@
 #include <cstddef>  // std::size_t
 #include <cstdint>  // std::uint32_t, std::uint64_t
 
+#include "ncclkit/core/update.hpp"                // FusedUpdate, update_element
 #include "ncclkit/nccl/detail/codec_kernels.cuh"  // Convert: the casts' rounding, shared
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
 
@@ -75,7 +83,7 @@ __device__ inline std::uint64_t global_ns() {
 }
 
 /// Block b's flag that rank `from` raises in rank `at`'s window.
-__device__ inline std::uint32_t* barrier_flag(const CompressedReduceArgs& a, std::size_t flags_offset, int from,
+__device__ inline std::uint32_t* barrier_flag(const CompressedReduceKernelArgs& a, std::size_t flags_offset, int from,
                                               int at) {
   const std::size_t offset = flags_offset + (static_cast<std::size_t>(blockIdx.x) * a.world + from) * 4;
   const auto window = static_cast<ncclWindow_t>(a.window);
@@ -85,7 +93,7 @@ __device__ inline std::uint32_t* barrier_flag(const CompressedReduceArgs& a, std
 
 /// Block b of this rank meets block b of every other rank. False when a peer did not come
 /// within the deadline or the host raised `stop` (then `gave_up` and `stop` are raised).
-__device__ inline bool meet(const CompressedReduceArgs& a, std::size_t flags_offset, std::uint32_t& epoch,
+__device__ inline bool meet(const CompressedReduceKernelArgs& a, std::size_t flags_offset, std::uint32_t& epoch,
                             std::uint64_t deadline) {
   __syncthreads();  // the block's stores come before the flag (cumulativity of the release)
   int ok = 1;
@@ -135,6 +143,39 @@ __device__ inline void store8(float* data, std::size_t count, std::size_t e, con
   }
 }
 
+/// The update of the parameters (and state) at elements [e, e + 8) by the results `grad`:
+/// 16-byte loads and stores, four elements at a time (fewer registers live), where all 8 are
+/// below `count`; one element at a time in the last, partial vector, none past `count`. The
+/// state pointers are null where the rule keeps none (a uniform branch).
+__device__ inline void update8(const FusedUpdate& u, std::size_t count, std::size_t e, const float* grad) {
+  if (e + 8 <= count) {
+#pragma unroll
+    for (int half = 0; half < 8; half += 4) {
+      const std::size_t at = e + half;
+      float4 p = *reinterpret_cast<const float4*>(u.values + at);
+      float4 s0 = u.state0 != nullptr ? *reinterpret_cast<const float4*>(u.state0 + at) : float4{};
+      float4 s1 = u.state1 != nullptr ? *reinterpret_cast<const float4*>(u.state1 + at) : float4{};
+      update_element(u.rule, p.x, grad[half], s0.x, s1.x);
+      update_element(u.rule, p.y, grad[half + 1], s0.y, s1.y);
+      update_element(u.rule, p.z, grad[half + 2], s0.z, s1.z);
+      update_element(u.rule, p.w, grad[half + 3], s0.w, s1.w);
+      *reinterpret_cast<float4*>(u.values + at) = p;
+      if (u.state0 != nullptr) *reinterpret_cast<float4*>(u.state0 + at) = s0;
+      if (u.state1 != nullptr) *reinterpret_cast<float4*>(u.state1 + at) = s1;
+    }
+    return;
+  }
+  for (int k = 0; k < 8 && e + k < count; ++k) {
+    float p = u.values[e + k];
+    float s0 = u.state0 != nullptr ? u.state0[e + k] : 0.0f;
+    float s1 = u.state1 != nullptr ? u.state1[e + k] : 0.0f;
+    update_element(u.rule, p, grad[k], s0, s1);
+    u.values[e + k] = p;
+    if (u.state0 != nullptr) u.state0[e + k] = s0;
+    if (u.state1 != nullptr) u.state1[e + k] = s1;
+  }
+}
+
 /// Decodes a pack into `out` (times `decode`) and counts its non-finite values among the
 /// first `valid` (the rest is padding past the end of the data).
 template <class Wire>
@@ -149,8 +190,15 @@ __device__ inline unsigned decode8(const WirePack<Wire>& pack, float decode, std
   return bad;
 }
 
-template <class Wire>
-__global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_kernel(CompressedReduceArgs a) {
+/// `kUpdate`: the results go through `u` (update8) instead of into `a.data`; without it `u` is
+/// not read. A template argument rather than a branch, so that the kernel without an update has
+/// no test in its loops and holds no register for one: it compiles to the same code as a kernel
+/// that knows nothing of updates. The one with an update must stay within 64 registers, so that
+/// two blocks of 512 threads still fit on an SM (Options::compressed_reduce_blocks allows two
+/// per SM, and a block must never wait for a place while its partners wait at a barrier).
+template <class Wire, bool kUpdate>
+__global__ void __launch_bounds__(kCompressedReduceThreads)
+    compressed_reduce_kernel(CompressedReduceKernelArgs a, FusedUpdate u) {
   const auto window = static_cast<ncclWindow_t>(a.window);
   const std::size_t vectors = a.shard / 8;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -212,7 +260,11 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
     }
     float r[8];
     bad += decode8(out, a.decode, e < a.count ? a.count - e : 0, r);
-    store8(a.data, a.count, e, r);
+    if constexpr (kUpdate) {
+      update8(u, a.count, e, r);
+    } else {
+      store8(a.data, a.count, e, r);
+    }
   }
   if (!meet(a, flags_offset, epoch, deadline)) return;
 
@@ -227,7 +279,11 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
       in.word = inbox[v];
       float r[8];
       bad += decode8(in, a.decode, e < a.count ? a.count - e : 0, r);
-      store8(a.data, a.count, e, r);
+      if constexpr (kUpdate) {
+        update8(u, a.count, e, r);
+      } else {
+        store8(a.data, a.count, e, r);
+      }
     }
   }
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = epoch;
@@ -240,11 +296,20 @@ __global__ void __launch_bounds__(kCompressedReduceThreads) compressed_reduce_ke
   }
 }
 
+template <class Wire>
+void launch_compressed_reduce_of(const CompressedReduceArgs& args, cudaStream_t stream) {
+  if (args.update.values != nullptr) {
+    compressed_reduce_kernel<Wire, true><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, args.update);
+  } else {
+    compressed_reduce_kernel<Wire, false><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, FusedUpdate{});
+  }
+}
+
 inline cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cudaStream_t stream) {
   if (args.wire == DataType::kFloat16) {
-    compressed_reduce_kernel<__half><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args);
+    launch_compressed_reduce_of<__half>(args, stream);
   } else if (args.wire == DataType::kBFloat16) {
-    compressed_reduce_kernel<__nv_bfloat16><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args);
+    launch_compressed_reduce_of<__nv_bfloat16>(args, stream);
   } else {
     return cudaErrorInvalidValue;  // the workspace admits only these two
   }

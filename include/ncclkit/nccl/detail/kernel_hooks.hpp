@@ -53,14 +53,14 @@ inline CopyBatchLauncher& copy_batch_launcher() {
   return launcher;
 }
 
-/// One compressed all-reduce (Communicator::compressed_all_reduce): `count` float32 values at
-/// `data` (16-byte aligned), reduced in place through the symmetric window `window`, laid out
-/// as [reduce-scatter inbox: world slots of `slot` wire values | all-gather inbox: the same |
-/// barrier flags: `blocks` x world std::uint32_t]. Rank r owns data elements [r * shard,
-/// (r + 1) * shard); shard <= slot, both multiples of 8. `epochs` (device memory, `blocks`
-/// values, then the word `stop` points at) carry each block's barrier count from one call to the
-/// next.
-struct CompressedReduceArgs {
+/// The window side of one compressed all-reduce (Communicator::compressed_all_reduce): `count`
+/// float32 values at `data` (16-byte aligned), reduced in place through the symmetric window
+/// `window`, laid out as [reduce-scatter inbox: world slots of `slot` wire values | all-gather
+/// inbox: the same | barrier flags: `blocks` x world std::uint32_t]. Rank r owns data elements
+/// [r * shard, (r + 1) * shard); shard <= slot, both multiples of 8. `epochs` (device memory,
+/// `blocks` values, then the word `stop` points at) carry each block's barrier count from one
+/// call to the next.
+struct CompressedReduceKernelArgs {
   void* window;  // an ncclWindow_t (NCCL 2.28's device API)
   float* data;
   std::size_t count;
@@ -78,6 +78,17 @@ struct CompressedReduceArgs {
   int world;
   int blocks;
   std::uint64_t timeout_ns;
+};
+
+/// One compressed all-reduce, and the optimizer update it may apply: with `update.values` not
+/// null, the results are not written to `data` but go through update_element into
+/// `update.values` and its state (core/update.hpp; each 16-byte aligned, none overlapping `data`,
+/// the state pointers null where the rule keeps fewer). The kernel takes the update as a
+/// parameter of its own, apart from the window side, so that the kernel without one compiles to
+/// the same code whatever the update holds (a larger argument struct changes how the compiler
+/// loads the arguments).
+struct CompressedReduceArgs : CompressedReduceKernelArgs {
+  FusedUpdate update;  // values null: none, the results go to `data`
 };
 inline constexpr int kCompressedReduceThreads = 512;
 
