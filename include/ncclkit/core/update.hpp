@@ -66,26 +66,65 @@ struct FusedUpdate {
 #else
 #define NCCLKIT_UPDATE_FN inline
 #endif
+namespace detail::rounded {
+// Each product and sum rounded on its own, never contracted into one FMA: nvcc contracts
+// a·b + c differently in each kernel that inlines update_element, so the separate update kernel
+// and the one fused into a reduction (nccl/compressed_reduce.hpp) would round differently, and
+// both would differ from the CPU's loop. With these, every context computes the same bits.
+NCCLKIT_UPDATE_FN float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+NCCLKIT_UPDATE_FN float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+NCCLKIT_UPDATE_FN float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+NCCLKIT_UPDATE_FN float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+NCCLKIT_UPDATE_FN float root(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return std::sqrt(a);
+#endif
+}
+}  // namespace detail::rounded
+
 NCCLKIT_UPDATE_FN void update_element(const UpdateRule& r, float& p, float grad, float& s0, float& s1) {
-  float g = grad * r.grad_scale;
+  using detail::rounded::add, detail::rounded::sub, detail::rounded::mul, detail::rounded::div, detail::rounded::root;
+  float g = mul(grad, r.grad_scale);
   if (r.kind == UpdateRule::Kind::kSgd) {
-    if (r.weight_decay != 0.0f) g += r.weight_decay * p;
+    if (r.weight_decay != 0.0f) g = add(g, mul(r.weight_decay, p));
     if (r.momentum != 0.0f) {
-      s0 = r.first_step ? g : r.momentum * s0 + (1.0f - r.dampening) * g;
-      g = r.nesterov ? g + r.momentum * s0 : s0;
+      s0 = r.first_step ? g : add(mul(r.momentum, s0), mul(sub(1.0f, r.dampening), g));
+      g = r.nesterov ? add(g, mul(r.momentum, s0)) : s0;
     }
-    p -= r.lr * g;
+    p = sub(p, mul(r.lr, g));
     return;
   }
-  p *= 1.0f - r.lr * r.weight_decay;
-  s0 = r.beta1 * s0 + r.one_minus_beta1 * g;
-  s1 = r.beta2 * s1 + r.one_minus_beta2 * g * g;
-#if defined(__CUDA_ARCH__)
-  const float denominator = sqrtf(s1) / sqrtf(r.bias_correction2) + r.eps;
-#else
-  const float denominator = std::sqrt(s1) / std::sqrt(r.bias_correction2) + r.eps;
-#endif
-  p -= (r.lr / r.bias_correction1) * s0 / denominator;
+  p = mul(p, sub(1.0f, mul(r.lr, r.weight_decay)));
+  s0 = add(mul(r.beta1, s0), mul(r.one_minus_beta1, g));
+  s1 = add(mul(r.beta2, s1), mul(mul(r.one_minus_beta2, g), g));
+  const float denominator = add(div(root(s1), root(r.bias_correction2)), r.eps);
+  p = sub(p, div(mul(div(r.lr, r.bias_correction1), s0), denominator));
 }
 #undef NCCLKIT_UPDATE_FN
 
