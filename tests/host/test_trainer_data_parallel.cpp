@@ -195,6 +195,25 @@ TEST_CASE("a model that overwrites its gradients on a step's first micro-batch t
   }
 }
 
+TEST_CASE("on one rank, float32 gradients are not sent through a collective: the rank's average is its own") {
+  LoopbackWorld world(1);
+  const auto errors = run_ranks(1, [&](int rank) {
+    B backend(world, rank);
+    Known<B> model;
+    DataParallelTrainer<Known<B>, B> trainer(backend, model, quiet({.global_batch = 4, .schedule = {.lr = 0.1}}));
+    CHECK(trainer.sync().reducer().name() == "none (one rank)");
+    const std::vector<Count> micro(1, Count{4});
+    trainer.step(std::span<const Count>(micro));
+    CHECK(std::vector<float>(model.w, model.w + 4) != std::vector<float>(4, 1.0f));  // it trained
+    Known<B> compressed_model;
+    DataParallelTrainer<Known<B>, B> compressed(
+        backend, compressed_model,
+        quiet({.global_batch = 4, .codec = ncclkit::compression::Codec::kFloat16, .schedule = {.lr = 0.1}}));
+    CHECK(compressed.sync().reducer().name() != "none (one rank)");  // a codec still rounds, as on N ranks
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
+
 TEST_CASE("N ranks with a global batch B reach the parameters of one rank with batch B (digits, SGD and AdamW)") {
   for (const auto kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
     CAPTURE(static_cast<int>(kind));

@@ -30,7 +30,7 @@
 #include <cstddef>     // std::size_t, std::byte
 #include <cstdint>     // std::uint64_t
 #include <cstdio>      // std::printf, std::fopen
-#include <memory>      // std::unique_ptr
+#include <memory>      // std::unique_ptr, std::make_shared
 #include <optional>    // std::optional
 #include <span>        // std::span
 #include <string>      // std::string, std::to_string
@@ -47,6 +47,7 @@
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/fusion/layout.hpp"
 #include "ncclkit/trainer/checkpoint.hpp"
+#include "ncclkit/trainer/detail/one_rank_reducer.hpp"
 #include "ncclkit/trainer/detail/training_state.hpp"
 #include "ncclkit/trainer/model.hpp"
 #include "ncclkit/trainer/optimizer.hpp"
@@ -291,7 +292,11 @@ class DataParallelTrainer {
 
   typename fusion::GradientSync<B>::Options sync_options() const {
     typename fusion::GradientSync<B>::Options o{.op = ReduceOp::kAvg, .missing = options_.unused_parameters};
-    if (options_.codec != compression::Codec::kNone) o.reducer = compression::compressed({.codec = options_.codec});
+    if (options_.codec != compression::Codec::kNone) {
+      o.reducer = compression::compressed({.codec = options_.codec});
+    } else if (backend_->size() == 1) {
+      o.reducer = std::make_shared<detail::OneRankFactory<B>>();
+    }
     return o;
   }
 
