@@ -69,8 +69,9 @@ struct FusedUpdate {
 namespace detail::rounded {
 // Each product and sum rounded on its own, never contracted into one FMA: nvcc contracts
 // a·b + c differently in each kernel that inlines update_element, so the separate update kernel
-// and the one fused into a reduction (nccl/compressed_reduce.hpp) would round differently, and
-// both would differ from the CPU's loop. With these, every context computes the same bits.
+// and the one fused into a reduction (nccl/compressed_reduce.hpp) would round differently. With
+// these every GPU context computes the same bits, and those of the CPU's loop wherever the host
+// compiler does not contract either (x86-64 without FMA instructions, or -ffp-contract=off).
 NCCLKIT_UPDATE_FN float mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
