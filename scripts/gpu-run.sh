@@ -340,8 +340,7 @@ define_phases() {
   # reduction on 32 or 66 blocks (train_mlp's default: one per SM), fewer SMs planned
   # by cuBLAS (at 1 GPU too); bf16 compute with float32 masters, and gradients zeroed and added
   # to rather than written (both at 1 GPU too); the optimizer's own pass instead of the update
-  # fused into the reduction (for float32 gradients also NCCL's all-reduce instead of the fused
-  # kernel's float32 wire).
+  # fused into the 16-bit reduction.
   # One step's picture first: the fp16 buckets under backward at batch 64 (the timeline keeps the
   # first steps, so few warm-up steps; tools/timeline_svg.py draws it from the traces).
   needs mlp-timeline 2 && NCCLKIT_TIMELINE="$data/timeline/mlp" NCCLKIT_TIMELINE_STEPS=6 CUDA_VISIBLE_DEVICES=0,1 \

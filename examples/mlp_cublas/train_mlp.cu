@@ -36,8 +36,7 @@
 //                       instead of the first micro-batch's GEMMs writing them (beta 0)
 //   --cublas-sms N      cublasSetSmCountTarget: SMs cuBLAS plans its GEMMs for (0: all)
 //   --separate-update   the optimizer's own pass over each bucket after it lands, instead of the
-//                       fused reduction applying the update (TrainerOptions::fuse_update; with
-//                       --codec none, NCCL's all-reduce instead of the fused kernel's float32 wire)
+//                       fused 16-bit reduction applying the update (TrainerOptions::fuse_update)
 #include <cuda_runtime.h>
 
 #include <algorithm>     // std::sort, std::min, std::max
@@ -126,9 +125,8 @@ double loss_of(Communicator& comm, M& model, const mlp_cublas::Batch& batch, cud
   return host[2] > 0 ? host[0] / host[2] : 0;
 }
 
-/// Milliseconds per reduction of a copy of the trainer's gradients, with its plan, codec and kind
-/// of reducer (the fused kernel or NCCL's all-reduce) and no backward, the median of `repeats`
-/// (after 3 untimed).
+/// Milliseconds per reduction of a copy of the trainer's gradients, with its plan and codec and
+/// no backward, the median of `repeats` (after 3 untimed).
 template <class Trainer>
 double reduce_alone_ms(Communicator& comm, const Trainer& trainer, ncclkit::compression::Codec codec,
                        std::size_t repeats, cudaStream_t stream) {
@@ -139,11 +137,7 @@ double reduce_alone_ms(Communicator& comm, const Trainer& trainer, ncclkit::comp
     comm.copy(copy.all(type).data, gradients.all(type).data, gradients.all(type).bytes(), stream);
   }
   ncclkit::fusion::GradientSync<Communicator>::Options options{.op = ncclkit::ReduceOp::kAvg};
-  // Codec none reduces through the float32 fused kernel where the trainer does (to fuse the update).
-  const bool kernel = trainer.sync().reducer().name().find("fused kernel") != std::string::npos;
-  if (codec != ncclkit::compression::Codec::kNone || kernel) {
-    options.reducer = ncclkit::compression::compressed({.codec = codec, .fused_transfer = kernel});
-  }
+  if (codec != ncclkit::compression::Codec::kNone) options.reducer = ncclkit::compression::compressed({.codec = codec});
   ncclkit::fusion::GradientSync<Communicator> sync(copy, trainer.sync().plan(), std::move(options));
   const auto once = [&] {
     for (std::uint32_t i = 0; i < copy.layout().size(); ++i) sync.mark_ready(ncclkit::fusion::Slot{i}, stream);
@@ -238,11 +232,10 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
   const std::string optimizer = args.optimizer == ncclkit::trainer::OptimizerKind::kSgd ? "sgd" : "adamw";
   const std::string codec_name(ncclkit::compression::name_of(codec));
   const std::string bucket = bucket_text(args, trainer);
-  const std::string reducer = trainer.sync().reducer().name();
-  std::printf("train_mlp: %d GPU(s), batch %zu/GPU x %zu, %s gradients (%s), %s, buckets %s: step %.3f ms median "
+  std::printf("train_mlp: %d GPU(s), batch %zu/GPU x %zu, %s gradients, %s, buckets %s: step %.3f ms median "
               "(%.3f mean, %zu steps), %.0f samples/s; reduction alone %.3f ms; loss %.4f -> %.4f\n",
-              world, batch, args.accumulation, codec_name.c_str(), reducer.c_str(), optimizer.c_str(), bucket.c_str(),
-              step, mean(step_ms), args.steps, samples_per_s, reduce_ms, loss_before, loss_after);
+              world, batch, args.accumulation, codec_name.c_str(), optimizer.c_str(), bucket.c_str(), step,
+              mean(step_ms), args.steps, samples_per_s, reduce_ms, loss_before, loss_after);
   std::fflush(stdout);
   if (args.csv.empty()) return;
   // main() made the file: the header goes first where it is still empty.

@@ -443,10 +443,10 @@ TEST_CASE("compressed_all_reduce: the same bits on every rank, within bound, ove
                 "16-byte aligned");
       }
       try {
-        (void)comm.prepare_compressed_reduce(10, DataType::kFloat64);
-        checker.expect(false, "no ConfigError for a float64 wire");
+        (void)comm.prepare_compressed_reduce(10, DataType::kFloat32);
+        checker.expect(false, "no ConfigError for a float32 wire");
       } catch (const ncclkit::ConfigError& e) {
-        checker.expect(std::string(e.what()).find("not float16, bfloat16 or float32") != std::string::npos, e.what());
+        checker.expect(std::string(e.what()).find("not float16 or bfloat16") != std::string::npos, e.what());
       }
       return checker.finish("compressed_all_reduce");
     });
@@ -490,11 +490,8 @@ ncclkit::UpdateRule adamw_rule() {
 // update_element), for plain SGD, SGD with momentum, weight decay and Nesterov (its first step
 // and a later one) and AdamW, at a count whose last vector of 8 is partial (the scalar tail); the
 // gradients keep this rank's own values; the state a rule does not keep is left alone; misuse
-// (no values, missing state, a misaligned pointer, values over the data) is a ConfigError. The
-// same with a float32 wire, whose sum is NCCL's.
-TEST_CASE(
-    "compressed_all_reduce with an update: the bits of reduce then update, gradients kept; misuse named; "
-    "a float32 wire is NCCL's sum") {
+// (no values, missing state, a misaligned pointer, values over the data) is a ConfigError.
+TEST_CASE("compressed_all_reduce with an update: the bits of reduce then update, gradients kept; misuse named") {
   for (int n : world_sizes()) {
     CAPTURE(n);
     run_workers(n, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
@@ -507,7 +504,7 @@ TEST_CASE(
       // Not a multiple of 8 x world for any world size: every rank's shard ends in a partial vector
       // or the data ends inside one.
       constexpr std::size_t kCount = 100003;
-      for (const DataType wire : {DataType::kFloat16, DataType::kBFloat16, DataType::kFloat32}) {
+      for (const DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
         auto workspace = comm.prepare_compressed_reduce(kCount, wire);
         if (!checker.expect(workspace.has_value(), "a workspace where it can run")) break;
         using Allocation = ncclkit::detail::Allocation<Communicator>;
@@ -570,30 +567,6 @@ TEST_CASE(
           // The update did something: not the parameters it started from.
           const std::vector<std::uint32_t> after = device_bits(comm, param.data(), kCount, s);
           checker.expect(std::memcmp(after.data(), params.data(), bytes) != 0, what + "the parameters did not move");
-        }
-        if (wire == DataType::kFloat32) {
-          // A float32 wire rounds nothing: NCCL's sum, bit for bit at 2 ranks (a + b either
-          // way), within float32's summation order at more.
-          comm.copy_from_host(grad.data(), mine.data(), bytes, s);
-          comm.copy_from_host(reduced.data(), mine.data(), bytes, s);
-          comm.compressed_all_reduce(*workspace, view(grad), 1.0, 1.0, nullptr, s);
-          comm.all_reduce(view(reduced), view(reduced), ncclkit::ReduceOp::kSum, s);
-          std::vector<float> kernel(kCount), nccl(kCount);
-          comm.copy_to_host(kernel.data(), grad.data(), bytes, s);
-          comm.copy_to_host(nccl.data(), reduced.data(), bytes, s);
-          comm.synchronize(s);
-          double worst = 0.0;
-          for (std::size_t i = 0; i < kCount; ++i) {
-            worst = std::max(worst, static_cast<double>(std::fabs(kernel[i] - nccl[i])));
-          }
-          if (world.world_size == 2) {
-            checker.expect(std::memcmp(kernel.data(), nccl.data(), bytes) == 0,
-                           "float32 wire: not NCCL's sum bit for bit at 2 ranks (largest difference " +
-                               std::to_string(worst) + ")");
-          } else {
-            checker.expect(worst <= 1e-9, "float32 wire: " + std::to_string(worst) +
-                                              " from NCCL's sum of N(0, 1e-3) values, more than 1e-9");
-          }
         }
         // Misuse, named on every rank (no collective is issued).
         const auto rejects = [&](const ncclkit::FusedUpdate& update, const char* needle) {

@@ -265,12 +265,6 @@ TEST_CASE("fused transfer: one compressed reduction per chunk, no separate casts
   }
   ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
                                        {.op = ReduceOp::kSum, .reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16})}, /*fused=*/true);
-  // Codec none: the float32 wire, within float32's tolerance.
-  for (int ranks : {2, 3}) {
-    CAPTURE(ranks);
-    ncclkit::testing::check_synchronised(ranks, ncclkit::testing::awkward_layout, kSmallBuckets, 2,
-                                         {.reducer = ncclkit::compression::compressed({.codec = Codec::kNone})}, /*fused=*/true);
-  }
   // Turned off, or with rerun_nonfinite: the separate casts, although the backend could.
   ncclkit::testing::check_synchronised(2, ncclkit::testing::awkward_layout, kSmallBuckets, 1,
                                        {.reducer = ncclkit::compression::compressed({.codec = Codec::kFloat16, .fused_transfer = false})}, /*fused=*/true);
@@ -451,97 +445,6 @@ TEST_CASE("fused transfer applies an optimizer update where a float32 bucket lan
     CHECK(floats(b) == reduced_b);
   });
   for (const auto& e : errors) CHECK(message_of(e) == "");
-}
-
-TEST_CASE(
-    "codec none through the fused kernel: float32 on the wire, the same bits as all_reduce at two ranks, "
-    "and the update applied where each bucket lands") {
-  LoopbackWorld world(2);
-  const auto errors = run_ranks(2, [&](int rank) {
-    LoopbackBackend backend(world, rank);
-    backend.allow_compressed_reduce(true);
-    Buffer buffer(backend, two_tensors(1000));
-    const BucketPlan plan = BucketPlan::compute(buffer.layout(), {.bucket_bytes = 4000, .first_bucket_bytes = 4000});
-    REQUIRE(plan.size() == 2);
-    // The float32 allocation as one vector, and the elements of the tensors in it (not the
-    // padding after a lone tensor, which neither the kernel nor the update touches).
-    const std::size_t all = buffer.layout().total_bytes(DataType::kFloat32) / sizeof(float);
-    const auto offset = [&](Slot slot) { return buffer.layout().offset_elements(slot); };
-    const auto tensors = [&](const std::vector<float>& x) {
-      std::vector<float> out;
-      for (Slot slot : {Slot{0}, Slot{1}}) {
-        const auto begin = x.begin() + static_cast<std::ptrdiff_t>(offset(slot));
-        out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(buffer.layout().count(slot)));
-      }
-      return out;
-    };
-    const auto whole = [&] {
-      const auto* first = static_cast<const float*>(buffer.data(DataType::kFloat32));
-      return tensors(std::vector<float>(first, first + all));
-    };
-    const auto reduced_by = [&](ncclkit::fusion::ReducerChoice<LoopbackBackend> reducer, std::string& name) {
-      Sync sync(buffer, plan, {.reducer = reducer});
-      name = sync.reducer().name();
-      ncclkit::testing::write_gradients(buffer, rank, 0);
-      sync.mark_ready(Slot{1});
-      sync.mark_ready(Slot{0});
-      sync.finish();
-      return whole();
-    };
-    std::string kernel_name, plain_name;
-    const std::vector<float> kernel = reduced_by(ncclkit::compression::compressed({.codec = Codec::kNone}), kernel_name);
-    const std::vector<float> plain = reduced_by(nullptr, plain_name);
-    CHECK(kernel_name == "float32 fused kernel");
-    CHECK(plain_name != kernel_name);
-    CHECK(backend.compressed_reduces_prepared() == 1);
-    CHECK(std::memcmp(kernel.data(), plain.data(), kernel.size() * sizeof(float)) == 0);
-    // Turned off: the plain all_reduce.
-    std::string off_name;
-    (void)reduced_by(ncclkit::compression::compressed({.codec = Codec::kNone, .fused_transfer = false}), off_name);
-    CHECK(off_name == plain_name);
-
-    // With AdamW through GradientSync::fuse_update: the parameters and both moments as the
-    // separate update of the reduced gradients gives them, the gradients left as written.
-    const ncclkit::UpdateRule rule{.kind = ncclkit::UpdateRule::Kind::kAdamW, .lr = 1e-3f, .weight_decay = 0.01f};
-    std::vector<float> values(all), m(all, 0.f), v(all, 0.f);
-    for (std::size_t e = 0; e < values.size(); ++e) values[e] = 0.5f - 1e-3f * static_cast<float>(e % 89);
-    std::vector<float> want_values = values, want_m = m, want_v = v;
-    const auto view = [](std::vector<float>& x) {
-      return TensorView{x.data(), x.size(), DataType::kFloat32, LoopbackBackend::memory_kind};
-    };
-    std::vector<float> gradients(all, 0.f);
-    for (Slot slot : {Slot{0}, Slot{1}}) {
-      std::copy_n(plain.begin() + (slot.index == 0 ? 0 : static_cast<std::ptrdiff_t>(buffer.layout().count(Slot{0}))),
-                  buffer.layout().count(slot), gradients.begin() + static_cast<std::ptrdiff_t>(offset(slot)));
-    }
-    ncclkit::detail::update_on_host(rule, view(want_values), view(gradients), view(want_m), view(want_v));
-    Sync sync(buffer, plan, {.reducer = ncclkit::compression::compressed({.codec = Codec::kNone})});
-    REQUIRE(sync.reducer().can_update(0));
-    REQUIRE(sync.reducer().can_update(1));
-    ncclkit::testing::write_gradients(buffer, rank, 0);
-    const std::vector<float> own = whole();
-    sync.fuse_update(rule, {values.data(), m.data(), v.data()});
-    sync.mark_ready(Slot{0});
-    sync.mark_ready(Slot{1});
-    sync.finish();
-    CHECK(sync.updated(0));
-    CHECK(sync.updated(1));
-    CHECK(tensors(values) == tensors(want_values));
-    CHECK(tensors(m) == tensors(want_m));
-    CHECK(tensors(v) == tensors(want_v));
-    CHECK(whole() == own);
-  });
-  for (const auto& e : errors) CHECK(message_of(e) == "");
-}
-
-TEST_CASE("codec none takes no prescale") {
-  LoopbackWorld world(1);
-  LoopbackBackend backend(world, 0);
-  Buffer buffer(backend, two_tensors(16));
-  CHECK_THROWS_WITH_AS(
-      Sync(buffer, BucketPlan::compute(buffer.layout()),
-           {.reducer = ncclkit::compression::compressed({.codec = Codec::kNone, .prescale = 0.5})}),
-      doctest::Contains("prescale needs a codec"), ConfigError);
 }
 
 TEST_CASE("only the fused kernel applies an update: the separate casts, the float32 rerun and all_reduce cannot") {

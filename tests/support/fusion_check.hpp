@@ -147,7 +147,7 @@ inline std::optional<compression::CompressionOptions> compression_of(const Sync:
 /// rank's result must equal rank 0's bit for bit. Also checks that events are made once, not
 /// per step, and that every bucket launched before finish.
 /// With `fused`, the backend offers the fused compressed reduction (CompressedReduceBackend),
-/// and a compressed sync must take it (codec none too: its float32 wire).
+/// and a sync with a codec must take it.
 inline void check_synchronised(int ranks, const std::function<FusedLayout()>& make_layout, const BucketOptions& buckets,
                                int steps, Sync::Options options = {}, bool fused = false) {
   const ReduceOp op = options.op;
@@ -161,11 +161,11 @@ inline void check_synchronised(int ranks, const std::function<FusedLayout()>& ma
     backend.allow_compressed_reduce(fused);
     Buffer buffer(backend, make_layout());
     Sync sync(buffer, BucketPlan::compute(buffer.layout(), buckets), options);
-    const bool kernel = fused && compressed && compressed->fused_transfer && !compressed->rerun_nonfinite;
-    CHECK(runs_fused(sync) == kernel);
+    const bool compress = codec != compression::Codec::kNone;
+    CHECK(runs_fused(sync) == (fused && compress && compressed->fused_transfer && !compressed->rerun_nonfinite));
     const std::size_t events = backend.events_created();
     // The plain all_reduce's: per bucket, one for its hand-over and one for its completion.
-    if (codec == compression::Codec::kNone && !kernel) CHECK(events == 2 * sync.plan().size());
+    if (codec == compression::Codec::kNone) CHECK(events == 2 * sync.plan().size());
     for (int step = 0; step < steps; ++step) {
       write_gradients(buffer, rank, step);
       for (Slot slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);

@@ -13,10 +13,6 @@
 ///   - RerunReducer (rerun_reducer.hpp), with `rerun_nonfinite`: separate casts, and a float32
 ///     rerun of every piece whose 16-bit sum is not finite;
 ///   - CastReducer (cast_reducer.hpp) elsewhere: cast, 16-bit all_reduce, cast.
-/// With Codec::kNone nothing is rounded: float32 buckets go through the fused kernel with a
-/// float32 wire where it can run and `fused_transfer` is on (its worth: it can apply the
-/// optimizer's update where each result is made, GradientSync::fuse_update), else through the
-/// backend's all_reduce (fusion::AllReduceReducer).
 /// The fused and the separate paths round differently in the last bit, each the same on every
 /// rank. `GradientSync::reducer().name()` says which one runs.
 
@@ -45,11 +41,11 @@ namespace ncclkit::compression {
 
 /// How gradients are compressed; designated initialisers.
 struct CompressionOptions {
-  /// kFloat16 (default) or kBFloat16; kNone reduces float32 as it is, unrounded (see above).
+  /// kFloat16 (default) or kBFloat16; kNone reduces float32 as it is (the plain all_reduce).
   Codec codec = Codec::kFloat16;
   /// What encode multiplies float32 gradients by; decode divides it out. Default 1/world: the
   /// 16-bit sum of `world` gradients is then no larger than one gradient, so fp16 overflows
-  /// only where a single gradient would. Only with a codec (kNone scales nothing).
+  /// only where a single gradient would.
   std::optional<double> prescale = std::nullopt;
   /// Compressed buckets are encoded, reduced and decoded in chunks of at most this many float32
   /// bytes, so encoding one chunk overlaps reducing the one before; 0 (default): one chunk per
@@ -94,9 +90,6 @@ class CompressedFactory final : public fusion::ReducerFactory<B> {
     if (options_.rerun_nonfinite && codec == Codec::kNone) {
       return "ncclkit: GradientSync: rerun_nonfinite needs a codec (fp16 or bf16)";
     }
-    if (options_.prescale && codec == Codec::kNone) {
-      return "ncclkit: GradientSync: prescale needs a codec (fp16 or bf16); codec none scales nothing";
-    }
     try {
       (void)factors_for(setup);
     } catch (const ConfigError& e) {
@@ -105,17 +98,8 @@ class CompressedFactory final : public fusion::ReducerFactory<B> {
     return {};
   }
   std::unique_ptr<fusion::BucketReducer<B>> make(const fusion::ReducerSetup<B>& setup) const override {
+    if (options_.codec == Codec::kNone) return std::make_unique<fusion::AllReduceReducer<B>>(setup);
     const CodecFactors factors = factors_for(setup);
-    if (options_.codec == Codec::kNone) {
-      if constexpr (CompressedReduceBackend<B>) {
-        if (options_.fused_transfer) {
-          std::string why;
-          if (auto fused = FusedReducer<B>::make(setup, Codec::kNone, factors, options_.chunk_bytes, why)) return fused;
-          if (!why.empty()) log_info("ncclkit: GradientSync: float32 buckets go through the backend's all_reduce: " + why);
-        }
-      }
-      return std::make_unique<fusion::AllReduceReducer<B>>(setup);
-    }
     if (options_.rerun_nonfinite) {
       return std::make_unique<RerunReducer<B>>(setup, options_.codec, factors, options_.chunk_bytes);
     }
@@ -135,8 +119,7 @@ class CompressedFactory final : public fusion::ReducerFactory<B> {
 
  private:
   CodecFactors factors_for(const fusion::ReducerSetup<B>& setup) const {
-    const std::optional<double> prescale = options_.codec == Codec::kNone ? std::optional<double>(1.0) : options_.prescale;
-    return factors(setup.backend->size(), setup.op == ReduceOp::kAvg, prescale);
+    return factors(setup.backend->size(), setup.op == ReduceOp::kAvg, options_.prescale);
   }
   CompressionOptions options_;
 };

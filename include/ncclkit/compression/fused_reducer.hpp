@@ -4,8 +4,6 @@
 /// memory). The kernel encodes, moves the 16-bit data between GPUs, sums and decodes it
 /// (nccl/compressed_reduce.hpp): no separate casts, and each rank's own part is summed
 /// unrounded. It counts non-finite 16-bit results as it goes, so completing a bucket is one wait.
-/// With Codec::kNone the wire is float32: the same kernel rounds nothing, and is there for the
-/// update below.
 ///
 /// It can apply an optimizer update where a float32 bucket lands (can_update, set_update): the
 /// kernel then writes the parameters and state instead of the reduced gradients. The update is
@@ -74,10 +72,7 @@ class FusedReducer final : public detail::CompressedBase<B> {
     return reducer;
   }
 
-  std::string name() const override {
-    return this->codec_ == Codec::kNone ? std::string("float32 fused kernel")
-                                        : std::string(name_of(this->codec_)) + " fused kernel";
-  }
+  std::string name() const override { return std::string(name_of(this->codec_)) + " fused kernel"; }
 
   /// Where every piece of bucket `b` goes through the kernel (float32); a bucket of another type
   /// is all-reduced as it is, with no pass of this reducer's own to apply an update in.

@@ -136,8 +136,7 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
 /// since only a backend with a kernel of its own for it can model it:
 ///   - `compressed_reduce_unavailable()`: why it cannot run here, or empty where it can;
 ///   - `prepare_compressed_reduce(max_count, wire)`: a workspace for float32 data of up to
-///     `max_count` values crossing as `wire` (float16, bfloat16, or float32: nothing rounded,
-///     for the update below), or none where the backend
+///     `max_count` values crossing as `wire` (float16 or bfloat16), or none where the backend
 ///     cannot run it here (the same answer on every rank); a collective.
 ///   - `compressed_all_reduce(workspace, data, encode, decode, nonfinite, stream)`: in place,
 ///     data = decode * wire(sum over ranks of wire(data * encode)) (each rank's own part may be

@@ -652,8 +652,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     return CompressedReduce::local_verdict(core(), lsa_rank);
   }
   /// A workspace for compressed_all_reduce of up to `max_count` float32 values that cross in
-  /// `wire` (float16 or bfloat16; float32: nothing rounded, for the update overload below), or
-  /// none, on every rank alike, where any rank cannot run it.
+  /// `wire` (float16 or bfloat16), or none, on every rank alike, where any rank cannot run it.
   /// A collective: every rank calls it with the same arguments (compared: a ConfigError on every
   /// rank when they differ); it all-gathers each rank's verdict, registers a symmetric window and
   /// ends in a barrier. The kernel gets the fewest blocks any rank asked for
@@ -672,10 +671,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     // than two per SM could leave partners of a barrier waiting for a place on the GPU.
     const std::int64_t asked = c.options.compressed_reduce_blocks;
     std::string problem;
-    if (wire != DataType::kFloat16 && wire != DataType::kBFloat16 && wire != DataType::kFloat32) {
-      problem = ncclkit::detail::misuse_message(
-          "prepare_compressed_reduce", c.who(),
-          "wire type " + std::string(name_of(wire)) + " is not float16, bfloat16 or float32");
+    if (wire != DataType::kFloat16 && wire != DataType::kBFloat16) {
+      problem = ncclkit::detail::misuse_message("prepare_compressed_reduce", c.who(),
+                                                "wire type " + std::string(name_of(wire)) + " is not float16 or bfloat16");
     } else if (asked > 2 * static_cast<std::int64_t>(sms)) {
       problem = ncclkit::detail::misuse_message(
           "prepare_compressed_reduce", c.who(),
@@ -710,9 +708,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   }
   /// data = decode * wire(sum over ranks of wire(data * encode)), in place, float32 in and
   /// out, in one kernel on `stream`: the 16-bit values cross between GPUs, each rank's own
-  /// part is summed unrounded, every rank ends with the same bits (with a float32 wire, wire()
-  /// rounds nothing). Where `nonfinite` (a
-  /// std::uint64_t in this GPU's memory) is not null, the number of non-finite wire results
+  /// part is summed unrounded, every rank ends with the same bits. Where `nonfinite` (a
+  /// std::uint64_t in this GPU's memory) is not null, the number of non-finite 16-bit results
   /// is added to it (the same count on every rank). Watched like a collective; every rank
   /// calls it with the same count, in the same order as its other collectives.
   void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,

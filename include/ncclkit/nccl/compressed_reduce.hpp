@@ -1,13 +1,12 @@
 #pragma once
 /// `nccl::CompressedReduce`: the workspace of Communicator::compressed_all_reduce, a float32
 /// all-reduce whose data crosses NVLink in 16 bits, with compression fused into the transfer
-/// (or in float32, unrounded, for the optimizer update the kernel can apply)
 /// (detail/compressed_reduce_kernels.cuh says how). Made by
 /// Communicator::prepare_compressed_reduce, which returns none where it cannot run (see
 /// compressed_reduce_unavailable): the caller then casts around an ordinary all-reduce.
 ///
 /// It holds a symmetric window (ncclMemAlloc'd, registered with NCCL_WIN_COLL_SYMMETRIC: a
-/// collective), twice the wire size of the largest call plus barrier flags, per-block
+/// collective), twice the 16-bit size of the largest call plus barrier flags, per-block
 /// barrier counts, a stop flag in device memory (raised before an abort of the communicator,
 /// which unmaps the window), and a flag in mapped host memory that a kernel raises when it
 /// gave up waiting for a peer. Calls on one workspace must be ordered (one stream, or streams joined
@@ -85,7 +84,7 @@ class CompressedReduce {
 
   /// The most float32 values one call may reduce.
   std::size_t capacity() const { return capacity_; }
-  /// The type the data crosses in: kFloat16, kBFloat16, or kFloat32 (no rounding).
+  /// The 16-bit type the data crosses in: kFloat16 or kBFloat16.
   DataType wire() const { return wire_; }
   /// Bytes of the symmetric window.
   std::size_t window_bytes() const { return window_bytes_; }
@@ -297,8 +296,7 @@ class CompressedReduce {
   /// The stop flag the kernel and CommHandle::stop_window_kernels share (kernel_hooks.hpp).
   int* stop_flag() const { return reinterpret_cast<int*>(epochs_ + blocks_); }
 
-  /// Elements per rank: an even split, rounded up to packs of 8 (16 bytes of 16-bit values, 32
-  /// of float32 ones).
+  /// Elements per rank: an even split, rounded up to whole 16-byte words of 16-bit values.
   static std::size_t shard_of(std::size_t count, int world) {
     return ncclkit::detail::align_up((count + static_cast<std::size_t>(world) - 1) / static_cast<std::size_t>(world),
                                      8);
@@ -359,7 +357,7 @@ class CompressedReduce {
   bool used_ = false;
   std::size_t window_bytes_ = 0;
   std::size_t capacity_ = 0;
-  std::size_t slot_ = 0;  // wire values per rank's shard at capacity; a multiple of 8
+  std::size_t slot_ = 0;  // 16-bit values per rank's shard at capacity; a multiple of 8
   int blocks_ = 0;
   int lsa_rank_ = 0;
   DataType wire_ = DataType::kFloat16;

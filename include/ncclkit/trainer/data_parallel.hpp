@@ -296,11 +296,6 @@ class DataParallelTrainer {
       o.reducer = compression::compressed({.codec = options_.codec});
     } else if (backend_->size() == 1) {
       o.reducer = std::make_shared<detail::OneRankFactory<B>>();
-    } else if (DoneWithValuesWhenReady<M> && options_.fuse_update && options_.clip_norm == 0 &&
-               options_.nonfinite != NonFinite::kSkip) {
-      // The fused kernel's float32 wire, where the backend has it: it applies the update where
-      // each bucket lands (the backend's all_reduce elsewhere).
-      o.reducer = compression::compressed({.codec = compression::Codec::kNone});
     }
     return o;
   }

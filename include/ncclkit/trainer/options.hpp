@@ -60,8 +60,7 @@ struct TrainerOptions {
   double clip_norm = 0.0;
   NonFinite nonfinite = NonFinite::kStop;
   /// Let the reduction apply the optimizer update where each bucket lands, where it can (the
-  /// fused kernel on GPUs of one node, compression/: 16-bit with codec kFloat16 / kBFloat16,
-  /// float32 with kNone, in place of NCCL's all_reduce) and the model
+  /// fused 16-bit kernel of codec kFloat16 / kBFloat16 on GPUs: compression/) and the model
   /// allows it (done_with_values_when_ready: trainer/model.hpp), saving the optimizer's own pass
   /// over the gradients and parameters. Steps with clipping or
   /// NonFinite::kSkip update after the norm, never so. After such a step the gradients hold each

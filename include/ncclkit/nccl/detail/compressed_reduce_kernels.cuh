@@ -16,9 +16,6 @@
 /// alike everywhere. Non-finite 16-bit results are counted over the whole tensor on every
 /// rank (phase 2 counts the own shard, phase 3 the others'), so the counts agree too.
 ///
-/// The wire may also be float32 (codec none): the same three phases with nothing rounded, a
-/// plain all-reduce whose worth is the update below, applied where each result is made.
-///
 /// With an optimizer update (CompressedReduceArgs::update), phases 2 and 3 do not write the
 /// results into `data`: each result goes through update_element (core/update.hpp, the same
 /// arithmetic as the separate update kernel, so the same bits as reducing and then updating)
@@ -72,45 +69,12 @@
 
 namespace ncclkit::nccl::detail {
 
-/// Eight wire values: one 16-byte word of 16-bit values.
+/// Eight wire values in one 16-byte word.
 template <class Wire>
 union WirePack {
-  static constexpr int kWords = 1;
   Wire v[8];
-  uint4 word[1];
+  uint4 word;
 };
-/// Eight float32 values, two 16-byte words, moved as float4 (load_pack): as a union with
-/// words, nvcc keeps the pack in local memory.
-template <>
-union WirePack<float> {
-  static constexpr int kWords = 2;
-  float v[8];
-};
-
-/// Pack `v` of the inbox at `base`.
-template <class Wire>
-__device__ inline WirePack<Wire> load_pack(const void* base, std::size_t v) {
-  WirePack<Wire> pack;
-  if constexpr (WirePack<Wire>::kWords == 1) {
-    pack.word[0] = static_cast<const uint4*>(base)[v];
-  } else {
-    const auto* words = static_cast<const float4*>(base) + 2 * v;
-    const float4 x = words[0], y = words[1];
-    pack.v[0] = x.x, pack.v[1] = x.y, pack.v[2] = x.z, pack.v[3] = x.w;
-    pack.v[4] = y.x, pack.v[5] = y.y, pack.v[6] = y.z, pack.v[7] = y.w;
-  }
-  return pack;
-}
-template <class Wire>
-__device__ inline void store_pack(void* base, std::size_t v, const WirePack<Wire>& pack) {
-  if constexpr (WirePack<Wire>::kWords == 1) {
-    static_cast<uint4*>(base)[v] = pack.word[0];
-  } else {
-    auto* words = static_cast<float4*>(base) + 2 * v;
-    words[0] = make_float4(pack.v[0], pack.v[1], pack.v[2], pack.v[3]);
-    words[1] = make_float4(pack.v[4], pack.v[5], pack.v[6], pack.v[7]);
-  }
-}
 
 __device__ inline std::uint64_t global_ns() {
   std::uint64_t t;
@@ -260,14 +224,14 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
   // 1. The others' shards, encoded, into their reduce-scatter inbox, slot `rank`.
   for (int step = 1; step < a.world; ++step) {
     const int peer = (a.rank + step) % a.world;
-    void* inbox = ncclGetLsaPointer(window, static_cast<std::size_t>(a.rank) * slot_bytes, peer);
+    auto* inbox = static_cast<uint4*>(ncclGetLsaPointer(window, static_cast<std::size_t>(a.rank) * slot_bytes, peer));
     for (std::size_t v = first; v < vectors; v += stride) {
       float x[8];
       load8(a.data, a.count, static_cast<std::size_t>(peer) * shard + v * 8, x);
       WirePack<Wire> pack;
 #pragma unroll
       for (int k = 0; k < 8; ++k) pack.v[k] = Convert<Wire>::narrow(x[k] * a.encode);
-      store_pack(inbox, v, pack);
+      inbox[v] = pack.word;
     }
   }
   if (!meet(a, flags_offset, epoch, deadline)) return;
@@ -281,8 +245,8 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
     for (int k = 0; k < 8; ++k) acc[k] *= a.encode;
     for (int q = 0; q < a.world; ++q) {
       if (q == a.rank) continue;
-      const WirePack<Wire> in =
-          load_pack<Wire>(ncclGetLocalPointer(window, static_cast<std::size_t>(q) * slot_bytes), v);
+      WirePack<Wire> in;
+      in.word = static_cast<const uint4*>(ncclGetLocalPointer(window, static_cast<std::size_t>(q) * slot_bytes))[v];
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] += Convert<Wire>::widen(in.v[k]);
     }
@@ -291,7 +255,8 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
     for (int k = 0; k < 8; ++k) out.v[k] = Convert<Wire>::narrow(acc[k]);
     for (int step = 1; step < a.world; ++step) {
       const int peer = (a.rank + step) % a.world;
-      store_pack(ncclGetLsaPointer(window, gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes, peer), v, out);
+      static_cast<uint4*>(
+          ncclGetLsaPointer(window, gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes, peer))[v] = out.word;
     }
     float r[8];
     bad += decode8(out, a.decode, e < a.count ? a.count - e : 0, r);
@@ -306,10 +271,12 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
   // 3. The others' shards, decoded from the all-gather inbox.
   for (int q = 0; q < a.world; ++q) {
     if (q == a.rank) continue;
-    const void* inbox = ncclGetLocalPointer(window, gather_offset + static_cast<std::size_t>(q) * slot_bytes);
+    const auto* inbox = static_cast<const uint4*>(
+        ncclGetLocalPointer(window, gather_offset + static_cast<std::size_t>(q) * slot_bytes));
     for (std::size_t v = first; v < vectors; v += stride) {
       const std::size_t e = static_cast<std::size_t>(q) * shard + v * 8;
-      const WirePack<Wire> in = load_pack<Wire>(inbox, v);
+      WirePack<Wire> in;
+      in.word = inbox[v];
       float r[8];
       bad += decode8(in, a.decode, e < a.count ? a.count - e : 0, r);
       if constexpr (kUpdate) {
@@ -343,10 +310,8 @@ inline cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cu
     launch_compressed_reduce_of<__half>(args, stream);
   } else if (args.wire == DataType::kBFloat16) {
     launch_compressed_reduce_of<__nv_bfloat16>(args, stream);
-  } else if (args.wire == DataType::kFloat32) {
-    launch_compressed_reduce_of<float>(args, stream);
   } else {
-    return cudaErrorInvalidValue;  // the workspace admits only these three
+    return cudaErrorInvalidValue;  // the workspace admits only these two
   }
   return cudaGetLastError();
 }
