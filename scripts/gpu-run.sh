@@ -164,9 +164,9 @@ set_phases() {
 SET_NAMES="tests tests-a tests-b perf fusion-bench fusion-ab copy-sweep mlp-bench mlp-ablation"
 # The ablation's variants of train_mlp at 2 GPUs (define_phases says what each changes); the
 # cuBLAS SM targets change the 1-GPU step too, so they have 1-GPU rows of their own.
-MLP_ABLATION="mlp-timeline mlp-abl-whole mlp-abl-prio0 mlp-abl-tune mlp-abl-ctas8 mlp-abl-ctas16 mlp-abl-blocks32
-  mlp-abl-blocks66 mlp-abl-cublas116-p1 mlp-abl-cublas116 mlp-abl-cublas100-p1 mlp-abl-cublas100 mlp-abl-bf16-p1
-  mlp-abl-bf16 mlp-abl-addgrads-p1 mlp-abl-addgrads mlp-abl-separate"
+MLP_ABLATION="mlp-timeline mlp-abl-whole mlp-abl-prio0 mlp-abl-tune mlp-abl-ctas8 mlp-abl-ctas16 mlp-abl-blocks66
+  mlp-abl-blocks0 mlp-abl-blocks264 mlp-abl-cublas116-p1 mlp-abl-cublas116 mlp-abl-cublas100-p1 mlp-abl-cublas100
+  mlp-abl-bf16-p1 mlp-abl-bf16 mlp-abl-addgrads-p1 mlp-abl-addgrads mlp-abl-separate"
 MLP_ABLATION=$(echo $MLP_ABLATION)
 
 # Every phase, in run order: `phase NAME LIMIT COMMAND...` with its environment in front. The
@@ -337,7 +337,8 @@ define_phases() {
   # ---- mlp-ablation: mlp-bench, then each overlap lever of train_mlp changed alone at 2 GPUs
   # (rows "ncclkit/NAME" in the same table): no overlap (one flat all-reduce after backward), the
   # comm stream at normal priority, the tuned bucket cap, NCCL's CTAs limited, the fused 16-bit
-  # reduction on 32 or 66 blocks (train_mlp's default: one per SM), fewer SMs planned
+  # reduction on 66 blocks, one per SM (0: the communicator's default) or 264, two per SM
+  # (train_mlp's default: 3 per 2 SMs), fewer SMs planned
   # by cuBLAS (at 1 GPU too); bf16 compute with float32 masters, and gradients zeroed and added
   # to rather than written (both at 1 GPU too); the optimizer's own pass instead of the update
   # fused into the 16-bit reduction.
@@ -348,7 +349,7 @@ define_phases() {
     --reduce-repeats 1 --codec fp16
   local abl=(--nprocs 2 "${mlp[@]}" --codec none,fp16 --csv "$data/mlp_ablation_p2.csv") v
   local variants=(whole:"--bucket-mb whole" prio0:"--comm-priority 0" tune:"--tune" ctas8:"--max-ctas 8"
-    ctas16:"--max-ctas 16" blocks32:"--reduce-blocks 32" blocks66:"--reduce-blocks 66"
+    ctas16:"--max-ctas 16" blocks66:"--reduce-blocks 66" blocks0:"--reduce-blocks 0" blocks264:"--reduce-blocks 264"
     cublas116:"--cublas-sms 116" cublas100:"--cublas-sms 100" bf16:"--precision bf16"
     addgrads:"--add-gradients" separate:"--separate-update")
   for v in "${variants[@]}"; do

@@ -31,7 +31,7 @@
 //                       is [-5, 0] on H100/H200, lower runs first; default: the highest)
 //   --max-ctas N        NCCL's CTA limit (nccl::Options::max_ctas): SMs left to backward
 //   --reduce-blocks N   blocks of the fused 16-bit reduction (nccl::Options::compressed_reduce_blocks;
-//                       default 0: one per SM, the communicator's default)
+//                       default: 3 per 2 SMs; 0: one per SM, the communicator's default)
 //   --add-gradients     the trainer zeroes the gradients and every GEMM adds to them (beta 1),
 //                       instead of the first micro-batch's GEMMs writing them (beta 0)
 //   --cublas-sms N      cublasSetSmCountTarget: SMs cuBLAS plans its GEMMs for (0: all)
@@ -274,10 +274,13 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
     // Buckets reduced at the highest priority take SMs as backward's kernels end, rather than
     // queueing behind the GEMMs launched after them.
     options.stream_priority = args.comm_priority.value_or(highest);
-    // The fused 16-bit reduction on every SM (the communicator's default) unless asked otherwise:
-    // with the optimizer's update fused into it, it is the step's whole update pass, and fewer
-    // blocks make the step slower (docs/performance.md, "What each lever does").
-    options.compressed_reduce_blocks = args.reduce_blocks.value_or(0);
+    // The fused 16-bit reduction on three blocks per two SMs unless asked otherwise: beside
+    // backward's GEMMs that gives a faster step than one per SM (the communicator's default,
+    // tuned for the reduction alone) or two, and the reduction alone is as fast
+    // (docs/performance.md, "What each lever does").
+    int sms = 0;
+    NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    options.compressed_reduce_blocks = args.reduce_blocks.value_or(3 * sms / 2);
     auto [me, store, comm] = ncclkit::init<Communicator>(world, std::move(options));
     if (me.rank == 0) {
       cudaDeviceProp properties{};
