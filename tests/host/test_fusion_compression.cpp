@@ -352,7 +352,8 @@ TEST_CASE("fused transfer counts fp16 overflow on every rank alike") {
 // can_update and set_update, driven here on the sync's own reducer): parameters and momentum get
 // the bits of reducing and then updating, through every chunk of a chunked bucket (the last one
 // clipped at the tensor's end, the padding after it untouched); the gradients keep this rank's
-// own values; the update is forgotten at the step's end; a float16 bucket cannot take one.
+// own values; the update is forgotten at the step's end; a float16 bucket cannot take one, nor an
+// update without the values or the state its rule keeps.
 TEST_CASE("fused transfer applies an optimizer update where a float32 bucket lands: the bits of reduce, then update") {
   LoopbackWorld world(2);
   const auto errors = run_ranks(2, [&](int rank) {
@@ -382,6 +383,14 @@ TEST_CASE("fused transfer applies an optimizer update where a float32 bucket lan
     CHECK_THROWS_WITH_AS(reducer.set_update(bucket_h, {.values = unused}), doctest::Contains("holds half values"),
                          ConfigError);
     CHECK_THROWS_WITH_AS(reducer.set_update(bucket_w, {}), doctest::Contains("no values"), ConfigError);
+    // The state the rule keeps: momentum's buffer, AdamW's two.
+    CHECK_THROWS_WITH_AS(reducer.set_update(bucket_w, {.rule = {.momentum = 0.9f}, .values = unused}),
+                         doctest::Contains("update has no state0; give the parameters it writes and the 1 state"),
+                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        reducer.set_update(bucket_w,
+                           {.rule = {.kind = ncclkit::UpdateRule::Kind::kAdamW}, .values = unused, .state0 = unused}),
+        doctest::Contains("update has no state1"), ConfigError);
 
     const auto step = [&] {
       ncclkit::testing::write_gradients(buffer, rank, 0);  // the same gradients every step

@@ -367,16 +367,19 @@ TEST_CASE("a reducer that updates gets each bucket's update at the bucket's offs
     auto* base = static_cast<float*>(values.data(DataType::kFloat32));
     auto* state = static_cast<float*>(momentum.data(DataType::kFloat32));
 
-    // Momentum needs its state buffer.
-    CHECK_THROWS_WITH_AS(sync.fuse_update(rule, {base, nullptr, nullptr}),
-                         doctest::Contains("the rule keeps 1 state values per parameter"), ConfigError);
+    // Momentum needs its state buffer, and every rule the values.
+    CHECK_THROWS_WITH_AS(sync.fuse_update({rule, base, nullptr, nullptr}),
+                         doctest::Contains("the update's state0 is null; the rule keeps 1 state values per parameter"),
+                         ConfigError);
+    CHECK_THROWS_WITH_AS(sync.fuse_update({rule, nullptr, state, nullptr}),
+                         doctest::Contains("the update's values is null"), ConfigError);
 
     // Step 0, fused: the reducer updates buckets 0 and 2, the callback the others.
     write_gradients(gradients, rank, 0);
-    sync.fuse_update(rule, {base, state, nullptr});
+    sync.fuse_update({rule, base, state, nullptr});
     for (std::uint32_t i = 0; i < 8; ++i) sync.mark_ready(Slot{i});
     // Too late once a bucket has launched.
-    CHECK_THROWS_WITH_AS(sync.fuse_update(rule, {base, state, nullptr}),
+    CHECK_THROWS_WITH_AS(sync.fuse_update({rule, base, state, nullptr}),
                          doctest::Contains("call it before the step's first mark_ready"), ConfigError);
     std::vector<bool> updated;
     sync.finish(backend.default_stream(), [&](std::size_t b) {
@@ -435,7 +438,7 @@ TEST_CASE("a bucket with a loose tensor is never given to the reducer to update:
     REQUIRE(sync.plan().size() == 4);
     const auto with_loose = sync.plan().bucket_of(Slot{3});
     REQUIRE(with_loose.has_value());
-    sync.fuse_update(ncclkit::UpdateRule{.lr = 0.1f}, {static_cast<float*>(values.data(DataType::kFloat32))});
+    sync.fuse_update({.rule = {.lr = 0.1f}, .values = static_cast<float*>(values.data(DataType::kFloat32))});
     for (std::uint32_t i = 0; i < 8; ++i) sync.mark_ready(Slot{i});
     std::vector<bool> updated;
     sync.finish(backend.default_stream(), [&](std::size_t b) { updated.push_back(sync.updated(b)); });

@@ -552,11 +552,11 @@ class LoopbackBackend {
   /// and state, `data` keeps this rank's values (as the NCCL kernel does).
   void compressed_all_reduce(CompressedReduce& workspace, TensorView data, double encode, double decode,
                              const FusedUpdate& update, std::uint64_t* nonfinite, Stream stream) {
-    const int states = update.rule.state_count();
-    if (update.values == nullptr || (states > 0 && update.state0 == nullptr) ||
-        (states > 1 && update.state1 == nullptr)) {
-      throw ConfigError("LoopbackBackend::compressed_all_reduce: the update's values and the state its rule keeps");
+    if (const char* missing = update.missing()) {
+      throw ConfigError(std::string("LoopbackBackend::compressed_all_reduce: the update has no ") + missing +
+                        "; give the values and the state its rule keeps");
     }
+    const int states = update.rule.state_count();
     ++updates_applied_;
     // The reduction as without an update, into a buffer of its own, then the update from it.
     auto result = std::make_shared<std::vector<float>>(data.count);

@@ -89,9 +89,10 @@ class FusedReducer final : public detail::CompressedBase<B> {
           "'s update itself: the bucket holds " + std::string(ncclkit::name_of((*this->setup_->plan)[bucket].dtype)) +
           " values, all-reduced as they are; only float32 buckets go through the kernel (ask can_update first)");
     }
-    if (update.values == nullptr) {
-      throw ConfigError("ncclkit: " + name() + ": bucket " + std::to_string(bucket) +
-                        "'s update has no values; give the parameters it writes");
+    if (const char* missing = update.missing()) {
+      throw ConfigError("ncclkit: " + name() + ": bucket " + std::to_string(bucket) + "'s update has no " + missing +
+                        "; give the parameters it writes and the " + std::to_string(update.rule.state_count()) +
+                        " state buffers its rule keeps (UpdateRule::state_count)");
     }
     updates_.resize(this->setup_->buckets.size());
     updates_[bucket] = update;

@@ -10,9 +10,10 @@
 /// AdamW, PyTorch's `torch.optim.AdamW`: p ·= 1 − lr·weight_decay; m = β1·m + (1 − β1)·g;
 /// v = β2·v + (1 − β2)·g²; p −= (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε).
 
-#include <cmath>    // std::sqrt
-#include <cstddef>  // std::size_t
-#include <cstdint>  // std::uint8_t
+#include <cmath>        // std::sqrt
+#include <cstddef>      // std::size_t
+#include <cstdint>      // std::uint8_t
+#include <type_traits>  // std::is_trivially_copyable_v
 
 namespace ncclkit {
 
@@ -50,13 +51,25 @@ struct UpdateRule {
 /// An update that a reduction applies itself, where its result lands (a reducer that can:
 /// fusion/reducer.hpp, BucketReducer::can_update): `rule` over float32 `values` and state laid
 /// out like the reduced data, element i of each belonging to the data's element i; `state0` and
-/// `state1` null where the rule keeps fewer (UpdateRule::state_count).
+/// `state1` null where the rule keeps fewer (UpdateRule::state_count). Kernels take it by value:
+/// it stays trivially copyable.
 struct FusedUpdate {
   UpdateRule rule;
   float* values = nullptr;
   float* state0 = nullptr;
   float* state1 = nullptr;
+
+  /// The name of the first buffer the rule needs that is null ("values", "state0", "state1"),
+  /// or null when all are given: the one check of every API that takes an update.
+  const char* missing() const {
+    const int states = rule.state_count();
+    if (values == nullptr) return "values";
+    if (states > 0 && state0 == nullptr) return "state0";
+    if (states > 1 && state1 == nullptr) return "state1";
+    return nullptr;
+  }
 };
+static_assert(std::is_trivially_copyable_v<FusedUpdate>);
 
 /// One element's update: `p` the parameter, `g` its gradient, `s0` and `s1` its state (only the
 /// rule's state_count() of them are touched). Host and device code alike (CUDA: __host__

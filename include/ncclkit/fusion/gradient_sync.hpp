@@ -48,6 +48,7 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
+#include "ncclkit/core/update.hpp"
 #include "ncclkit/fusion/all_reduce_reducer.hpp"
 #include "ncclkit/fusion/bucket_plan.hpp"
 #include "ncclkit/fusion/detail/bucket_tuning.hpp"
@@ -154,35 +155,29 @@ class GradientSync {
   /// b has landed, while later buckets are still reduced (an optimizer's per-bucket update).
   void finish(Stream stream, const std::function<void(std::size_t bucket)>& on_bucket) { finish_step(stream, on_bucket); }
 
-  /// Float32 parameters and optimizer state laid out like this sync's buffer (its float32
-  /// allocation): a trainer's FusedBuffers of values and state over the same layout. State
-  /// pointers null where the rule keeps fewer (UpdateRule::state_count).
-  struct UpdateBuffers {
-    float* values = nullptr;
-    float* state0 = nullptr;
-    float* state1 = nullptr;
-  };
   /// For this step only (call it before the step's first mark_ready): every float32 bucket whose
-  /// reducer can (BucketReducer::can_update; no loose tensor in it) gets `rule` applied by the
-  /// reduction itself as it lands, to `buffers` at the bucket's offsets. The reduced gradients
+  /// reducer can (BucketReducer::can_update; no loose tensor in it) gets `update.rule` applied by
+  /// the reduction itself as it lands. `update`'s pointers are the bases of float32 parameters and
+  /// optimizer state laid out like this sync's buffer (its float32 allocation; a trainer's
+  /// FusedBuffers of values and state over the same layout), state null where the rule keeps
+  /// fewer (UpdateRule::state_count); each bucket gets them at its offset. The reduced gradients
   /// of those buckets then go into the parameters, not the gradients, which keep this rank's own
   /// values. In `finish`'s callback, `updated(b)` says which buckets were updated so: update the
-  /// others as usual. ConfigError when the step has already launched a bucket, or when
-  /// `buffers` lacks the values or the state the rule needs.
-  void fuse_update(const UpdateRule& rule, UpdateBuffers buffers) {
+  /// others as usual. ConfigError when the step has already launched a bucket, or when `update`
+  /// lacks the values or the state the rule needs.
+  void fuse_update(const FusedUpdate& update) {
     throw_if_failed();
     PlanState& s = *state_;
     if (s.tracker.launched() > 0) {
       throw ConfigError("ncclkit: GradientSync::fuse_update after " + std::to_string(s.tracker.launched()) +
                         " buckets of the step were launched; call it before the step's first mark_ready");
     }
-    const int states = rule.state_count();
-    if (buffers.values == nullptr || (states > 0 && buffers.state0 == nullptr) ||
-        (states > 1 && buffers.state1 == nullptr)) {
-      throw ConfigError("ncclkit: GradientSync::fuse_update: the rule keeps " + std::to_string(states) +
-                        " state values per parameter; give the values and that many state buffers");
+    if (const char* missing = update.missing()) {
+      throw ConfigError("ncclkit: GradientSync::fuse_update: the update's " + std::string(missing) +
+                        " is null; the rule keeps " + std::to_string(update.rule.state_count()) +
+                        " state values per parameter: give the values and that many state buffers");
     }
-    fused_.emplace(FusedStep{rule, buffers});
+    fused_ = update;
   }
   /// Whether this step's (in `finish`'s callback; after it, the last finished step's) update of
   /// bucket `b` was applied by the reducer (fuse_update).
@@ -239,10 +234,6 @@ class GradientSync {
     std::vector<std::uint32_t> pending;      // non-empty tensors per bucket not marked yet this step
     std::vector<BucketTiming> timings;       // this step's
     std::vector<char> updated;               // per bucket: the reducer applied the step's update
-  };
-  struct FusedStep {
-    UpdateRule rule;
-    UpdateBuffers buffers;
   };
 
   GradientSync(FusedBuffer<B>& buffer, std::optional<BucketPlan> plan, std::span<void* const> loose, Options options)
@@ -350,8 +341,7 @@ class GradientSync {
       if (fused_ && fuses(b)) {
         const std::size_t first = s.tracker.plan()[b].begin_bytes / sizeof(float);
         const auto at = [first](float* base) { return base == nullptr ? nullptr : base + first; };
-        s.reducer->set_update(b, FusedUpdate{fused_->rule, at(fused_->buffers.values), at(fused_->buffers.state0),
-                                             at(fused_->buffers.state1)});
+        s.reducer->set_update(b, FusedUpdate{fused_->rule, at(fused_->values), at(fused_->state0), at(fused_->state1)});
         s.updated[b] = 1;
       }
     }
@@ -473,7 +463,7 @@ class GradientSync {
   std::array<std::byte*, kDataTypeCount> base_{};  // the buffer's allocations, by element type
   Options options_;
   Stream comm_;
-  std::optional<FusedStep> fused_;  // this step's update for the reducer, from fuse_update
+  std::optional<FusedUpdate> fused_;  // this step's update for the reducer at the buffer's base, from fuse_update
   ReducerChoice<B> factory_;
   std::vector<void*> loose_;  // the user's pointers by slot, or none
   std::optional<detail::Tuner> tuner_;

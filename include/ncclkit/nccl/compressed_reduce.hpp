@@ -264,6 +264,11 @@ class CompressedReduce {
           "without an update");
     }
     const int states = update.rule.state_count();
+    if (const char* missing = update.missing()) {
+      call.misuse("update." + std::string(missing) + " is null, but this update keeps " + std::to_string(states) +
+                  " state values per parameter (UpdateRule::state_count): give as many state buffers of " +
+                  std::to_string(data.count) + " float32 values");
+    }
     const struct {
       const char* name;
       const float* pointer;
@@ -275,11 +280,6 @@ class CompressedReduce {
     const std::uintptr_t bytes = data.count * sizeof(float);
     for (const auto& b : buffers) {
       if (!b.kept) continue;
-      if (b.pointer == nullptr) {
-        call.misuse(std::string(b.name) + " is null, but this update keeps " + std::to_string(states) +
-                    " state values per parameter (UpdateRule::state_count): give as many state buffers of " +
-                    std::to_string(data.count) + " float32 values");
-      }
       const auto begin = reinterpret_cast<std::uintptr_t>(b.pointer);
       if (begin % 16 != 0) {
         call.misuse(std::string(b.name) +

@@ -149,10 +149,11 @@ class DataParallelTrainer {
     if constexpr (!overwrites) zero_gradients();
     const double lr = options_.schedule.at(static_cast<std::size_t>(steps_));
     const bool after_norm = options_.clip_norm > 0 || options_.nonfinite == NonFinite::kSkip;
-    const UpdateRule rule = optimizer_->rule(lr, 1.0);
     // The reduction may write a bucket's parameters while backward goes on: only for a model
     // that reads them no more once marked.
-    if (DoneWithValuesWhenReady<M> && !after_norm && options_.fuse_update) sync_->fuse_update(rule, update_buffers());
+    if (DoneWithValuesWhenReady<M> && !after_norm && options_.fuse_update) {
+      sync_->fuse_update(fused_update(optimizer_->rule(lr, 1.0)));
+    }
     const double weight = static_cast<double>(backend_->size()) / static_cast<double>(options_.global_batch);
     const std::uint64_t seed = sampler_seed(steps_);
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
@@ -168,6 +169,7 @@ class DataParallelTrainer {
     if (after_norm) {
       update_after_norm(lr);
     } else {
+      const UpdateRule rule = optimizer_->rule(lr, 1.0);
       sync_->finish(compute_, [&](std::size_t bucket) {
         if (!sync_->updated(bucket)) optimizer_->update(sync_->plan()[bucket], rule, compute_);
       });
@@ -283,11 +285,12 @@ class DataParallelTrainer {
     for (DataType type : gradients_.layout().element_types()) backend_->fill_zero(gradients_.all(type), compute_);
   }
 
-  /// The parameters and optimizer state a fused update writes (GradientSync::fuse_update).
-  typename fusion::GradientSync<B>::UpdateBuffers update_buffers() {
+  /// `rule` over the parameters and optimizer state it writes, at their float32 allocations'
+  /// bases (GradientSync::fuse_update).
+  FusedUpdate fused_update(const UpdateRule& rule) {
     auto& state = optimizer_->state();
     const auto f32 = [](fusion::FusedBuffer<B>& buffer) { return static_cast<float*>(buffer.data(DataType::kFloat32)); };
-    return {f32(values_), state.size() > 0 ? f32(state[0]) : nullptr, state.size() > 1 ? f32(state[1]) : nullptr};
+    return {rule, f32(values_), state.size() > 0 ? f32(state[0]) : nullptr, state.size() > 1 ? f32(state[1]) : nullptr};
   }
 
   typename fusion::GradientSync<B>::Options sync_options() const {
