@@ -277,7 +277,7 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
     // The fused 16-bit reduction on three blocks per two SMs unless asked otherwise: beside
     // backward's GEMMs that gives a faster step than one per SM (the communicator's default,
     // tuned for the reduction alone) or two, and the reduction alone is as fast
-    // (docs/performance.md, "What each lever does").
+    // (docs/performance.md, "The fused reduction's blocks").
     int sms = 0;
     NCCLKIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     options.compressed_reduce_blocks = args.reduce_blocks.value_or(3 * sms / 2);
