@@ -162,12 +162,7 @@ class FusedReducer final : public detail::CompressedBase<B> {
   /// element; none where the step has none for the bucket, or the piece is empty.
   std::optional<FusedUpdate> update_of(std::size_t b, const TensorView& view) const {
     if (b >= updates_.size() || updates_[b].values == nullptr || view.count == 0) return std::nullopt;
-    FusedUpdate update = updates_[b];
-    const std::size_t first = first_element(b, view);
-    update.values += first;
-    if (update.state0 != nullptr) update.state0 += first;
-    if (update.state1 != nullptr) update.state1 += first;
-    return update;
+    return updates_[b].from(first_element(b, view));
   }
 
   std::optional<Workspace> workspace_;

@@ -68,6 +68,12 @@ struct FusedUpdate {
     if (states > 1 && state1 == nullptr) return "state1";
     return nullptr;
   }
+  /// The same update from element `first` on: every given pointer moved by `first` (a bucket's or
+  /// a piece's part of a larger update), the null ones left null.
+  FusedUpdate from(std::size_t first) const {
+    const auto at = [first](float* p) { return p == nullptr ? nullptr : p + first; };
+    return {rule, at(values), at(state0), at(state1)};
+  }
 };
 static_assert(std::is_trivially_copyable_v<FusedUpdate>);
 

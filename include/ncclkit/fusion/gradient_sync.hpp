@@ -339,9 +339,7 @@ class GradientSync {
       s.timings[b].launched = Clock::now();
       if (b == 0) s.updated.assign(s.updated.size(), 0);  // a new step: buckets launch in plan order
       if (fused_ && fuses(b)) {
-        const std::size_t first = s.tracker.plan()[b].begin_bytes / sizeof(float);
-        const auto at = [first](float* base) { return base == nullptr ? nullptr : base + first; };
-        s.reducer->set_update(b, FusedUpdate{fused_->rule, at(fused_->values), at(fused_->state0), at(fused_->state1)});
+        s.reducer->set_update(b, fused_->from(s.tracker.plan()[b].begin_bytes / sizeof(float)));
         s.updated[b] = 1;
       }
     }
