@@ -149,11 +149,11 @@ class DataParallelTrainer {
     if constexpr (!overwrites) zero_gradients();
     const double lr = options_.schedule.at(static_cast<std::size_t>(steps_));
     const bool after_norm = options_.clip_norm > 0 || options_.nonfinite == NonFinite::kSkip;
+    // One rule for the step, whether the reduction or the callback below applies it to a bucket.
+    const UpdateRule rule = optimizer_->rule(lr, 1.0);
     // The reduction may write a bucket's parameters while backward goes on: only for a model
     // that reads them no more once marked.
-    if (DoneWithValuesWhenReady<M> && !after_norm && options_.fuse_update) {
-      sync_->fuse_update(fused_update(optimizer_->rule(lr, 1.0)));
-    }
+    if (DoneWithValuesWhenReady<M> && !after_norm && options_.fuse_update) sync_->fuse_update(fused_update(rule));
     const double weight = static_cast<double>(backend_->size()) / static_cast<double>(options_.global_batch);
     const std::uint64_t seed = sampler_seed(steps_);
     for (std::size_t k = 0; k < micro_batches.size(); ++k) {
@@ -169,7 +169,6 @@ class DataParallelTrainer {
     if (after_norm) {
       update_after_norm(lr);
     } else {
-      const UpdateRule rule = optimizer_->rule(lr, 1.0);
       sync_->finish(compute_, [&](std::size_t bucket) {
         if (!sync_->updated(bucket)) optimizer_->update(sync_->plan()[bucket], rule, compute_);
       });
