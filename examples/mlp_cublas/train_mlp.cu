@@ -4,7 +4,7 @@
 //
 //   train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]
 //             [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]
-//             [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]
+//             [--bucket-mb 25|whole | --tune] [--min-bucket-kb 0] [--accumulation 1] [--precision tf32|fp32|bf16]
 //             [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N]
 //             [--add-gradients] [--separate-update] [--label NAME]
 //             [--csv PATH] [--init-url URL]
@@ -27,6 +27,8 @@
 // The overlap levers, each a flag so that an ablation turns one off or on at a time:
 //   --bucket-mb whole   one bucket for all gradients after a 1 MiB first one: backward, then one
 //                       flat all-reduce (no overlap), the baseline overlap must beat
+//   --min-bucket-kb KB  a bucket under KB takes in the next tensor past the cap
+//                       (TrainerOptions::min_bucket_bytes): each bias shares its weight's bucket
 //   --comm-priority P   the comm stream's priority (nccl::Options::stream_priority; CUDA's range
 //                       is [-5, 0] on H100/H200, lower runs first; default: the highest)
 //   --max-ctas N        NCCL's CTA limit (nccl::Options::max_ctas): SMs left to backward
@@ -86,6 +88,7 @@ struct Arguments {
   double lr = 0.01;
   std::vector<ncclkit::compression::Codec> codecs{ncclkit::compression::Codec::kNone};
   std::size_t bucket_mb = 25;
+  std::size_t min_bucket_kb = 0;
   bool whole = false;  // --bucket-mb whole
   bool tune = false;
   std::optional<int> comm_priority;
@@ -185,6 +188,7 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
                         .bucket_bytes = args.tune    ? 0
                                         : args.whole ? ncclkit::fusion::kWholeBuffer
                                                      : args.bucket_mb << 20,
+                        .min_bucket_bytes = args.min_bucket_kb << 10,
                         .optimizer = {.kind = args.optimizer},
                         .schedule = {.lr = args.lr},
                         .fuse_update = !args.separate_update,
@@ -326,7 +330,8 @@ void usage(std::FILE* out) {
       out,
       "usage: train_mlp [--nprocs N] [--depth 8] [--width 4096] [--input W] [--output W] [--batch 64[,256...]]\n"
       "                 [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]\n"
-      "                 [--bucket-mb 25|whole | --tune] [--accumulation 1] [--precision tf32|fp32|bf16]\n"
+      "                 [--bucket-mb 25|whole | --tune] [--min-bucket-kb 0] [--accumulation 1]\n"
+      "                 [--precision tf32|fp32|bf16]\n"
       "                 [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N]\n"
       "                 [--cublas-sms N] [--add-gradients] [--separate-update] [--label NAME] [--csv PATH]\n"
       "                 [--init-url URL]\n");
@@ -417,6 +422,8 @@ int main(int argc, char** argv) {
           args.bucket_mb = whole(text, 1, 1 << 20);
         }
         bucket_given = true;
+      } else if (arg == "--min-bucket-kb") {
+        args.min_bucket_kb = whole(value(), 0, 1 << 30);
       } else if (arg == "--comm-priority") {
         const auto p = ncclkit::parse_int(value());
         if (!p || *p < -1000 || *p > 1000) {

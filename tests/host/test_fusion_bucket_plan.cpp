@@ -38,7 +38,7 @@ std::vector<std::uint32_t> indices(const Bucket& bucket) {
 // tensor boundaries, each holding exactly the non-empty tensors of its range; every non-empty
 // tensor in one bucket, zero-element ones in none; buckets ordered by the position of their
 // last tensor in reverse registration order. With `options`, also the caps: a bucket over its
-// cap holds a single tensor.
+// cap holds a single tensor, or was under min_bucket_bytes before its last tensor joined.
 void check_plan(const FusedLayout& layout, const BucketPlan& plan, std::optional<BucketOptions> options = {}) {
   std::vector<std::size_t> covered(ncclkit::fusion::kDataTypeCount, 0);
   std::vector<std::size_t> buckets_of_type(ncclkit::fusion::kDataTypeCount, 0);
@@ -75,7 +75,9 @@ void check_plan(const FusedLayout& layout, const BucketPlan& plan, std::optional
     previous_last = bucket.slots.back().index;
     if (options) {
       const std::size_t cap = buckets_of_type[t] == 0 ? options->first_bucket_bytes : options->bucket_bytes;
-      if (bucket.bytes() > cap) CHECK(bucket.slots.size() == 1);
+      if (bucket.bytes() > cap && bucket.slots.size() > 1) {
+        CHECK(layout.offset_bytes(bucket.slots.back()) - bucket.begin_bytes < options->min_bucket_bytes);
+      }
     }
     ++buckets_of_type[t];
   }
@@ -138,6 +140,42 @@ TEST_CASE("one huge tensor gets its own bucket and never holds its neighbours") 
   CHECK(indices(plan[1]) == std::vector<std::uint32_t>{2});
   CHECK(plan[1].bytes() == std::size_t{50257} * 768 * 4);
   CHECK(indices(plan[2]) == std::vector<std::uint32_t>{1, 0});
+}
+
+TEST_CASE("min_bucket_bytes: a bucket under it takes in the next tensor, so a bias shares its weight's collective") {
+  // Registered w0, b0, w1, b1 (3072 and 256 bytes once aligned); backward order b1, w1, b0, w0,
+  // each bias marked with its weight.
+  const FusedLayout layout = float_layout({750, 10, 750, 10});
+  BucketOptions options{.bucket_bytes = 2048, .first_bucket_bytes = 1024};
+  SUBCASE("off (0, the default): every weight over the cap closes the bias before it, which goes alone") {
+    const BucketPlan plan = BucketPlan::compute(layout, options);
+    check_plan(layout, plan, options);
+    REQUIRE(plan.size() == 4);
+    CHECK(indices(plan[0]) == std::vector<std::uint32_t>{3});
+    CHECK(indices(plan[1]) == std::vector<std::uint32_t>{2});
+    CHECK(indices(plan[2]) == std::vector<std::uint32_t>{1});
+    CHECK(indices(plan[3]) == std::vector<std::uint32_t>{0});
+  }
+  SUBCASE("512 bytes: each 256-byte bias takes its weight in; a full bucket still closes") {
+    options.min_bucket_bytes = 512;
+    const BucketPlan plan = BucketPlan::compute(layout, options);
+    check_plan(layout, plan, options);
+    REQUIRE(plan.size() == 2);
+    CHECK(indices(plan[0]) == std::vector<std::uint32_t>{3, 2});
+    CHECK(plan[0].bytes() == 3328);
+    CHECK(indices(plan[1]) == std::vector<std::uint32_t>{1, 0});
+  }
+  SUBCASE("the bias is not held for a later tensor: at 256 bytes the bias bucket is full enough and closes") {
+    options.min_bucket_bytes = 256;
+    CHECK(BucketPlan::compute(layout, options).size() == 4);
+  }
+  SUBCASE("larger than the cap: a bucket grows past the cap until it holds that much") {
+    options.min_bucket_bytes = 4096;
+    const BucketPlan plan = BucketPlan::compute(layout, options);
+    check_plan(layout, plan, options);
+    REQUIRE(plan.size() == 1);  // b1, w1, b0 hold 3584 bytes, under 4096: w0 joins too
+    CHECK(indices(plan[0]) == std::vector<std::uint32_t>{3, 2, 1, 0});
+  }
 }
 
 TEST_CASE("hundreds of tiny tensors fill buckets to the cap") {

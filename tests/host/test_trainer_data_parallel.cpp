@@ -423,6 +423,46 @@ TEST_CASE("a checkpoint of another model, an unwritable folder, other options on
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));  // no rank waited for a timeout
 }
 
+TEST_CASE("min_bucket_bytes shapes the trainer's plan, must agree across ranks, and needs a fixed cap") {
+  // The digits MLP 64 -> 32 -> 10: backward order fc2.bias (40 bytes), fc2.weight (1280),
+  // fc1.bias (128), fc1.weight (8192), 256-byte aligned. Under a 1 KiB cap each weight is over
+  // it, so each bias goes alone; with min_bucket_bytes 512 each bias takes its weight in.
+  LoopbackWorld one(1);
+  const auto buckets = [&](std::size_t min) {
+    B backend(one, 0);
+    Mlp model(32, 1);
+    DataParallelTrainer<Mlp, B> trainer(
+        backend, model,
+        quiet({.global_batch = 4, .bucket_bytes = 1024, .min_bucket_bytes = min, .schedule = {.lr = 0.1}}));
+    return trainer.sync().plan().size();
+  };
+  CHECK(buckets(0) == 4);
+  CHECK(buckets(512) == 2);
+
+  LoopbackWorld world(2, std::chrono::seconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  const auto other = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(32, 1);
+    DataParallelTrainer<Mlp, B> trainer(
+        backend, model,
+        quiet({.global_batch = 4, .bucket_bytes = 1024, .min_bucket_bytes = rank == 1 ? 512u : 0u,
+               .schedule = {.lr = 0.1}}));
+  });
+  for (const auto& e : other) {
+    CHECK(message_of(e).find("rank 1 was given another min_bucket_bytes (512 against 0)") != std::string::npos);
+  }
+  const auto tuned = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(32, 1);
+    DataParallelTrainer<Mlp, B> trainer(
+        backend, model, quiet({.global_batch = 4, .bucket_bytes = 0, .min_bucket_bytes = 512, .schedule = {.lr = 0.1}}));
+  });
+  CHECK(message_of(tuned[0]).find("min_bucket_bytes (512) shapes a fixed plan, and bucket_bytes 0 asks for a tuned "
+                                  "one; set one of them to 0") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));  // no rank waited for a timeout
+}
+
 TEST_CASE("a rank with another dataset is an error naming the ranks and step counts, not a hang") {
   LoopbackWorld world(2, std::chrono::seconds(20));
   const auto start = std::chrono::steady_clock::now();

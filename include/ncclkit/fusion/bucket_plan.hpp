@@ -40,6 +40,11 @@ struct BucketOptions {
   /// collective starts as soon as the last layers' gradients exist instead of waiting for
   /// 25 MiB of them.
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// A bucket holding less than this is not closed by a tensor that does not fit: the tensor
+  /// joins it, past the cap (0, the default: every bucket closes at its cap). A bias next to a
+  /// weight larger than the cap then shares the weight's collective instead of paying a
+  /// collective's fixed cost alone. Buckets then hold at least this much, but a type's last.
+  std::size_t min_bucket_bytes = 0;
 };
 
 /// One collective: the bytes [begin_bytes, end_bytes) of the allocation of `dtype`.
@@ -66,7 +71,8 @@ struct Bucket {
 /// How buckets are cut: walk the tensors in reverse registration order (the order backward
 /// produces gradients) and add each non-empty tensor to the open bucket of its element type
 /// while the bucket stays within the cap (`first_bucket_bytes` for a type's first bucket,
-/// `bucket_bytes` after); a tensor that does not fit closes the bucket and opens the next.
+/// `bucket_bytes` after); a tensor that does not fit closes the bucket and opens the next,
+/// unless the bucket holds less than `min_bucket_bytes`: then the tensor joins it.
 /// Buckets are then ordered by when they would be complete on that walk (the position of
 /// their last tensor), so with gradients arriving in backward order no bucket waits for a
 /// later one. Zero-element tensors belong to no bucket: they have nothing to reduce.
@@ -113,7 +119,8 @@ class BucketPlan {
       const std::size_t begin = layout.offset_bytes(slot);
       const std::size_t end = ncclkit::detail::align_up(begin + layout.bytes(slot), layout.alignment_of(type));
       const std::size_t cap = o.closed == 0 ? options.first_bucket_bytes : options.bucket_bytes;
-      if (!o.bucket.slots.empty() && end - o.bucket.begin_bytes > cap) close(o);
+      const bool fits = end - o.bucket.begin_bytes <= cap || o.bucket.bytes() < options.min_bucket_bytes;
+      if (!o.bucket.slots.empty() && !fits) close(o);
       if (o.bucket.slots.empty()) o.bucket = Bucket{type, begin, end, {}};
       o.bucket.end_bytes = end;
       o.bucket.slots.push_back(slot);

@@ -127,7 +127,9 @@ class DataParallelTrainer {
       const std::size_t cap = options_.bucket_bytes;
       sync_.emplace(gradients_,
                     fusion::BucketPlan::compute(values_.layout(),
-                                                {.bucket_bytes = cap, .first_bucket_bytes = std::min<std::size_t>(cap, 1 << 20)}),
+                                                {.bucket_bytes = cap,
+                                                 .first_bucket_bytes = std::min<std::size_t>(cap, 1 << 20),
+                                                 .min_bucket_bytes = options_.min_bucket_bytes}),
                     sync_options());
     }
     backend.synchronize(compute_);

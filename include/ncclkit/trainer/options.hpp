@@ -48,6 +48,9 @@ struct TrainerOptions {
   compression::Codec codec = compression::Codec::kNone;
   /// Bucket cap in bytes (DDP's 25 MiB by default); 0: tuned over the first steps (fusion/tuning.hpp).
   std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// The plan's fusion::BucketOptions::min_bucket_bytes (0: off): a bucket holding less takes in
+  /// the next tensor past the cap. Only with a fixed cap (bucket_bytes not 0).
+  std::size_t min_bucket_bytes = 0;
   /// Parameters a step does not use (a branch not taken): kError (default) names a tensor never
   /// marked ready; kReduceAsZeros reduces it as zeros.
   fusion::MissingTensors unused_parameters = fusion::MissingTensors::kError;
@@ -106,6 +109,10 @@ struct TrainerOptions {
     if (codec != compression::Codec::kNone && codec != compression::Codec::kFloat16 &&
         codec != compression::Codec::kBFloat16) {
       return who + "codec " + std::to_string(static_cast<int>(codec)) + " is not a codec";
+    }
+    if (bucket_bytes == 0 && min_bucket_bytes != 0) {
+      return who + "min_bucket_bytes (" + std::to_string(min_bucket_bytes) +
+             ") shapes a fixed plan, and bucket_bytes 0 asks for a tuned one; set one of them to 0";
     }
     if (!(clip_norm >= 0)) return who + "clip_norm must be 0 (no clipping) or positive";
     if (keep_checkpoints == 0) return who + "keep_checkpoints is 0; keep at least 1";

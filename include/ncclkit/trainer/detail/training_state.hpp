@@ -25,9 +25,10 @@ namespace ncclkit::trainer::detail {
 /// message that names a difference.
 inline constexpr const char* kOptionWordNames[] = {
     "another model (its layout's fingerprint)", "another global_batch", "another accumulation", "another eval_batch",
-    "another codec", "another bucket_bytes", "another unused_parameters", "another optimizer", "another schedule",
-    "another clip_norm", "another nonfinite", "another fuse_update", "another seed", "another shuffle", "another last_batch",
-    "another log_interval", "another checkpoint_interval", "another choice of resuming (resume, checkpoint_folder)"};
+    "another codec", "another bucket_bytes", "another min_bucket_bytes", "another unused_parameters",
+    "another optimizer", "another schedule", "another clip_norm", "another nonfinite", "another fuse_update",
+    "another seed", "another shuffle", "another last_batch", "another log_interval", "another checkpoint_interval",
+    "another choice of resuming (resume, checkpoint_folder)"};
 
 inline std::vector<std::uint64_t> option_words(const TrainerOptions& o, const fusion::FusedLayout& layout) {
   const auto text_hash = [](const std::string& text) {
@@ -48,6 +49,7 @@ inline std::vector<std::uint64_t> option_words(const TrainerOptions& o, const fu
           o.eval_batch,
           static_cast<std::uint64_t>(o.codec),
           o.bucket_bytes,
+          o.min_bucket_bytes,
           static_cast<std::uint64_t>(o.unused_parameters),
           text_hash(o.optimizer.describe()),
           ncclkit::detail::fnv1a64(std::move(schedule).take()),
