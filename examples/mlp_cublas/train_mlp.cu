@@ -275,9 +275,7 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
         .device = device, .max_ctas = args.max_ctas, .name = "train_mlp", .stream = compute.get()};
     int lowest = 0, highest = 0;
     NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-    // Buckets reduced at the highest priority take SMs as backward's kernels end, rather than
-    // queueing behind the GEMMs launched after them.
-    options.stream_priority = args.comm_priority.value_or(highest);
+    if (args.comm_priority) options.stream_priority = *args.comm_priority;  // else the GPU's highest
     // The fused 16-bit reduction on three blocks per two SMs unless asked otherwise: beside
     // backward's GEMMs that gives a faster step than one per SM (the communicator's default,
     // tuned for the reduction alone) or two, and the reduction alone is as fast

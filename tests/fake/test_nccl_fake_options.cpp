@@ -13,7 +13,8 @@
 #include <memory>    // std::unique_ptr
 #include <cstdlib>   // setenv, unsetenv
 #include <optional>  // std::optional
-#include <string>    // std::string
+#include <string>    // std::string, std::to_string
+#include <utility>   // std::pair
 
 #include "fake/fake_session.hpp"
 #include "ncclkit/core/error.hpp"
@@ -272,6 +273,33 @@ TEST_CASE("Options::stream is where a collective without a stream runs") {
     comm.all_reduce(buffer.get(), buffer.get(), kStreamTestCount);
     CHECK(fake::last_call(comm.native()).stream == compute.get());
     comm.synchronize();
+  }
+  FakeSession::check_clean();
+}
+
+// The fake's range is H100's and H200's: 0 (least) to -5 (greatest).
+TEST_CASE("the comm stream gets the GPU's highest priority by default; a priority asked for is clamped to the range") {
+  FakeSession session;
+  {
+    OneRankJob job;
+    const auto priority_of = [](cudaStream_t stream) {
+      int priority = 1;
+      REQUIRE(cudaStreamGetPriority(stream, &priority) == cudaSuccess);
+      return priority;
+    };
+    CHECK(Options{}.stream_priority == ncclkit::nccl::kHighestStreamPriority);
+    // nullopt: the default, left alone.
+    for (const auto& [asked, got] : {std::pair{std::optional<int>{}, -5}, std::pair{std::optional{0}, 0},
+                                     std::pair{std::optional{-2}, -2}, std::pair{std::optional{-9}, -5},
+                                     std::pair{std::optional{3}, 0}}) {
+      CAPTURE(asked.value_or(1));
+      Options options = ncclkit_test::fake_options("priority");
+      options.name = "priority" + std::to_string(asked.value_or(1));  // one store scope per communicator
+      if (asked) options.stream_priority = *asked;
+      Communicator comm(job.store, job.world, options);
+      CHECK(priority_of(comm.comm_stream()) == got);
+      CHECK(comm.options().stream_priority == got);  // what the stream got, not what was asked
+    }
   }
   FakeSession::check_clean();
 }

@@ -778,6 +778,11 @@ TEST_CASE("options reach NCCL and CUDA: CTAs, CGA, network, name, priority, user
                              "all_reduce with max 2 CTAs");
 
       Communicator plain(store, world, Options{.timeout = std::chrono::seconds(60), .name = "plain"});
+      NCCLKIT_CUDA_CHECK(cudaStreamGetPriority(plain.comm_stream(), &priority));
+      checker.expect(priority == greatest && plain.options().stream_priority == greatest,
+                     "by default the comm stream has the GPU's highest priority, " + std::to_string(greatest) +
+                         ": it has " + std::to_string(priority) + ", options() says " +
+                         std::to_string(plain.options().stream_priority));
       DeviceBuffer<float> b(plain_count, device);
       upload(b, make_input<float>(42, world.rank, plain_count), plain.default_stream());
       plain.all_reduce(b.data(), b.data(), plain_count, ReduceOp::kSum);

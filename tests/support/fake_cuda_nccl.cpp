@@ -5,7 +5,7 @@
 #include <cuda_runtime_api.h>  // the runtime's declarations, which the definitions below match
 #include <nccl.h>              // NCCL's declarations, likewise
 
-#include <algorithm>           // std::find, std::max
+#include <algorithm>           // std::find, std::max, std::clamp
 #include <condition_variable>  // std::condition_variable
 #include <cstdint>             // std::uintptr_t, std::uint64_t
 #include <cstdlib>             // std::malloc, std::free, std::getenv
@@ -37,6 +37,7 @@ struct FakeStream {
   Stall stall = Stall::kUntilReleased;
   std::vector<const FakeComm*> launched_by;  ///< communicators that launched ops on it
   long queries = 0;                          ///< cudaEventQuery of events last recorded here
+  int priority = 0;                          ///< as cudaStreamCreateWithPriority clamped it
 };
 
 struct FakeEvent {
@@ -663,11 +664,19 @@ cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes,
 
 // -- streams
 
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int, int) {
+// Priorities as on H100 and H200: 0 (least) to -5 (greatest).
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least != nullptr) *least = 0;
+  if (greatest != nullptr) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int, int priority) {
   fake::State& s = fake::state();
   std::lock_guard lock(s.mutex);
   auto object = std::make_unique<fake::FakeStream>();
   object->device = fake::this_thread().device;
+  object->priority = std::clamp(priority, -5, 0);  // CUDA clamps a value outside the range
   *stream = reinterpret_cast<cudaStream_t>(object.get());
   s.streams.emplace(object.get(), std::move(object));
   return cudaSuccess;
@@ -703,6 +712,15 @@ cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
   fake::FakeStream* target = nullptr;
   if (!fake::find_stream(s, stream, "cudaStreamGetDevice", &target)) return fake::fail(cudaErrorInvalidResourceHandle);
   *device = target != nullptr ? target->device : fake::this_thread().device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+  fake::State& s = fake::state();
+  std::lock_guard lock(s.mutex);
+  fake::FakeStream* target = nullptr;
+  if (!fake::find_stream(s, stream, "cudaStreamGetPriority", &target)) return fake::fail(cudaErrorInvalidResourceHandle);
+  *priority = target != nullptr ? target->priority : 0;  // the legacy default stream: 0
   return cudaSuccess;
 }
 

@@ -14,8 +14,9 @@
 ///   - Memory: cudaMalloc hands out host memory tagged with the current device, which
 ///     cudaPointerGetAttributes reports as device memory of that GPU (anything else is
 ///     unregistered memory); cudaMemcpy/cudaMemset really copy and set it.
-///   - Streams: a device, a capture flag (set_capturing: as if a capture had begun in global
-///     mode) and a stall (stall_stream). cudaStreamWaitEvent is accepted and not modelled.
+///   - Streams: a device, a priority (clamped to H100's and H200's range, 0 to -5), a capture
+///     flag (set_capturing: as if a capture had begun in global mode) and a stall
+///     (stall_stream). cudaStreamWaitEvent is accepted and not modelled.
 ///   - Events: an event never recorded is complete. A recorded one is pending while its stream
 ///     is stalled, or while every event is held (stall_all_events); the state is read when
 ///     the event is queried, so a release completes everything recorded on the stream.

@@ -3,10 +3,10 @@
 /// NCCL's config, and the polled (hence bounded) waits for init and for a split's new handle.
 /// Internal: use ncclkit/nccl/communicator.hpp or ncclkit/nccl/local_group.hpp.
 
-#include <cuda_runtime_api.h>  // cudaRuntimeGetVersion, cudaMalloc, cudaStreamLegacy
+#include <cuda_runtime_api.h>  // cudaRuntimeGetVersion, cudaMalloc, cudaStreamLegacy, cudaDeviceGetStreamPriorityRange
 #include <nccl.h>              // ncclConfig_t, ncclCommGetAsyncError, ncclCommSplit, ...
 
-#include <algorithm>  // std::max, std::equal
+#include <algorithm>  // std::max, std::equal, std::clamp
 #include <atomic>     // std::atomic_ref
 #include <cctype>     // std::tolower
 #include <chrono>     // std::chrono
@@ -221,6 +221,9 @@ inline std::unique_ptr<CommCore> adopt_handles(ReadyHandles ready) {
   const ncclComm_t control = ready.control, comm = ready.comm;
   try {
     DeviceGuard guard(core->device);
+    int least = 0, greatest = 0;
+    NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    core->options.stream_priority = std::clamp(core->options.stream_priority, greatest, least);
     core->own_comm_stream = nccl::Stream(core->device, core->options.stream_priority);
     core->comm_stream = core->own_comm_stream.get();
     core->default_stream = core->options.stream != nullptr ? core->options.stream : cudaStreamLegacy;
