@@ -59,10 +59,9 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
     ncclkit::nccl::Options comm_options;
     comm_options.name = "fusion_bench";
     comm_options.check_pointers = options.check_pointers;
-    // A high-priority comm stream lets NCCL's kernels overtake the codec's casts for SMs.
-    int least = 0, greatest = 0;
-    NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    comm_options.stream_priority = options.comm_priority == -100 ? greatest : options.comm_priority;
+    // Not given (-100): the communicator's default, the GPU's highest priority, which lets NCCL's
+    // kernels overtake the codec's casts for SMs.
+    if (options.comm_priority != -100) comm_options.stream_priority = options.comm_priority;
     if (options.timeout_seconds > 0) {
       comm_options.timeout = std::chrono::milliseconds(static_cast<long long>(options.timeout_seconds * 1000));
     }
@@ -82,11 +81,13 @@ int run_rank(const ncclkit::WorldInfo& world, const fb::Options& options) {
       cudaDeviceProp prop{};
       NCCLKIT_CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.device()));
       const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
+      int least = 0, greatest = 0;
+      NCCLKIT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
       std::printf(
           "# fusion_nccl: %d ranks (one process per GPU), %s, %s, NCCL_NVLS_ENABLE=%s, pointer checks %s, "
           "comm stream priority %d (range %d..%d), compute stream %s, float32, kAvg\n",
           comm.size(), prop.name, ncclkit::nccl::version_text().c_str(), nvls ? nvls : "(unset)",
-          options.check_pointers ? "on" : "off", comm_options.stream_priority, least, greatest,
+          options.check_pointers ? "on" : "off", comm.options().stream_priority, least, greatest,
           options.own_compute_stream ? "a non-blocking stream" : "CUDA's legacy default stream");
       std::fflush(stdout);
     }
