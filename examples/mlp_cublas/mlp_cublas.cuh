@@ -13,17 +13,14 @@
 // gradients and activations in float32; or bf16 compute with float32 master weights
 // (Precision::kBf16, as PyTorch's autocast to bfloat16):
 // - The trainer's parameters stay float32 (the masters, which the optimizer updates) and so do
-//   the gradients (which the trainer reduces); the model keeps a bfloat16 copy of the weights,
-//   and reads the biases from the float32 masters.
-// - That copy is refreshed by one cast kernel over the span of all parameters at the start of
-//   each forward_backward and evaluate, on their stream. Why there: the masters change in the
-//   trainer's optimizer update (and its broadcast or checkpoint load, or a user's write), never
-//   inside a model call, and the start of the next call is the first point after any such change
-//   where the model runs; the trainer's update is on the same stream, so the cast reads the
-//   updated values. A cast fused into the optimizer's pass over the masters would save this
-//   second pass (6 bytes per parameter per call: 0.8 GB for 134 M parameters), but the trainer
-//   has no per-bucket post-update hook for models yet. With accumulation the cast runs once per
-//   micro-batch.
+//   the gradients (which the trainer reduces); the GEMMs read the weights' bfloat16 copy, which
+//   the model asks the trainer for (bfloat16_copy(), trainer/model.hpp), and the biases from the
+//   float32 masters.
+// - The trainer's optimizer writes that copy in the same pass as it updates the masters (the
+//   update kernel, or the fused 16-bit reduction where it applies the update), and refreshes it
+//   whole after its broadcast or a resume: no pass of the model's own over the weights (that
+//   would be 6 bytes per parameter per call, 0.8 GB for 134 M parameters). The model never
+//   writes the copy. Bound without a trainer, whoever binds it keeps the copy, as the tests do.
 // - Activations and deltas are bfloat16; the GEMMs take bfloat16 operands and accumulate in
 //   float32 (cublasGemmEx with CUDA_R_16BF inputs and CUBLAS_COMPUTE_32F). The weight-gradient
 //   GEMM adds straight into the float32 gradient (C of CUDA_R_32F beside bfloat16 A and B, a
@@ -132,6 +129,8 @@ class MlpCublas {
   static constexpr bool overwrites_gradients = true;
   /// Backward reads a layer's weight (the input-gradient GEMM) before its gradients are marked.
   static constexpr bool done_with_values_when_ready = true;
+  /// bf16 compute reads the trainer's bfloat16 copy of the weights (see the header comment).
+  bool bfloat16_copy() const { return options_.precision == Precision::kBf16; }
 
   explicit MlpCublas(MlpOptions options = {}) : options_(options) {
     if (std::string p = options_.problem(); !p.empty()) throw ncclkit::ConfigError(p);
@@ -158,7 +157,8 @@ class MlpCublas {
       layers_.push_back(
           Layer{views.template value_data<float>(weight_name(l)), views.template value_data<float>(bias_name(l)),
                 views.template gradient_data<float>(weight_name(l)), views.template gradient_data<float>(bias_name(l)),
-                nullptr, views.layout().slot(weight_name(l)), views.layout().slot(bias_name(l)),
+                bfloat16_copy() ? views.template copy_data<__nv_bfloat16>(weight_name(l)) : nullptr,
+                views.layout().slot(weight_name(l)), views.layout().slot(bias_name(l)),
                 options_.in_features(l), options_.out_features(l)});
     }
     // The trainer's memory is on the communicator's GPU, which need not be the current one:
@@ -180,7 +180,6 @@ class MlpCublas {
                                                           ? CUBLAS_TF32_TENSOR_OP_MATH
                                                           : CUBLAS_DEFAULT_MATH));
     MLP_CUBLAS_CHECK(cublasSetSmCountTarget(handle_.get(), options_.cublas_sms));
-    if (options_.precision == Precision::kBf16) bind_bf16_weights();
     using kernels::blocks_for;
     using kernels::kThreads;
     for (std::size_t l = 0; l < layers_.size(); ++l) {
@@ -218,7 +217,7 @@ class MlpCublas {
     float* bias;
     float* weight_grad;
     float* bias_grad;
-    __nv_bfloat16* weight_bf16;  // the bfloat16 copy of `weight` (kBf16 only)
+    const __nv_bfloat16* weight_bf16;  // the trainer's bfloat16 copy of `weight` (kBf16 only)
     ncclkit::fusion::Slot weight_slot;
     ncclkit::fusion::Slot bias_slot;
     std::size_t in, out;
@@ -328,12 +327,8 @@ class MlpCublas {
                                  " per sample");
     }
     if constexpr (!std::is_same_v<T, float>) {
-      // The bfloat16 copies of the weights and of the inputs, from the float32 masters as they
-      // stand now (see the header comment for why here).
-      using kernels::blocks_for;
-      kernels::cast<<<blocks_for(bf16_weights_.size()), kernels::kThreads, 0, stream>>>(masters_, bf16_weights_.data(),
-                                                                                        bf16_weights_.size());
-      kernels::cast<<<blocks_for(n * options_.input), kernels::kThreads, 0, stream>>>(
+      // The batch's inputs in bfloat16 (the weights' copy is the trainer's: see the header comment).
+      kernels::cast<<<kernels::blocks_for(n * options_.input), kernels::kThreads, 0, stream>>>(
           batch.inputs.data(), scratch_for<T>().inputs.data(), n * options_.input);
     }
     for (std::size_t l = 0; l < layers_.size(); ++l) {
@@ -345,27 +340,6 @@ class MlpCublas {
           out, layer.bias, n, layer.out, l + 1 < layers_.size());
     }
     NCCLKIT_CUDA_CHECK(cudaGetLastError());
-  }
-
-  // kBf16: one bfloat16 buffer mirroring the span of the float32 parameters (every weight and
-  // bias, and the layout's padding between them), so that one cast refreshes all weights; each
-  // layer's copy sits at its master's offset. The biases' copies go unused: the bias is added in
-  // float from its master.
-  void bind_bf16_weights() {
-    const float* first = layers_.front().weight;
-    const float* end = first;
-    for (const Layer& layer : layers_) {
-      const float* weight = layer.weight;
-      const float* bias = layer.bias;
-      first = std::min({first, weight, bias});
-      end = std::max({end, weight + layer.in * layer.out, bias + layer.out});
-    }
-    masters_ = first;
-    const auto count = static_cast<std::size_t>(end - first);
-    if (bf16_weights_.size() != count || bf16_weights_.device() != device_) {
-      bf16_weights_ = ncclkit::nccl::DeviceBuffer<__nv_bfloat16>(count, device_);
-    }
-    for (Layer& layer : layers_) layer.weight_bf16 = bf16_weights_.data() + (layer.weight - first);
   }
 
   // The weight the GEMMs read: the float32 master, or its bfloat16 copy.
@@ -448,8 +422,6 @@ class MlpCublas {
   std::vector<std::size_t> activation_offsets_;
   Scratch<float> float_scratch_;         // every precision but kBf16
   Scratch<__nv_bfloat16> bf16_scratch_;  // kBf16
-  const float* masters_ = nullptr;       // kBf16: the first float32 parameter, mirrored by bf16_weights_
-  ncclkit::nccl::DeviceBuffer<__nv_bfloat16> bf16_weights_;
 };
 
 }  // namespace mlp_cublas

@@ -543,7 +543,7 @@ TEST_CASE("compressed_all_reduce with an update: the bits of reduce then update,
           comm.fill_zero(ncclkit::TensorView{nonfinite.data(), 1, DataType::kUint64, ncclkit::MemoryKind::kDevice}, s);
           // The reference: reduce, then the backend's update kernel.
           comm.compressed_all_reduce(*workspace, view(reduced), 1.0 / world.world_size, 1.0, nullptr, s);
-          comm.update(c.rule, view(param_ref), view(reduced), view(state0_ref), view(state1_ref), s);
+          comm.update(c.rule, view(param_ref), view(reduced), view(state0_ref), view(state1_ref), {}, s);
           // Fused: the state pointers are given for every rule; those it does not keep stay as they are.
           const ncclkit::FusedUpdate update{c.rule, reinterpret_cast<float*>(param.data()),
                                             reinterpret_cast<float*>(state0.data()),
@@ -645,7 +645,8 @@ TEST_CASE("the fused reducer over NCCL applies a bucket's update where it lands:
       };
       // The reference: the step without an update, then the backend's update on its result.
       step();
-      comm.update(rule, view(param_ref.data()), grads.view(w), view(momentum_ref.data()), ncclkit::TensorView{}, s);
+      comm.update(rule, view(param_ref.data()), grads.view(w), view(momentum_ref.data()), ncclkit::TensorView{},
+                  ncclkit::TensorView{}, s);
       // With the update: the same gradients, the result into the parameters and momentum.
       reducer.set_update(bucket_w,
                          {rule, reinterpret_cast<float*>(param.data()), reinterpret_cast<float*>(momentum.data())});

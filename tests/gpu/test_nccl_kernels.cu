@@ -34,6 +34,42 @@ TEST_CASE("the scale launcher is registered by including the kernels") {
 
 // ---- kernels ----------------------------------------------------------------------------------
 
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at most 64 registers a thread") {
+  // Options::compressed_reduce_blocks allows two blocks of 512 threads per SM, and a block that
+  // waited for a place while its partners wait at a barrier would hang the reduction: 2 × 512 ×
+  // registers must fit an SM's 65536. The variant with an update (and a bfloat16 copy) is the
+  // one that comes close.
+  if (!have_gpus(1, "the fused kernel's register count")) return;
+  using ncclkit::nccl::detail::compressed_reduce_kernel;
+  const auto registers = [](const void* kernel) {
+    cudaFuncAttributes attributes{};
+    REQUIRE(cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess);
+    return attributes.numRegs;
+  };
+  int device = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  int per_sm = 0;
+  REQUIRE(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) == cudaSuccess);
+  const struct {
+    const char* name;
+    const void* kernel;
+  } variants[] = {
+      {"fp16", reinterpret_cast<const void*>(&compressed_reduce_kernel<__half, false>)},
+      {"fp16 with an update", reinterpret_cast<const void*>(&compressed_reduce_kernel<__half, true>)},
+      {"bf16", reinterpret_cast<const void*>(&compressed_reduce_kernel<__nv_bfloat16, false>)},
+      {"bf16 with an update", reinterpret_cast<const void*>(&compressed_reduce_kernel<__nv_bfloat16, true>)},
+  };
+  for (const auto& v : variants) {
+    CAPTURE(v.name);
+    const int used = registers(v.kernel);
+    MESSAGE(v.name << ": " << used << " registers a thread");
+    CHECK(used <= 64);
+    CHECK(2 * ncclkit::nccl::detail::kCompressedReduceThreads * used <= per_sm);
+  }
+}
+#endif
+
 TEST_CASE("scale and fill kernels agree with the host for every type") {
   run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
     Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "kernels"});

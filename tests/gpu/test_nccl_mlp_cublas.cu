@@ -240,11 +240,24 @@ ReferenceRun reference_sgd(const mlp_cublas::MlpOptions& shape, const LayerTenso
   return run;
 }
 
-/// The model bound to values and gradients of its own, as a trainer binds it (with no trainer).
+/// The model bound to values and gradients of its own, and to a bfloat16 copy of the values
+/// where it asks for one, as a trainer binds it (with no trainer).
 struct BoundMlp {
   BoundMlp(Communicator& comm, const mlp_cublas::MlpOptions& shape)
-      : model(shape), values(comm, declared(model)), gradients(comm, values.layout()) {
-    model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients));
+      : comm(&comm), model(shape), values(comm, declared(model)), gradients(comm, values.layout()) {
+    if (model.bfloat16_copy()) {
+      copy = ncclkit::nccl::DeviceBuffer<ncclkit::BFloat16>(values.all(ncclkit::DataType::kFloat32).count,
+                                                            comm.device());
+    }
+    model.bind(ncclkit::trainer::ModelViews<Communicator>(values, &gradients, copy.data()));
+    refresh_copy();
+  }
+  /// The copy rewritten from the values, as the trainer does after writing them (refresh_copy).
+  void refresh_copy() {
+    if (copy.size() == 0) return;
+    comm->cast(values.all(ncclkit::DataType::kFloat32),
+               ncclkit::TensorView{copy.data(), copy.size(), ncclkit::DataType::kBFloat16, ncclkit::MemoryKind::kDevice},
+               1.0, nullptr);
   }
   static ncclkit::fusion::FusedLayout declared(const Model& model) {
     ncclkit::fusion::FusedLayout layout;
@@ -252,8 +265,10 @@ struct BoundMlp {
     layout.finalize();
     return layout;
   }
+  Communicator* comm;
   Model model;
   ncclkit::fusion::FusedBuffer<Communicator> values, gradients;
+  ncclkit::nccl::DeviceBuffer<ncclkit::BFloat16> copy;  // where the model asks for one
 };
 
 /// One forward_backward of the model of `shape` on `samples` samples on one GPU, checked against
@@ -500,10 +515,11 @@ class EarlyMarkingMlp {
   const ncclkit::fusion::FusedLayout* layout_ = nullptr;
   std::vector<ncclkit::fusion::Slot> early_slots_;
 };
-/// kBf16 computes with a bfloat16 copy of the float32 values: each forward_backward and evaluate
-/// must take the values as they are at that call. Zeroed values give an output of zeros, whose
-/// loss sum Σ y² / output the host computes; the values restored give the first loss again. A
-/// copy refreshed less often (at bind, or by the other call only) gives the other loss.
+/// kBf16 computes with the bfloat16 copy of the float32 values that whoever binds it keeps (the
+/// trainer; here BoundMlp): zeroed masters alone leave the loss as it was (the model reads the
+/// copy, and writes none of its own); the copy refreshed from them gives the output of zeros,
+/// whose loss sum Σ y² / output the host computes, in forward_backward and evaluate alike; the
+/// masters restored and the copy refreshed give the first loss again.
 int check_bf16_refresh(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
   ncclkit_test::Checker checker(me.rank);
   Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-bf16"});
@@ -541,20 +557,23 @@ int check_bf16_refresh(const ncclkit::WorldInfo& me, const std::shared_ptr<ncclk
   const auto near = [](double got, double expected) { return std::fabs(got - expected) <= 1e-6 * expected; };
   const double first = loss_sum(true);
   comm.fill_zero(all);
+  const double train_masters_zeroed = loss_sum(true);
+  bound.refresh_copy();
   const double train_zeroed = loss_sum(true);
-  comm.copy_from_host(all.data, initial.data(), initial.size() * sizeof(float));
-  const double eval_restored = loss_sum(false);
-  comm.fill_zero(all);
   const double eval_zeroed = loss_sum(false);
+  comm.copy_from_host(all.data, initial.data(), initial.size() * sizeof(float));
+  bound.refresh_copy();
+  const double eval_restored = loss_sum(false);
   std::printf(
-      "bf16 loss sums: first %.6f, zero output %.6f; forward_backward on zeroed values %.6f, evaluate on "
-      "restored values %.6f, on zeroed values %.6f\n",
-      first, zeros_loss, train_zeroed, eval_restored, eval_zeroed);
+      "bf16 loss sums: first %.6f, zero output %.6f; masters zeroed %.6f; copy refreshed: forward_backward %.6f, "
+      "evaluate %.6f; restored %.6f\n",
+      first, zeros_loss, train_masters_zeroed, train_zeroed, eval_zeroed, eval_restored);
   checker.expect(std::fabs(first - zeros_loss) > 0.1 * zeros_loss, "the first loss differs from a zero output's");
-  checker.expect(near(train_zeroed, zeros_loss), "forward_backward computed with the zeroed values");
-  checker.expect(near(eval_restored, first), "evaluate computed with the restored values");
-  checker.expect(near(eval_zeroed, zeros_loss), "evaluate computed with the zeroed values");
-  return checker.finish("cuBLAS MLP bf16 copy refreshed");
+  checker.expect(near(train_masters_zeroed, first), "forward_backward computed with the copy, not the masters");
+  checker.expect(near(train_zeroed, zeros_loss), "forward_backward computed with the refreshed copy");
+  checker.expect(near(eval_zeroed, zeros_loss), "evaluate computed with the refreshed copy");
+  checker.expect(near(eval_restored, first), "evaluate computed with the copy of the restored values");
+  return checker.finish("cuBLAS MLP bf16 copy read");
 }
 
 std::string read_file(const std::string& path) {
@@ -607,7 +626,7 @@ TEST_CASE("the cuBLAS MLP adds the float64 reference's gradients and marks each 
       return mlp_cublas_test::check_gradients(me, store, shape, 7, 3e-2, 2e-2);
     });
   }
-  SUBCASE("bf16 compute: forward_backward and evaluate compute with the float32 values as they are at each call") {
+  SUBCASE("bf16 compute: forward_backward and evaluate compute with the bfloat16 copy the binder keeps") {
     ncclkit_test::run_workers(1, [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
       return mlp_cublas_test::check_bf16_refresh(me, store);
     });
@@ -663,6 +682,68 @@ TEST_CASE("the trainer over the cuBLAS MLP on 2 GPUs: the loss falls in 20 steps
     const std::string zero = mlp_cublas_test::read_file(dir.path + "/rank0");
     CHECK(zero.size() >= mlp_cublas_test::kShape.parameters() * sizeof(float));
     CHECK(zero == mlp_cublas_test::read_file(dir.path + "/rank1"));
+  }
+}
+
+TEST_CASE("bf16 compute on 2 GPUs: after each step the trainer's weight copy is the rounding of its masters") {
+  if (!ncclkit_test::have_gpus(2, "the bf16 copy kept by the trainer on 2 GPUs")) return;
+  // float32 gradients (the update kernel), fp16 gradients with the update fused into the
+  // reduction and without (the update kernel after the fused reduction); SGD with momentum and
+  // AdamW. Every element of the copy (padding included) must be the bfloat16 of its master, bit
+  // for bit, after the start's broadcast and after each of 3 steps; and the masters must change.
+  struct Case {
+    const char* name;
+    ncclkit::compression::Codec codec;
+    bool fuse_update;
+    ncclkit::trainer::OptimizerOptions optimizer;
+  };
+  const Case cases[] = {
+      {"float32 gradients, SGD momentum", ncclkit::compression::Codec::kNone, true, {.momentum = 0.9}},
+      {"fp16 gradients, update fused, AdamW", ncclkit::compression::Codec::kFloat16, true,
+       {.kind = ncclkit::trainer::OptimizerKind::kAdamW}},
+      {"fp16 gradients, update apart, SGD momentum", ncclkit::compression::Codec::kFloat16, false, {.momentum = 0.9}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    ncclkit_test::run_workers(2, [&](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+      using namespace mlp_cublas_test;
+      ncclkit_test::Checker checker(me.rank);
+      Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-copy"});
+      mlp_cublas::MlpOptions shape = kShape;
+      shape.precision = mlp_cublas::Precision::kBf16;
+      shape.seed = 3 + static_cast<std::uint64_t>(me.rank);  // rank 1's own values: the broadcast must win
+      Model model(shape);
+      ncclkit::trainer::DataParallelTrainer<Model, Communicator> trainer(
+          comm, model,
+          {.global_batch = 2 * kBatch, .codec = c.codec, .optimizer = c.optimizer, .schedule = {.lr = 0.05},
+           .fuse_update = c.fuse_update, .seed = 3, .log_interval = 0, .print_progress = false});
+      const ncclkit::TensorView copy = trainer.copy();
+      const ncclkit::TensorView masters = trainer.values().all(ncclkit::DataType::kFloat32);
+      checker.expect(copy.count == masters.count && copy.dtype == ncclkit::DataType::kBFloat16,
+                     "the copy has one bfloat16 per float32 value");
+      const auto stale = [&] {
+        comm.synchronize(comm.default_stream());
+        const std::vector<float> m = download(comm, masters.data, masters.count);
+        std::vector<ncclkit::BFloat16> b(copy.count);
+        comm.copy_to_host(b.data(), copy.data, copy.bytes());
+        comm.synchronize();
+        std::size_t n = 0;
+        for (std::size_t i = 0; i < m.size(); ++i) n += b[i].bits != ncclkit::BFloat16(m[i]).bits ? 1 : 0;
+        return n;
+      };
+      const mlp_cublas::SyntheticData data(shape.input, shape.output, 64, 11, comm.device());
+      std::size_t stale_total = stale();
+      const std::vector<float> start = download(comm, masters.data, masters.count);
+      for (std::size_t s = 0; s < 3; ++s) {
+        trainer.step(data.batch(s * 2 * kBatch + static_cast<std::size_t>(me.rank) * kBatch, kBatch));
+        stale_total += stale();
+      }
+      std::printf("rank %d: %s: %zu of %zu copy elements not the rounding of their master over 4 checks\n", me.rank,
+                  c.name, stale_total, copy.count);
+      checker.expect(stale_total == 0, std::to_string(stale_total) + " copy elements were not the bfloat16 of their master");
+      checker.expect(download(comm, masters.data, masters.count) != start, "the masters changed: it trained");
+      return checker.finish("bf16 copy kept by the trainer");
+    });
   }
 }
 

@@ -179,7 +179,8 @@ class UpdatingReducer final : public BucketReducer<B> {
       backend.all_reduce(data, data, setup_->op, setup_->comm);
       if (const auto& u = given_[b]) {
         const auto view = [&](float* p) { return TensorView{p, p ? data.count : 0, DataType::kFloat32, data.where}; };
-        backend.update(u->rule, view(u->values), data, view(u->state0), view(u->state1), setup_->comm);
+        backend.update(u->rule, view(u->values), data, view(u->state0), view(u->state1),
+                       TensorView{u->copy, u->copy ? data.count : 0, DataType::kBFloat16, data.where}, setup_->comm);
       }
       backend.record(done_[b], setup_->comm);
     }
@@ -389,7 +390,7 @@ TEST_CASE("a reducer that updates gets each bucket's update at the bucket's offs
       const std::size_t first = bucket.begin_bytes / 4;
       const auto at = [&](float* p) { return TensorView{p + first, bucket.count(), DataType::kFloat32, B::memory_kind}; };
       backend.update(rule, at(base), at(static_cast<float*>(gradients.data(DataType::kFloat32))), at(state),
-                     TensorView{nullptr, 0, DataType::kFloat32, B::memory_kind}, backend.default_stream());
+                     TensorView{nullptr, 0, DataType::kFloat32, B::memory_kind}, TensorView{}, backend.default_stream());
     });
     CHECK(updated == std::vector<bool>{true, false, true, false});
     for (std::size_t b = 0; b < 4; ++b) {

@@ -181,8 +181,9 @@ class LoopBackend {
   }
   CopyBatch prepare_copies(std::span<const ncclkit::CopyItem> items) { return CopyBatch(items.begin(), items.end()); }
   void copy_batch(const CopyBatch& batch, Stream) { ncclkit::detail::copy_batch_on_host(batch); }
-  void update(const ncclkit::UpdateRule& rule, TensorView p, TensorView g, TensorView s0, TensorView s1, Stream) {
-    ncclkit::detail::update_on_host(rule, p, g, s0, s1);
+  void update(const ncclkit::UpdateRule& rule, TensorView p, TensorView g, TensorView s0, TensorView s1, TensorView c,
+              Stream) {
+    ncclkit::detail::update_on_host(rule, p, g, s0, s1, c);
   }
   void sum_squares(TensorView in, double* out, Stream) { ncclkit::detail::sum_squares_on_host(in, out); }
   /// Later collectives throw CommError (the perf engine never aborts; the concept asks for it).

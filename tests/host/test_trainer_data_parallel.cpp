@@ -155,9 +155,116 @@ struct KnownOverwriting : Known<Backend> {
   }
 };
 
+// Known with a bfloat16 copy of its parameters (bfloat16_copy()), which it may update as soon as
+// marked (done_with_values_when_ready: the reduction may apply the update). Each
+// forward_backward counts the elements whose copy is not the bfloat16 of the parameter: what a
+// model computing in bfloat16 would read stale. `start` gives the parameters values that
+// bfloat16 rounds (1 + 2^-9 per element step), so a copy left behind shows.
+template <class Backend>
+struct KnownCopy : Known<Backend> {
+  static constexpr bool done_with_values_when_ready = true;
+  bool bfloat16_copy() const { return true; }
+  ncclkit::BFloat16* copy = nullptr;
+  float start = 1.0f;
+  std::size_t stale = 0;
+  void bind(const ncclkit::trainer::ModelViews<Backend>& v) {
+    Known<Backend>::bind(v);
+    copy = v.template copy_data<ncclkit::BFloat16>("w");
+    for (int i = 0; i < 4; ++i) this->w[i] = start + float(i) * 0x1p-9f;
+  }
+  std::size_t stale_now() const {
+    std::size_t n = 0;
+    for (int i = 0; i < 4; ++i) n += copy[i].bits != ncclkit::BFloat16(this->w[i]).bits ? 1 : 0;
+    return n;
+  }
+  void forward_backward(const Count& batch, ncclkit::trainer::StepContext<Backend>& step) {
+    stale += stale_now();
+    Known<Backend>::forward_backward(batch, step);
+  }
+};
+
 }  // namespace trainer_tests
 
 using namespace trainer_tests;
+
+TEST_CASE("a model's bfloat16 copy is the rounding of its parameters after every kind of update and change") {
+  // Two ranks, 3 steps each of: the separate update (float32 gradients), the update fused into
+  // the compressed reduction (fp16), the update after the norm (clipping); AdamW and SGD with
+  // momentum. Rank 1 binds other values than rank 0: after the start's broadcast its copy is of
+  // rank 0's. A write outside the trainer is followed by refresh_copy.
+  struct Case {
+    const char* name;
+    TrainerOptions options;
+    bool fused;
+  };
+  const Case cases[] = {
+      {"separate, SGD momentum", quiet({.global_batch = 8, .optimizer = {.momentum = 0.9}, .schedule = {.lr = 0.01}}),
+       false},
+      {"fused, AdamW",
+       quiet({.global_batch = 8, .codec = ncclkit::compression::Codec::kFloat16,
+              .optimizer = {.kind = OptimizerKind::kAdamW}, .schedule = {.lr = 0.01}}),
+       true},
+      {"after the norm, SGD", quiet({.global_batch = 8, .schedule = {.lr = 0.01}, .clip_norm = 1.0}), false},
+  };
+  for (const Case& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    LoopbackWorld world(2);
+    std::vector<std::size_t> stale(2), applied(2), after_start(2), after_write(2);
+    std::vector<std::vector<float>> w(2);
+    const auto errors = run_ranks(2, [&](int rank) {
+      B backend(world, rank);
+      backend.allow_compressed_reduce(true);
+      KnownCopy<B> model;
+      model.start = rank == 0 ? 1.0f : 5.0f;
+      DataParallelTrainer<KnownCopy<B>, B> trainer(backend, model, c.options);
+      const auto r = static_cast<std::size_t>(rank);
+      after_start[r] = model.stale_now();
+      for (int s = 0; s < 3; ++s) trainer.step(Count{4});
+      stale[r] = model.stale + model.stale_now();
+      applied[r] = backend.updates_applied();
+      w[r].assign(model.w, model.w + 4);
+      model.w[0] = 7.0f + 0x1p-9f;
+      trainer.refresh_copy();
+      after_write[r] = model.stale_now();
+    });
+    for (const auto& e : errors) CHECK(message_of(e) == "");
+    for (std::size_t r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      CHECK(after_start[r] == 0);
+      CHECK(stale[r] == 0);
+      CHECK(after_write[r] == 0);
+      CHECK(w[r] == w[0]);
+      CHECK(w[r][3] != 1.0f + 3 * 0x1p-9f);  // it trained
+      CHECK((applied[r] > 0) == c.fused);    // the path named is the one that ran
+    }
+  }
+}
+
+TEST_CASE("a model that does not ask for a bfloat16 copy gets an error naming the switch, not a null pointer") {
+  struct Asks : Known<B> {
+    std::string message;
+    void bind(const ncclkit::trainer::ModelViews<B>& v) {
+      Known<B>::bind(v);
+      try {
+        (void)v.copy("w");
+      } catch (const ConfigError& e) {
+        message = e.what();
+      }
+    }
+  };
+  LoopbackWorld world(1);
+  const auto errors = run_ranks(1, [&](int rank) {
+    B backend(world, rank);
+    Asks model;
+    DataParallelTrainer<Asks, B> trainer(backend, model, quiet({.global_batch = 4, .schedule = {.lr = 0.1}}));
+    CHECK(model.message ==
+          "ncclkit: ModelViews::copy: the trainer keeps no bfloat16 copy of \"w\"; give the model `bool "
+          "bfloat16_copy() const` returning true");
+    trainer.refresh_copy();  // nothing to refresh: no error
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+}
 
 TEST_CASE("a model that overwrites its gradients on a step's first micro-batch trains as one that adds to zeros") {
   // Two ranks, 3 micro-batches a step, momentum: the parameters after 3 steps must be the same

@@ -387,26 +387,71 @@ TEST_CASE("update_problem names what an update's views lack, and the backend ref
   const UpdateRule momentum{.momentum = 0.9f};
   const UpdateRule adam{.kind = UpdateRule::Kind::kAdamW};
   using ncclkit::detail::update_problem;
-  CHECK(update_problem(plain, f32(p), f32(g), none, none) == "");
-  CHECK(update_problem(momentum, f32(p), f32(g), f32(s0), none) == "");
-  CHECK(update_problem(adam, f32(p), f32(g), f32(s0), f32(s1)) == "");
-  CHECK(update_problem(plain, half_view, f32(g), none, none) ==
+  CHECK(update_problem(plain, f32(p), f32(g), none, none, none) == "");
+  CHECK(update_problem(momentum, f32(p), f32(g), f32(s0), none, none) == "");
+  CHECK(update_problem(adam, f32(p), f32(g), f32(s0), f32(s1), none) == "");
+  CHECK(update_problem(plain, half_view, f32(g), none, none, none) ==
         "update needs float32 parameters and gradients of one count (half × 5, float × 5)");
-  CHECK(update_problem(plain, f32(p), f32(g4), none, none) ==
+  CHECK(update_problem(plain, f32(p), f32(g4), none, none, none) ==
         "update needs float32 parameters and gradients of one count (float × 5, float × 4)");
-  CHECK(update_problem(plain, f32(p), half_view, none, none) ==
+  CHECK(update_problem(plain, f32(p), half_view, none, none, none) ==
         "update needs float32 parameters and gradients of one count (float × 5, half × 5)");
   const std::string one = "this update keeps 1 float32 state values per parameter: give as many state views of the "
                           "parameters' count";
   const std::string two = "this update keeps 2 float32 state values per parameter: give as many state views of the "
                           "parameters' count";
-  CHECK(update_problem(momentum, f32(p), f32(g), none, none) == one);
-  CHECK(update_problem(momentum, f32(p), f32(g), f32(g4), none) == one);
-  CHECK(update_problem(adam, f32(p), f32(g), f32(s0), none) == two);
-  CHECK(update_problem(adam, f32(p), f32(g), f32(s0), half_view) == two);
+  CHECK(update_problem(momentum, f32(p), f32(g), none, none, none) == one);
+  CHECK(update_problem(momentum, f32(p), f32(g), f32(g4), none, none) == one);
+  CHECK(update_problem(adam, f32(p), f32(g), f32(s0), none, none) == two);
+  CHECK(update_problem(adam, f32(p), f32(g), f32(s0), half_view, none) == two);
 
   LoopbackWorld world(1);
   B backend(world, 0);
-  CHECK_THROWS_WITH_AS(backend.update(adam, f32(p), f32(g), f32(s0), none, backend.default_stream()),
+  CHECK_THROWS_WITH_AS(backend.update(adam, f32(p), f32(g), f32(s0), none, none, backend.default_stream()),
                        ("LoopbackBackend::update: " + two).c_str(), ConfigError);
+
+  // The bfloat16 copy: none (null data), or bfloat16 of the parameters' count.
+  std::vector<ncclkit::BFloat16> copy5(5), copy4(4);
+  const TensorView bf16_5{copy5.data(), 5, DataType::kBFloat16, host};
+  const TensorView bf16_4{copy4.data(), 4, DataType::kBFloat16, host};
+  CHECK(update_problem(plain, f32(p), f32(g), none, none, bf16_5) == "");
+  const std::string copy_problem = "the copy an update writes is bfloat16 of the parameters' count (5), not ";
+  CHECK(update_problem(plain, f32(p), f32(g), none, none, bf16_4) ==
+        copy_problem + "bfloat16 × 4; give a view with null data for none");
+  CHECK(update_problem(plain, f32(p), f32(g), none, none, half_view) ==
+        copy_problem + "half × 5; give a view with null data for none");
+  CHECK_THROWS_WITH_AS(backend.update(plain, f32(p), f32(g), none, none, f32(s0), backend.default_stream()),
+                       ("LoopbackBackend::update: " + copy_problem + "float × 5; give a view with null data for none")
+                           .c_str(),
+                       ConfigError);
+}
+
+TEST_CASE("an update writes each new value's bfloat16 copy, rounded to nearest even, in the same pass") {
+  // Values chosen so that the new parameter lands on, beside and between bfloat16 neighbours:
+  // 1 + 2^-8 is a tie (rounds to the even 1), 1 + 3·2^-8 a tie that rounds up, 1 + 2^-9 below half.
+  const float tie_even = 1.0f + 0x1p-8f, tie_up = 1.0f + 0x1p-7f + 0x1p-8f, below = 1.0f + 0x1p-9f;
+  std::vector<float> p{tie_even, tie_up, below, -3.0f, 0.0f}, g(5, 0.0f), p_ref = p;
+  g[3] = 1.0f;  // -3 - 0.5 · 1 = -3.5, exact in bfloat16
+  std::vector<ncclkit::BFloat16> copy(5, ncclkit::BFloat16::from_bits(0xffff));
+  const auto host = ncclkit::MemoryKind::kHost;
+  const auto f32 = [&](std::vector<float>& v) { return TensorView{v.data(), v.size(), DataType::kFloat32, host}; };
+  const TensorView none{nullptr, 0, DataType::kFloat32, host};
+  const UpdateRule sgd{.lr = 0.5f};
+  LoopbackWorld world(1);
+  B backend(world, 0);
+  backend.update(sgd, f32(p), f32(g), none, none, TensorView{copy.data(), 5, DataType::kBFloat16, host},
+                 backend.default_stream());
+  backend.synchronize(backend.default_stream());
+  CHECK(p[3] == -3.5f);
+  const std::vector<std::uint16_t> want{0x3f80, 0x3f82, 0x3f80, 0xc060, 0x0000};
+  for (std::size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(copy[i].bits == want[i]);
+    CHECK(copy[i].bits == ncclkit::BFloat16(p[i]).bits);
+  }
+  // The parameters get what they get without a copy.
+  std::vector<float> g_ref = g;
+  backend.update(sgd, f32(p_ref), f32(g_ref), none, none, none, backend.default_stream());
+  backend.synchronize(backend.default_stream());
+  CHECK(p_ref == p);
 }

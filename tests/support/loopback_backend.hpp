@@ -501,13 +501,13 @@ class LoopbackBackend {
   }
 
   void update(const UpdateRule& rule, TensorView param, TensorView grad, TensorView state0, TensorView state1,
-              Stream stream) {
-    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1);
+              TensorView copy, Stream stream) {
+    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1, copy);
         !problem.empty()) {
       throw ConfigError("LoopbackBackend::update: " + problem);
     }
-    run_on(stream, [rule, param, grad, state0, state1] {
-      ncclkit::detail::update_on_host(rule, param, grad, state0, state1);
+    run_on(stream, [rule, param, grad, state0, state1, copy] {
+      ncclkit::detail::update_on_host(rule, param, grad, state0, state1, copy);
     });
   }
   void sum_squares(TensorView in, double* out, Stream stream) {
@@ -566,9 +566,10 @@ class LoopbackBackend {
     compressed_all_reduce(workspace, reduced, encode, decode, nonfinite, stream);
     const auto view = [&](float* p) { return TensorView{p, data.count, DataType::kFloat32, memory_kind}; };
     const TensorView values = view(update.values), state0 = view(states > 0 ? update.state0 : nullptr),
-                     state1 = view(states > 1 ? update.state1 : nullptr);
-    run_on(stream, [rule = update.rule, values, reduced, state0, state1, result] {
-      ncclkit::detail::update_on_host(rule, values, reduced, state0, state1);
+                     state1 = view(states > 1 ? update.state1 : nullptr),
+                     copy{update.copy, update.copy != nullptr ? data.count : 0, DataType::kBFloat16, memory_kind};
+    run_on(stream, [rule = update.rule, values, reduced, state0, state1, copy, result] {
+      ncclkit::detail::update_on_host(rule, values, reduced, state0, state1, copy);
     });
   }
   void allow_compressed_reduce(bool allowed) { compressed_reduce_allowed_ = allowed; }

@@ -71,8 +71,10 @@ struct CopyItem {
 ///   - `prepare_copies(items)`: a batch of copies, made once (on GPUs its table moves to device
 ///     memory once), then run as often as wanted by `copy_batch(batch, stream)`: one kernel
 ///     on GPUs, not one copy per item. The batch must not outlive the backend.
-///   - `update(rule, param, grad, state0, state1, stream)`: one optimizer step of float32
-///     parameters, element by element (core/update.hpp: SGD, AdamW); `sum_squares(in, out,
+///   - `update(rule, param, grad, state0, state1, copy, stream)`: one optimizer step of float32
+///     parameters, element by element (core/update.hpp: SGD, AdamW), writing each new value
+///     rounded to bfloat16 into `copy` in the same pass where `copy` has data (a view with null
+///     data: none; else bfloat16 of the parameters' count); `sum_squares(in, out,
 ///     stream)`: out[0] += Σ in[i]², where `out` is kSquareSumWords doubles of the backend's
 ///     memory (the rest its scratch), the same bits for the same input (the trainer's clipping).
 ///   - Timing events: `create_timing_event()` makes an `Event` recorded and waited for like
@@ -126,7 +128,7 @@ concept Backend = requires(B& backend, const B& const_backend, TensorView in, Te
   backend.cast(in, out, factor, nonfinite, stream);
   { backend.prepare_copies(items) } -> std::same_as<typename B::CopyBatch>;
   backend.copy_batch(batch, stream);
-  backend.update(rule, out, in, out, out, stream);
+  backend.update(rule, out, in, out, out, out, stream);
   backend.sum_squares(in, squares, stream);
 };
 

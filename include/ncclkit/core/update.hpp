@@ -3,6 +3,8 @@
 /// `update` runs it (a CUDA kernel on GPUs, a loop on CPUs; core/backend.hpp), and the
 /// arithmetic both share (`update_element`), so that CPU and GPU results agree to the rounding
 /// of float. trainer/optimizer.hpp fills the rule from its options, the step and the schedule.
+/// An update may also write a bfloat16 copy of each parameter it makes (`update_copy`), the
+/// weights a model with bfloat16 compute reads, in the same pass over the parameters.
 ///
 /// SGD, PyTorch's `torch.optim.SGD`: g = scale·grad (+ weight_decay·p); with momentum,
 /// buf = g on the first step, momentum·buf + (1 − dampening)·g after; g = g + momentum·buf
@@ -14,6 +16,8 @@
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint8_t
 #include <type_traits>  // std::is_trivially_copyable_v
+
+#include "ncclkit/core/half.hpp"  // BFloat16
 
 namespace ncclkit {
 
@@ -51,13 +55,15 @@ struct UpdateRule {
 /// An update that a reduction applies itself, where its result lands (a reducer that can:
 /// fusion/reducer.hpp, BucketReducer::can_update): `rule` over float32 `values` and state laid
 /// out like the reduced data, element i of each belonging to the data's element i; `state0` and
-/// `state1` null where the rule keeps fewer (UpdateRule::state_count). Kernels take it by value:
-/// it stays trivially copyable.
+/// `state1` null where the rule keeps fewer (UpdateRule::state_count); `copy`, where not null,
+/// gets each updated value rounded to bfloat16 (to nearest, ties to even). Kernels take it by
+/// value: it stays trivially copyable.
 struct FusedUpdate {
   UpdateRule rule;
   float* values = nullptr;
   float* state0 = nullptr;
   float* state1 = nullptr;
+  BFloat16* copy = nullptr;
 
   /// The name of the first buffer the rule needs that is null ("values", "state0", "state1"),
   /// or null when all are given: the one check of every API that takes an update.
@@ -71,8 +77,8 @@ struct FusedUpdate {
   /// The same update from element `first` on: every given pointer moved by `first` (a bucket's or
   /// a piece's part of a larger update), the null ones left null.
   FusedUpdate from(std::size_t first) const {
-    const auto at = [first](float* p) { return p == nullptr ? nullptr : p + first; };
-    return {rule, at(values), at(state0), at(state1)};
+    const auto at = [first](auto* p) { return p == nullptr ? nullptr : p + first; };
+    return {rule, at(values), at(state0), at(state1), at(copy)};
   }
 };
 static_assert(std::is_trivially_copyable_v<FusedUpdate>);

@@ -542,15 +542,16 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, gloo
 
   // ---- optimizer work (the Backend concept; core/update.hpp) ---------------------------------
 
-  /// One optimizer update of float32 `param` by `grad` (and the rule's state), on `stream`.
+  /// One optimizer update of float32 `param` by `grad` (and the rule's state), and its bfloat16
+  /// `copy` where that has data, on `stream`.
   void update(const UpdateRule& rule, TensorView param, TensorView grad, TensorView state0, TensorView state1,
-              Stream stream = {}) {
-    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1);
+              TensorView copy, Stream stream = {}) {
+    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1, copy);
         !problem.empty()) {
       throw ConfigError(state().who() + ": " + problem);
     }
-    run_local(stream, [rule, param, grad, state0, state1] {
-      ncclkit::detail::update_on_host(rule, param, grad, state0, state1);
+    run_local(stream, [rule, param, grad, state0, state1, copy] {
+      ncclkit::detail::update_on_host(rule, param, grad, state0, state1, copy);
     });
   }
   /// Adds the sum of squares of `in` (floating types) to out[0] (kSquareSumWords doubles), in

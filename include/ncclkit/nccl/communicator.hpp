@@ -603,12 +603,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
   // ---- optimizer work (the Backend concept; core/update.hpp) ---------------------------------
 
-  /// One optimizer update of float32 `param` by `grad` (and the rule's state), one kernel on
-  /// `stream`.
+  /// One optimizer update of float32 `param` by `grad` (and the rule's state), and its bfloat16
+  /// `copy` where that has data, one kernel on `stream`.
   void update(const UpdateRule& rule, TensorView param, TensorView grad, TensorView state0, TensorView state1,
-              StreamArg stream = {}) {
+              TensorView copy, StreamArg stream = {}) {
     const detail::CheckedCall call(core(), "update", stream);
-    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1);
+    if (const std::string problem = ncclkit::detail::update_problem(rule, param, grad, state0, state1, copy);
         !problem.empty()) {
       call.misuse(problem);
     }
@@ -618,11 +618,12 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     const int states = rule.state_count();
     if (states > 0) call.buffer("state", state0);
     if (states > 1) call.buffer("state", state1);
+    if (copy.data != nullptr) call.buffer("copy", copy);
     const auto launcher = kernel_launcher(detail::update_launcher(), "update");
     DeviceGuard guard(core().device);
-    launcher(rule, static_cast<float*>(param.data), static_cast<const float*>(grad.data),
-             states > 0 ? static_cast<float*>(state0.data) : nullptr, states > 1 ? static_cast<float*>(state1.data) : nullptr,
-             param.count, call.stream().stream);
+    launcher(FusedUpdate{rule, static_cast<float*>(param.data), states > 0 ? static_cast<float*>(state0.data) : nullptr,
+                         states > 1 ? static_cast<float*>(state1.data) : nullptr, static_cast<BFloat16*>(copy.data)},
+             static_cast<const float*>(grad.data), param.count, call.stream().stream);
   }
   /// Adds the sum of squares of `in` (floating types) to out[0], where `out` is kSquareSumWords
   /// doubles of this GPU's memory (the rest its scratch), on `stream`; the same bits for the same

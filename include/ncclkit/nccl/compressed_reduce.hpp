@@ -215,6 +215,9 @@ class CompressedReduce {
       call.buffer("update.values", view(update->values));
       if (states > 0) call.buffer("update.state0", view(update->state0));
       if (states > 1) call.buffer("update.state1", view(update->state1));
+      if (update->copy != nullptr) {
+        call.buffer("update.copy", TensorView{update->copy, data.count, DataType::kBFloat16, MemoryKind::kDevice});
+      }
     }
     detail::CompressedReduceArgs args{};
     args.window = window_;
@@ -240,7 +243,7 @@ class CompressedReduce {
     if (update != nullptr) {
       // The kernel tests the state pointers, not the rule: those the rule does not keep are null.
       args.update = {update->rule, update->values, states > 0 ? update->state0 : nullptr,
-                     states > 1 ? update->state1 : nullptr};
+                     states > 1 ? update->state1 : nullptr, update->copy};
     }
     const auto launcher = detail::compressed_reduce_launcher();
     detail::issue(call.core(), call.operation(), data.bytes(), call.stream(), [&](ncclComm_t, cudaStream_t s) {
@@ -254,9 +257,10 @@ class CompressedReduce {
   }
 
   /// Misuse where the kernel could not apply `update` to `data`'s results: the values and the
-  /// state the rule keeps (UpdateRule::state_count) given, each 16-byte aligned (the kernel reads
-  /// and writes them 16 bytes at a time) and apart from `data`, which keeps this rank's own
-  /// values while other blocks of the kernel may still be reading them.
+  /// state the rule keeps (UpdateRule::state_count) given, each aligned to what the kernel reads
+  /// and writes at a time (16 bytes; the bfloat16 copy, where given, 8) and apart from `data`,
+  /// which keeps this rank's own values while other blocks of the kernel may still be reading
+  /// them.
   static void check_update(const detail::CheckedCall& call, const TensorView& data, const FusedUpdate& update) {
     if (update.values == nullptr) {
       call.misuse(
@@ -271,21 +275,25 @@ class CompressedReduce {
     }
     const struct {
       const char* name;
-      const float* pointer;
+      const void* pointer;
       bool kept;
-    } buffers[] = {{"update.values", update.values, true},
-                   {"update.state0", update.state0, states > 0},
-                   {"update.state1", update.state1, states > 1}};
+      std::uintptr_t alignment;  // how many bytes the kernel reads or writes at a time
+      std::uintptr_t bytes;
+    } buffers[] = {{"update.values", update.values, true, 16, data.count * sizeof(float)},
+                   {"update.state0", update.state0, states > 0, 16, data.count * sizeof(float)},
+                   {"update.state1", update.state1, states > 1, 16, data.count * sizeof(float)},
+                   {"update.copy", update.copy, update.copy != nullptr, 8, data.count * sizeof(BFloat16)}};
     const auto data_begin = reinterpret_cast<std::uintptr_t>(data.data);
-    const std::uintptr_t bytes = data.count * sizeof(float);
+    const std::uintptr_t data_bytes = data.count * sizeof(float);
     for (const auto& b : buffers) {
       if (!b.kept) continue;
       const auto begin = reinterpret_cast<std::uintptr_t>(b.pointer);
-      if (begin % 16 != 0) {
-        call.misuse(std::string(b.name) +
-                    " is not 16-byte aligned (the kernel reads and writes it 16 bytes at a time)");
+      if (begin % b.alignment != 0) {
+        call.misuse(std::string(b.name) + " is not " + std::to_string(b.alignment) +
+                    "-byte aligned (the kernel reads and writes it " + std::to_string(b.alignment) +
+                    " bytes at a time)");
       }
-      if (begin < data_begin + bytes && data_begin < begin + bytes) {
+      if (begin < data_begin + data_bytes && data_begin < begin + b.bytes) {
         call.misuse(std::string(b.name) +
                     " overlaps data; the update's buffers must be apart from the gradients, "
                     "which keep this rank's own values");

@@ -34,6 +34,7 @@
 #include <optional>    // std::optional
 #include <span>        // std::span
 #include <string>      // std::string, std::to_string
+#include <utility>     // std::as_const
 #include <vector>      // std::vector
 
 #include "ncclkit/compression/compressed.hpp"
@@ -97,7 +98,12 @@ class DataParallelTrainer {
     // them: they start as zeros.
     values_.zero_padding(compute_);
     if constexpr (OverwritesGradients<M>) zero_gradients();
-    model.bind(ModelViews<B>(values_, &gradients_));
+    if constexpr (AsksForBFloat16Copy<M>) {
+      if (std::as_const(model).bfloat16_copy()) {
+        copy_ = ncclkit::detail::Allocation<B>(backend, values_.all(DataType::kFloat32).count * sizeof(BFloat16));
+      }
+    }
+    model.bind(ModelViews<B>(values_, &gradients_, copy_data()));
     if constexpr (ModelWithBuffers<M, B>) model.bind_buffers(ModelViews<B>(*buffers_, nullptr));
     const std::string who = "ncclkit: DataParallelTrainer on rank " + std::to_string(backend.rank());
     std::string problem = options_.problem(backend.size());
@@ -113,12 +119,14 @@ class DataParallelTrainer {
                         " than rank 0; every rank must train the same model with the same options");
     }
     optimizer_.emplace(values_, gradients_, options_.optimizer, compute_);
+    optimizer_->set_copy(copy_data());
     metrics_ = ncclkit::detail::Allocation<B>(backend, 2 * kMetricWords * sizeof(double));
     norm_ = ncclkit::detail::Allocation<B>(backend, kSquareSumWords * sizeof(double));
     backend.fill_zero(metric_view(0), compute_);
     backend.fill_zero(metric_view(1), compute_);
     if (options_.resume && !options_.checkpoint_folder.empty()) resume(who);  // the same on every rank: compared
     broadcast_state();
+    refresh_copy();
     if (options_.bucket_bytes == 0) {
       auto o = sync_options();
       o.tuning = fusion::TuningOptions{};
@@ -262,11 +270,26 @@ class DataParallelTrainer {
     if (options_.print_progress) log_info("ncclkit: checkpoint " + path.string() + " at step " + std::to_string(steps_));
   }
 
+  /// Rewrites the bfloat16 copy of the parameters from their float32 values, on the trainer's
+  /// stream (a model that asks for one: trainer/model.hpp; nothing otherwise): after writing parameters
+  /// outside the trainer. The trainer's own changes (updates, the start's broadcast, a resume)
+  /// keep the copy fresh themselves.
+  void refresh_copy() {
+    if (copy_data() == nullptr) return;
+    backend_->cast(values_.all(DataType::kFloat32), copy(), 1.0, nullptr, compute_);
+  }
+
   /// Optimizer steps done (a resumed run counts the earlier ones).
   std::uint64_t steps() const { return steps_; }
   const TrainerOptions& options() const { return options_; }
   const fusion::FusedBuffer<B>& values() const { return values_; }
   const fusion::FusedBuffer<B>& gradients() const { return gradients_; }
+  /// The bfloat16 copy of the float32 values, element for element (padding included), of a model
+  /// that asks for one; an empty view otherwise.
+  TensorView copy() const {
+    const std::size_t count = copy_data() != nullptr ? values_.all(DataType::kFloat32).count : 0;
+    return TensorView{copy_data(), count, DataType::kBFloat16, B::memory_kind};
+  }
   Optimizer<B>& optimizer() { return *optimizer_; }
   const fusion::GradientSync<B>& sync() const { return *sync_; }
   /// The sampler `fit` draws from (null before the first `fit`).
@@ -291,8 +314,12 @@ class DataParallelTrainer {
   FusedUpdate fused_update(const UpdateRule& rule) {
     auto& state = optimizer_->state();
     const auto f32 = [](fusion::FusedBuffer<B>& buffer) { return static_cast<float*>(buffer.data(DataType::kFloat32)); };
-    return {rule, f32(values_), state.size() > 0 ? f32(state[0]) : nullptr, state.size() > 1 ? f32(state[1]) : nullptr};
+    return {rule, f32(values_), state.size() > 0 ? f32(state[0]) : nullptr, state.size() > 1 ? f32(state[1]) : nullptr,
+            copy_data()};
   }
+
+  /// The bfloat16 copy of the float32 values (a model that asks for one), or null.
+  BFloat16* copy_data() const { return reinterpret_cast<BFloat16*>(copy_.data()); }
 
   typename fusion::GradientSync<B>::Options sync_options() const {
     typename fusion::GradientSync<B>::Options o{.op = ReduceOp::kAvg, .missing = options_.unused_parameters};
@@ -502,6 +529,7 @@ class DataParallelTrainer {
   std::optional<SamplerPosition> pending_position_;  // from a checkpoint, until fit makes the sampler
   ncclkit::detail::Allocation<B> metrics_;  // two sets of kMetricWords doubles: training, evaluation
   ncclkit::detail::Allocation<B> norm_;     // kSquareSumWords doubles
+  ncclkit::detail::Allocation<B> copy_;     // a BFloat16 per float32 value where the model asks, else none
   std::uint64_t steps_ = 0;
   std::uint64_t skipped_ = 0;
   std::uint64_t steps_since_report_ = 0;

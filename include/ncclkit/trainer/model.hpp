@@ -38,15 +38,26 @@
 /// again (compute the input gradient, which reads the weight, before the weight gradient that is
 /// marked). The trainer may then let the reduction update the parameters while backward still
 /// runs (TrainerOptions::fuse_update); without the promise it updates them after backward.
+///
+/// Optional: `bool bfloat16_copy() const` returning true asks the trainer to keep a bfloat16 copy
+/// of every parameter (rounded to nearest, ties to even), for a model that computes in bfloat16
+/// from float32 master weights (asked once, before `bind`, so a model may decide by its own
+/// options): `views.copy(name)` at `bind` gives a tensor's copy. The
+/// optimizer writes it in the same pass as the parameters (the separate update and the one fused
+/// into a reduction alike), and the trainer refreshes all of it after anything else changes the
+/// parameters (the start's broadcast, a resume); a model reads it, never writes it. After
+/// writing the parameters yourself, call the trainer's `refresh_copy()`.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
+#include <concepts>     // std::convertible_to
 #include <cstddef>      // std::size_t
 #include <cstdint>      // std::uint64_t
 #include <functional>   // std::function
 #include <string_view>  // std::string_view
 
 #include "ncclkit/core/backend.hpp"
+#include "ncclkit/core/half.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/fusion/fused_buffer.hpp"
 #include "ncclkit/fusion/layout.hpp"
@@ -71,14 +82,39 @@ inline constexpr std::size_t kMetricWords = 3;
 template <Backend B>
 class ModelViews {
  public:
-  ModelViews(const fusion::FusedBuffer<B>& values, const fusion::FusedBuffer<B>* gradients)
-      : values_(&values), gradients_(gradients) {}
+  /// `copy`: the bfloat16 copy of the float32 values, element for element (null: none).
+  ModelViews(const fusion::FusedBuffer<B>& values, const fusion::FusedBuffer<B>* gradients,
+             BFloat16* copy = nullptr)
+      : values_(&values), gradients_(gradients), copy_(copy) {}
   const fusion::FusedLayout& layout() const { return values_->layout(); }
   TensorView value(fusion::Slot slot) const { return values_->view(slot); }
   TensorView value(std::string_view name) const { return values_->view(name); }
   /// The gradient of a parameter (buffers have none: ConfigError).
   TensorView gradient(fusion::Slot slot) const { return gradients().view(slot); }
   TensorView gradient(std::string_view name) const { return gradients().view(name); }
+  /// The bfloat16 copy of a float32 parameter (a model that declares bfloat16_copy; ConfigError
+  /// otherwise), in the backend's memory.
+  TensorView copy(fusion::Slot slot) const {
+    if (copy_ == nullptr) {
+      throw ConfigError("ncclkit: ModelViews::copy: the trainer keeps no bfloat16 copy of \"" +
+                        layout().name(slot) + "\"; give the model `bool bfloat16_copy() const` returning true");
+    }
+    const TensorView v = value(slot);
+    if (v.dtype != DataType::kFloat32) {
+      throw ConfigError("ncclkit: ModelViews::copy: \"" + layout().name(slot) + "\" holds " +
+                        std::string(name_of(v.dtype)) + "; the bfloat16 copy is of float32 parameters");
+    }
+    if (v.count == 0) return TensorView{nullptr, 0, DataType::kBFloat16, B::memory_kind};
+    const auto first = static_cast<std::size_t>(static_cast<const float*>(v.data) -
+                                                static_cast<const float*>(values_->data(DataType::kFloat32)));
+    return TensorView{copy_ + first, v.count, DataType::kBFloat16, B::memory_kind};
+  }
+  TensorView copy(std::string_view name) const { return copy(layout().slot(name)); }
+  /// The copy's data as `T*`, a 2-byte bfloat16 type (ncclkit::BFloat16, CUDA's __nv_bfloat16).
+  template <class T>
+  T* copy_data(std::string_view name) const {
+    return static_cast<T*>(checked<T>(copy(name), name).data);
+  }
   template <class T>
   T* value_data(std::string_view name) const {
     return static_cast<T*>(checked<T>(value(name), name).data);
@@ -104,6 +140,7 @@ class ModelViews {
   }
   const fusion::FusedBuffer<B>* values_;
   const fusion::FusedBuffer<B>* gradients_;
+  BFloat16* copy_;
 };
 
 /// What a model's forward_backward gets for one micro-batch.
@@ -187,6 +224,12 @@ concept OverwritesGradients = requires { requires static_cast<bool>(M::overwrite
 /// A model whose parameters may be updated as soon as they are marked ready (see the header comment).
 template <class M>
 concept DoneWithValuesWhenReady = requires { requires static_cast<bool>(M::done_with_values_when_ready); };
+
+/// A model that may ask for a bfloat16 copy of its parameters (see the header comment).
+template <class M>
+concept AsksForBFloat16Copy = requires(const M& model) {
+  { model.bfloat16_copy() } -> std::convertible_to<bool>;
+};
 
 /// A model with state that is not trained (see the header comment).
 template <class M, class B>

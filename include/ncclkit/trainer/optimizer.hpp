@@ -130,16 +130,23 @@ class Optimizer {
   }
 
   /// Updates the parameters of `bucket` (its whole range, padding included: zeros stay zeros)
-  /// by `rule`, on `stream`.
+  /// by `rule`, on `stream`, and their bfloat16 copy where there is one (set_copy).
   void update(const fusion::Bucket& bucket, const UpdateRule& rule, Stream stream) {
     const auto range = [&](const fusion::FusedBuffer<B>& buffer) {
       return TensorView{static_cast<std::byte*>(buffer.data(bucket.dtype)) + bucket.begin_bytes, bucket.count(),
                         bucket.dtype, B::memory_kind};
     };
     const TensorView none{nullptr, 0, DataType::kFloat32, B::memory_kind};
+    const TensorView copy = copy_ == nullptr ? TensorView{nullptr, 0, DataType::kBFloat16, B::memory_kind}
+                                             : TensorView{copy_ + bucket.begin_bytes / sizeof(float), bucket.count(),
+                                                          DataType::kBFloat16, B::memory_kind};
     params_->backend().update(rule, range(*params_), range(*gradients_), state_.size() > 0 ? range(state_[0]) : none,
-                              state_.size() > 1 ? range(state_[1]) : none, stream);
+                              state_.size() > 1 ? range(state_[1]) : none, copy, stream);
   }
+  /// A bfloat16 copy of the float32 parameters, element for element, that every update writes
+  /// too (null: none); it must outlive the optimizer's use.
+  void set_copy(BFloat16* copy) { copy_ = copy; }
+  BFloat16* copy() const { return copy_; }
   /// Counts a step as done: after every bucket's update.
   void finish_step() { ++steps_; }
 
@@ -148,6 +155,7 @@ class Optimizer {
   fusion::FusedBuffer<B>* gradients_;
   OptimizerOptions options_;
   std::vector<fusion::FusedBuffer<B>> state_;
+  BFloat16* copy_ = nullptr;
   std::uint64_t steps_ = 0;
 };
 

@@ -143,7 +143,8 @@ __device__ inline void store8(float* data, std::size_t count, std::size_t e, con
   }
 }
 
-/// The update of the parameters (and state) at elements [e, e + 8) by the results `grad`:
+/// The update of the parameters (and state, and bfloat16 copy) at elements [e, e + 8) by the
+/// results `grad`:
 /// 16-byte loads and stores, four elements at a time (fewer registers live), where all 8 are
 /// below `count`; one element at a time in the last, partial vector, none past `count`. The
 /// state pointers are null where the rule keeps none (a uniform branch).
@@ -162,6 +163,11 @@ __device__ inline void update8(const FusedUpdate& u, std::size_t count, std::siz
       *reinterpret_cast<float4*>(u.values + at) = p;
       if (u.state0 != nullptr) *reinterpret_cast<float4*>(u.state0 + at) = s0;
       if (u.state1 != nullptr) *reinterpret_cast<float4*>(u.state1 + at) = s1;
+      if (u.copy != nullptr) {
+        auto* copy = reinterpret_cast<__nv_bfloat162*>(u.copy + at);
+        copy[0] = __floats2bfloat162_rn(p.x, p.y);
+        copy[1] = __floats2bfloat162_rn(p.z, p.w);
+      }
     }
     return;
   }
@@ -173,6 +179,7 @@ __device__ inline void update8(const FusedUpdate& u, std::size_t count, std::siz
     u.values[e + k] = p;
     if (u.state0 != nullptr) u.state0[e + k] = s0;
     if (u.state1 != nullptr) u.state1[e + k] = s1;
+    if (u.copy != nullptr) reinterpret_cast<__nv_bfloat16*>(u.copy)[e + k] = __float2bfloat16_rn(p);
   }
 }
 
@@ -193,9 +200,11 @@ __device__ inline unsigned decode8(const WirePack<Wire>& pack, float decode, std
 /// `kUpdate`: the results go through `u` (update8) instead of into `a.data`; without it `u` is
 /// not read. A template argument rather than a branch, so that the kernel without an update has
 /// no test in its loops and holds no register for one: it compiles to the same code as a kernel
-/// that knows nothing of updates. The one with an update must stay within 64 registers, so that
-/// two blocks of 512 threads still fit on an SM (Options::compressed_reduce_blocks allows two
-/// per SM, and a block must never wait for a place while its partners wait at a barrier).
+/// that knows nothing of updates. Every variant must stay within 64 registers, so that two
+/// blocks of 512 threads still fit on an SM (Options::compressed_reduce_blocks allows two per SM,
+/// and a block must never wait for a place while its partners wait at a barrier). A GPU test
+/// reads each variant's count (tests/gpu/test_nccl_kernels.cu); launch bounds of 2 blocks per SM
+/// would force it, but change the code of the variants that need fewer.
 template <class Wire, bool kUpdate>
 __global__ void __launch_bounds__(kCompressedReduceThreads)
     compressed_reduce_kernel(CompressedReduceKernelArgs a, FusedUpdate u) {

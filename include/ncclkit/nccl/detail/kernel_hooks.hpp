@@ -100,10 +100,9 @@ inline CompressedReduceLauncher& compressed_reduce_launcher() {
   return launcher;
 }
 
-/// One optimizer update (core/update.hpp) of `count` float32 parameters, gradients and state
-/// values (`state0`, `state1` null where the rule keeps none).
-using UpdateLauncher = void (*)(const UpdateRule& rule, float* param, const float* grad, float* state0, float* state1,
-                                std::size_t count, cudaStream_t stream);
+/// One optimizer update (core/update.hpp) of `count` float32 parameters by as many gradients: the
+/// update's state (null where the rule keeps none) and bfloat16 copy (null: none) alike.
+using UpdateLauncher = void (*)(const FusedUpdate& update, const float* grad, std::size_t count, cudaStream_t stream);
 inline UpdateLauncher& update_launcher() {
   static UpdateLauncher launcher = nullptr;
   return launcher;

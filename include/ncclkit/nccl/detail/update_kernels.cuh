@@ -27,23 +27,24 @@ namespace ncclkit::nccl::detail {
 // Templates, though of nothing: a header's kernels are then defined in every .cu that includes it
 // without clashing at link time (as inline functions are).
 template <int = 0>
-__global__ void update_kernel(UpdateRule rule, float* __restrict__ param, const float* __restrict__ grad,
-                              float* __restrict__ state0, float* __restrict__ state1, std::size_t count) {
+__global__ void update_kernel(FusedUpdate u, const float* __restrict__ grad, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   float unused0 = 0.0f, unused1 = 0.0f;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    update_element(rule, param[i], grad[i], state0 != nullptr ? state0[i] : unused0,
-                   state1 != nullptr ? state1[i] : unused1);
+    float p = u.values[i];
+    update_element(u.rule, p, grad[i], u.state0 != nullptr ? u.state0[i] : unused0,
+                   u.state1 != nullptr ? u.state1[i] : unused1);
+    u.values[i] = p;
+    if (u.copy != nullptr) reinterpret_cast<__nv_bfloat16*>(u.copy)[i] = __float2bfloat16_rn(p);
   }
 }
 
-inline void launch_update(const UpdateRule& rule, float* param, const float* grad, float* state0, float* state1,
-                          std::size_t count, cudaStream_t stream) {
+inline void launch_update(const FusedUpdate& update, const float* grad, std::size_t count, cudaStream_t stream) {
   if (count == 0) return;
   constexpr unsigned kBlock = 256;
   const std::size_t wanted = (count + kBlock - 1) / kBlock;
   const auto blocks = static_cast<unsigned>(wanted < 8192 ? wanted : 8192);
-  update_kernel<><<<blocks, kBlock, 0, stream>>>(rule, param, grad, state0, state1, count);
+  update_kernel<><<<blocks, kBlock, 0, stream>>>(update, grad, count);
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
 
