@@ -4,7 +4,9 @@
 The model: nn.Sequential of Linear + ReLU layers (--depth Linear layers, input -> width -> ... ->
 output, ReLU after each but the last), mean-squared error (nn.MSELoss, the mean over samples and
 outputs), SGD (or AdamW, weight decay 0 as train_mlp's) at --lr, TF32 matmuls
-(torch.set_float32_matmul_precision("high"); --precision fp32: "highest"), weights initialised
+(torch.set_float32_matmul_precision("high"); --precision fp32: "highest"; --precision bf16: the
+forward and the loss under torch.autocast to bfloat16, float32 parameters and gradients, as
+train_mlp --precision bf16), weights initialised
 with train_mlp's bounds (U(+-sqrt(6/in)), the last layer U(+-sqrt(3/in)), biases 0). The data:
 synthetic regression on the GPU, x uniform with unit variance, y = x T^T for a fixed random
 teacher T, a different slice per rank.
@@ -184,17 +186,21 @@ def measure(impl, args, x, y, rank, distributed):
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     loss_fn = nn.MSELoss()
 
+    def loss_of():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            return loss_fn(net(x), y)
+
     def step():
         optimizer.zero_grad()
-        loss = loss_fn(net(x), y)
+        loss = loss_of()
         loss.backward()
         optimizer.step()
 
     with torch.no_grad():
-        before = float(loss_fn(net(x), y))
+        before = float(loss_of())
     step_ms = timed(step, args.steps, args.warmup)
     with torch.no_grad():
-        after = float(loss_fn(net(x), y))
+        after = float(loss_of())
     reduce_ms, source = None, "-"
     if distributed:
         params = list(model.parameters())
@@ -214,7 +220,7 @@ def worker(rank, n, args, queue):
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     # The interface every PyTorch 2 has; "high" lets float32 matmuls use TF32, as train_mlp's default.
-    torch.set_float32_matmul_precision("high" if args.precision == "tf32" else "highest")
+    torch.set_float32_matmul_precision("highest" if args.precision == "fp32" else "high")
     distributed = n > 1
     if distributed:
         dist.init_process_group("nccl", init_method="env://", rank=rank, world_size=n, device_id=device,
@@ -247,7 +253,8 @@ def main():
     parser.add_argument("-w", "--warmup", type=int, default=10, help="warm-up steps (default 10)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
-    parser.add_argument("--precision", choices=("tf32", "fp32"), default="tf32", help="matmul precision")
+    parser.add_argument("--precision", choices=("tf32", "fp32", "bf16"), default="tf32",
+                        help="matmul precision; bf16: autocast to bfloat16 (default tf32)")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (default 25, DDP's)")
     parser.add_argument("--reduce-repeats", type=int, default=20, help="timed reductions alone (default 20)")
     parser.add_argument("--csv", help="append the rows to this file")

@@ -10,6 +10,7 @@
 #include <cmath>      // std::nearbyint
 #include <limits>     // std::numeric_limits
 #include <memory>     // std::shared_ptr
+#include <cstdio>     // std::printf
 #include <string>     // std::string
 #include <vector>     // std::vector
 
@@ -38,35 +39,38 @@ TEST_CASE("the scale launcher is registered by including the kernels") {
 TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at most 64 registers a thread") {
   // Options::compressed_reduce_blocks allows two blocks of 512 threads per SM, and a block that
   // waited for a place while its partners wait at a barrier would hang the reduction: 2 × 512 ×
-  // registers must fit an SM's 65536. The variant with an update (and a bfloat16 copy) is the
-  // one that comes close.
-  if (!have_gpus(1, "the fused kernel's register count")) return;
-  using ncclkit::nccl::detail::compressed_reduce_kernel;
-  const auto registers = [](const void* kernel) {
-    cudaFuncAttributes attributes{};
-    REQUIRE(cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess);
-    return attributes.numRegs;
-  };
-  int device = 0;
-  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  int per_sm = 0;
-  REQUIRE(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) == cudaSuccess);
-  const struct {
-    const char* name;
-    const void* kernel;
-  } variants[] = {
-      {"fp16", reinterpret_cast<const void*>(&compressed_reduce_kernel<__half, false>)},
-      {"fp16 with an update", reinterpret_cast<const void*>(&compressed_reduce_kernel<__half, true>)},
-      {"bf16", reinterpret_cast<const void*>(&compressed_reduce_kernel<__nv_bfloat16, false>)},
-      {"bf16 with an update", reinterpret_cast<const void*>(&compressed_reduce_kernel<__nv_bfloat16, true>)},
-  };
-  for (const auto& v : variants) {
-    CAPTURE(v.name);
-    const int used = registers(v.kernel);
-    MESSAGE(v.name << ": " << used << " registers a thread");
-    CHECK(used <= 64);
-    CHECK(2 * ncclkit::nccl::detail::kCompressedReduceThreads * used <= per_sm);
-  }
+  // registers must fit an SM's registers. The variants with an update (and a bfloat16 copy) are
+  // the ones that come close. In a worker: the test process must not touch CUDA before forking.
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>&) {
+    Checker checker(world.rank);
+    using ncclkit::nccl::detail::compressed_reduce_kernel;
+    int device = 0, per_sm = 0;
+    if (!checker.expect(cudaGetDevice(&device) == cudaSuccess &&
+                            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) ==
+                                cudaSuccess,
+                        "the GPU's registers per SM")) {
+      return checker.finish("the fused kernel's registers");
+    }
+    const struct {
+      std::string name;
+      const void* kernel;
+    } variants[] = {
+        {"fp16", reinterpret_cast<const void*>(&compressed_reduce_kernel<__half, false>)},
+        {"fp16 with an update", reinterpret_cast<const void*>(&compressed_reduce_kernel<__half, true>)},
+        {"bf16", reinterpret_cast<const void*>(&compressed_reduce_kernel<__nv_bfloat16, false>)},
+        {"bf16 with an update", reinterpret_cast<const void*>(&compressed_reduce_kernel<__nv_bfloat16, true>)},
+    };
+    for (const auto& v : variants) {
+      cudaFuncAttributes attributes{};
+      if (!checker.expect(cudaFuncGetAttributes(&attributes, v.kernel) == cudaSuccess, v.name + ": attributes")) continue;
+      std::printf("the fused kernel, %s: %d registers a thread\n", v.name.c_str(), attributes.numRegs);
+      checker.expect(attributes.numRegs <= 64 &&
+                         2 * ncclkit::nccl::detail::kCompressedReduceThreads * attributes.numRegs <= per_sm,
+                     v.name + ": " + std::to_string(attributes.numRegs) + " registers a thread, more than two blocks of " +
+                         std::to_string(ncclkit::nccl::detail::kCompressedReduceThreads) + " threads per SM allow");
+    }
+    return checker.finish("the fused kernel's registers");
+  });
 }
 #endif
 

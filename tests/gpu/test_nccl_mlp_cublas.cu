@@ -704,7 +704,8 @@ TEST_CASE("bf16 compute on 2 GPUs: after each step the trainer's weight copy is 
       {"fp16 gradients, update apart, SGD momentum", ncclkit::compression::Codec::kFloat16, false, {.momentum = 0.9}},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.name);
+    const std::string name = c.name;
+    CAPTURE(name);
     ncclkit_test::run_workers(2, [&](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
       using namespace mlp_cublas_test;
       ncclkit_test::Checker checker(me.rank);
