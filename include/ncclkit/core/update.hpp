@@ -3,8 +3,9 @@
 /// `update` runs it (a CUDA kernel on GPUs, a loop on CPUs; core/backend.hpp), and the
 /// arithmetic both share (`update_element`), so that CPU and GPU results agree to the rounding
 /// of float. trainer/optimizer.hpp fills the rule from its options, the step and the schedule.
-/// An update may also write a bfloat16 copy of each parameter it makes (`update_copy`), the
-/// weights a model with bfloat16 compute reads, in the same pass over the parameters.
+/// An update may also write each new parameter rounded to bfloat16 into a copy (a backend's
+/// `update` takes it as a view, FusedUpdate as `copy`): the weights a model with bfloat16
+/// compute reads, written in the same pass over the parameters.
 ///
 /// SGD, PyTorch's `torch.optim.SGD`: g = scale·grad (+ weight_decay·p); with momentum,
 /// buf = g on the first step, momentum·buf + (1 − dampening)·g after; g = g + momentum·buf

@@ -271,9 +271,9 @@ class DataParallelTrainer {
   }
 
   /// Rewrites the bfloat16 copy of the parameters from their float32 values, on the trainer's
-  /// stream (a model that asks for one: trainer/model.hpp; nothing otherwise): after writing parameters
-  /// outside the trainer. The trainer's own changes (updates, the start's broadcast, a resume)
-  /// keep the copy fresh themselves.
+  /// stream (for a model that asks for one, trainer/model.hpp; nothing otherwise): call it after
+  /// writing parameters outside the trainer. The trainer's own changes (updates, the start's
+  /// broadcast, a resume) keep the copy fresh themselves.
   void refresh_copy() {
     if (copy_data() == nullptr) return;
     backend_->cast(values_.all(DataType::kFloat32), copy(), 1.0, nullptr, compute_);

@@ -42,11 +42,11 @@
 /// Optional: `bool bfloat16_copy() const` returning true asks the trainer to keep a bfloat16 copy
 /// of every parameter (rounded to nearest, ties to even), for a model that computes in bfloat16
 /// from float32 master weights (asked once, before `bind`, so a model may decide by its own
-/// options): `views.copy(name)` at `bind` gives a tensor's copy. The
-/// optimizer writes it in the same pass as the parameters (the separate update and the one fused
-/// into a reduction alike), and the trainer refreshes all of it after anything else changes the
-/// parameters (the start's broadcast, a resume); a model reads it, never writes it. After
-/// writing the parameters yourself, call the trainer's `refresh_copy()`.
+/// options): `views.copy(name)` at `bind` gives a tensor's copy. The optimizer writes it in the
+/// same pass as the parameters (the separate update and the one fused into a reduction alike),
+/// and the trainer rewrites all of it after anything else changes the parameters (the start's
+/// broadcast, a resume); a model reads it, never writes it. After writing the parameters
+/// yourself, call the trainer's `refresh_copy()`.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -92,8 +92,8 @@ class ModelViews {
   /// The gradient of a parameter (buffers have none: ConfigError).
   TensorView gradient(fusion::Slot slot) const { return gradients().view(slot); }
   TensorView gradient(std::string_view name) const { return gradients().view(name); }
-  /// The bfloat16 copy of a float32 parameter (a model that declares bfloat16_copy; ConfigError
-  /// otherwise), in the backend's memory.
+  /// The bfloat16 copy of a float32 parameter, in the backend's memory, for a model that asks for
+  /// one (bfloat16_copy(); ConfigError otherwise).
   TensorView copy(fusion::Slot slot) const {
     if (copy_ == nullptr) {
       throw ConfigError("ncclkit: ModelViews::copy: the trainer keeps no bfloat16 copy of \"" +
