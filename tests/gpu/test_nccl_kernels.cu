@@ -11,10 +11,12 @@
 #include <limits>     // std::numeric_limits
 #include <memory>     // std::shared_ptr
 #include <cstdio>     // std::printf
+#include <cstring>    // std::memcmp
 #include <string>     // std::string
 #include <vector>     // std::vector
 
 #include "gpu/nccl_support.hpp"
+#include "ncclkit/core/detail/update_on_host.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "ncclkit/nccl/device_buffer.hpp"
 #include "ncclkit/nccl/kernels.cuh"
@@ -73,6 +75,85 @@ TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at m
   });
 }
 #endif
+
+TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or not, a tail, a bfloat16 copy") {
+  // 4-element vectors where every buffer is aligned (a count that is no multiple of 4 leaves a
+  // tail), one element at a time from an offset of one element; each with and without the copy.
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+    Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "update"});
+    Checker checker(world.rank);
+    using ncclkit::DataType;
+    using ncclkit::UpdateRule;
+    const std::size_t count = 10003;
+    const struct {
+      std::string name;
+      UpdateRule rule;
+    } rules[] = {
+        {"sgd, weight decay", {.lr = 0.1f, .weight_decay = 0.01f, .grad_scale = 0.5f}},
+        {"sgd, momentum, nesterov", {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.1f, .nesterov = true}},
+        {"adamw", {.kind = UpdateRule::Kind::kAdamW, .lr = 0.01f, .weight_decay = 0.01f, .bias_correction1 = 0.19f,
+                   .bias_correction2 = 0.002f}},
+    };
+    std::vector<std::vector<float>> start(4, std::vector<float>(count + 1));
+    for (std::size_t k = 0; k < start.size(); ++k) {
+      for (std::size_t i = 0; i <= count; ++i) start[k][i] = static_cast<float>(2 * unit(40 + k, 0, i) - 1);
+    }
+    for (float& v : start[3]) v = v * v;  // AdamW's second moment is not negative
+    for (const auto& r : rules) {
+      for (std::size_t offset : {0, 1}) {
+        for (bool with_copy : {false, true}) {
+          const std::string what = r.name + (offset != 0 ? ", offset by one element" : ", aligned") +
+                                   (with_copy ? ", with a copy" : "");
+          std::vector<DeviceBuffer<float>> device;
+          for (const auto& host : start) {
+            device.emplace_back(count + 1, comm.device());
+            comm.copy_from_host(device.back().data(), host.data(), (count + 1) * sizeof(float));
+          }
+          DeviceBuffer<ncclkit::BFloat16> copy(count + 1, comm.device());
+          const auto view = [&](void* base, DataType type) {
+            return ncclkit::TensorView{static_cast<char*>(base) + offset * ncclkit::size_of(type), count, type,
+                                       ncclkit::MemoryKind::kDevice};
+          };
+          const int states = r.rule.state_count();
+          const ncclkit::TensorView none{};
+          comm.update(r.rule, view(device[0].data(), DataType::kFloat32), view(device[1].data(), DataType::kFloat32),
+                      states > 0 ? view(device[2].data(), DataType::kFloat32) : none,
+                      states > 1 ? view(device[3].data(), DataType::kFloat32) : none,
+                      with_copy ? view(copy.data(), DataType::kBFloat16) : none);
+          std::vector<std::vector<float>> want = start;
+          std::vector<ncclkit::BFloat16> want_copy(count + 1);
+          const auto host_view = [&](void* base, DataType type) {
+            return ncclkit::TensorView{static_cast<char*>(base) + offset * ncclkit::size_of(type), count, type,
+                                       ncclkit::MemoryKind::kHost};
+          };
+          ncclkit::detail::update_on_host(r.rule, host_view(want[0].data(), DataType::kFloat32),
+                                          host_view(want[1].data(), DataType::kFloat32),
+                                          states > 0 ? host_view(want[2].data(), DataType::kFloat32) : none,
+                                          states > 1 ? host_view(want[3].data(), DataType::kFloat32) : none,
+                                          host_view(want_copy.data(), DataType::kBFloat16));
+          std::size_t wrong = 0;
+          for (int k : {0, 2, 3}) {
+            if (k > 0 && states < k - 1) continue;
+            std::vector<float> got(count + 1);
+            comm.copy_to_host(got.data(), device[static_cast<std::size_t>(k)].data(), got.size() * sizeof(float));
+            comm.synchronize();
+            for (std::size_t i = offset; i < offset + count; ++i) {
+              wrong += std::memcmp(&got[i], &want[static_cast<std::size_t>(k)][i], sizeof(float)) != 0 ? 1 : 0;
+            }
+          }
+          if (with_copy) {
+            std::vector<ncclkit::BFloat16> got(count + 1);
+            comm.copy_to_host(got.data(), copy.data(), got.size() * sizeof(ncclkit::BFloat16));
+            comm.synchronize();
+            for (std::size_t i = offset; i < offset + count; ++i) wrong += got[i].bits != want_copy[i].bits ? 1 : 0;
+          }
+          checker.expect(wrong == 0, what + ": " + std::to_string(wrong) + " values differ from the host loop's");
+        }
+      }
+    }
+    return checker.finish("the update kernel against the host loop");
+  });
+}
 
 TEST_CASE("scale and fill kernels agree with the host for every type") {
   run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>& store) {

@@ -66,6 +66,7 @@
 #include "ncclkit/core/update.hpp"                // FusedUpdate, update_element
 #include "ncclkit/nccl/detail/codec_kernels.cuh"  // Convert: the casts' rounding, shared
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
+#include "ncclkit/nccl/detail/update_kernels.cuh"  // update4, update_one: the update kernel's code
 
 namespace ncclkit::nccl::detail {
 
@@ -144,43 +145,18 @@ __device__ inline void store8(float* data, std::size_t count, std::size_t e, con
 }
 
 /// The update of the parameters (and state, and bfloat16 copy) at elements [e, e + 8) by the
-/// results `grad`:
-/// 16-byte loads and stores, four elements at a time (fewer registers live), where all 8 are
-/// below `count`; one element at a time in the last, partial vector, none past `count`. The
-/// state pointers are null where the rule keeps none (a uniform branch).
+/// results `grad`: four elements at a time (update4: 16-byte loads and stores, fewer registers
+/// live), where all 8 are below `count`; one element at a time in the last, partial vector, none
+/// past `count`. The state pointers are null where the rule keeps none (a uniform branch).
 __device__ inline void update8(const FusedUpdate& u, std::size_t count, std::size_t e, const float* grad) {
   if (e + 8 <= count) {
 #pragma unroll
     for (int half = 0; half < 8; half += 4) {
-      const std::size_t at = e + half;
-      float4 p = *reinterpret_cast<const float4*>(u.values + at);
-      float4 s0 = u.state0 != nullptr ? *reinterpret_cast<const float4*>(u.state0 + at) : float4{};
-      float4 s1 = u.state1 != nullptr ? *reinterpret_cast<const float4*>(u.state1 + at) : float4{};
-      update_element(u.rule, p.x, grad[half], s0.x, s1.x);
-      update_element(u.rule, p.y, grad[half + 1], s0.y, s1.y);
-      update_element(u.rule, p.z, grad[half + 2], s0.z, s1.z);
-      update_element(u.rule, p.w, grad[half + 3], s0.w, s1.w);
-      *reinterpret_cast<float4*>(u.values + at) = p;
-      if (u.state0 != nullptr) *reinterpret_cast<float4*>(u.state0 + at) = s0;
-      if (u.state1 != nullptr) *reinterpret_cast<float4*>(u.state1 + at) = s1;
-      if (u.copy != nullptr) {
-        auto* copy = reinterpret_cast<__nv_bfloat162*>(u.copy + at);
-        copy[0] = __floats2bfloat162_rn(p.x, p.y);
-        copy[1] = __floats2bfloat162_rn(p.z, p.w);
-      }
+      update4(u, e + half, grad[half], grad[half + 1], grad[half + 2], grad[half + 3]);
     }
     return;
   }
-  for (int k = 0; k < 8 && e + k < count; ++k) {
-    float p = u.values[e + k];
-    float s0 = u.state0 != nullptr ? u.state0[e + k] : 0.0f;
-    float s1 = u.state1 != nullptr ? u.state1[e + k] : 0.0f;
-    update_element(u.rule, p, grad[k], s0, s1);
-    u.values[e + k] = p;
-    if (u.state0 != nullptr) u.state0[e + k] = s0;
-    if (u.state1 != nullptr) u.state1[e + k] = s1;
-    if (u.copy != nullptr) reinterpret_cast<__nv_bfloat16*>(u.copy)[e + k] = __float2bfloat16_rn(p);
-  }
+  for (int k = 0; k < 8 && e + k < count; ++k) update_one(u, e + k, grad[k]);
 }
 
 /// Decodes a pack into `out` (times `decode`) and counts its non-finite values among the

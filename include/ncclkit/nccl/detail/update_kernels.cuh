@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include <cstddef>  // std::size_t
-#include <cstdint>  // std::uint32_t
+#include <cstdint>  // std::uint32_t, std::uintptr_t
 
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/error.hpp"
@@ -24,27 +24,79 @@
 
 namespace ncclkit::nccl::detail {
 
-// Templates, though of nothing: a header's kernels are then defined in every .cu that includes it
-// without clashing at link time (as inline functions are).
-template <int = 0>
+/// One element's update, and its bfloat16 copy where there is one. The state in registers (no
+/// reference into memory that may be a local's), as update4 holds it.
+__device__ inline void update_one(const FusedUpdate& u, std::size_t i, float grad) {
+  float p = u.values[i];
+  float s0 = u.state0 != nullptr ? u.state0[i] : 0.0f;
+  float s1 = u.state1 != nullptr ? u.state1[i] : 0.0f;
+  update_element(u.rule, p, grad, s0, s1);
+  u.values[i] = p;
+  if (u.state0 != nullptr) u.state0[i] = s0;
+  if (u.state1 != nullptr) u.state1[i] = s1;
+  if (u.copy != nullptr) reinterpret_cast<__nv_bfloat16*>(u.copy)[i] = __float2bfloat16_rn(p);
+}
+
+/// The update of elements [at, at + 4) by gradients g0..g3: 16-byte loads and stores of the
+/// parameters and the state the update has (its pointers 16-byte aligned there), and its
+/// bfloat16 copy 8 bytes at a time. Shared by the update kernel and the fused 16-bit reduction
+/// (compressed_reduce_kernels.cuh), so both compute the same bits.
+__device__ inline void update4(const FusedUpdate& u, std::size_t at, float g0, float g1, float g2, float g3) {
+  float4 p = *reinterpret_cast<const float4*>(u.values + at);
+  float4 s0 = u.state0 != nullptr ? *reinterpret_cast<const float4*>(u.state0 + at) : float4{};
+  float4 s1 = u.state1 != nullptr ? *reinterpret_cast<const float4*>(u.state1 + at) : float4{};
+  update_element(u.rule, p.x, g0, s0.x, s1.x);
+  update_element(u.rule, p.y, g1, s0.y, s1.y);
+  update_element(u.rule, p.z, g2, s0.z, s1.z);
+  update_element(u.rule, p.w, g3, s0.w, s1.w);
+  *reinterpret_cast<float4*>(u.values + at) = p;
+  if (u.state0 != nullptr) *reinterpret_cast<float4*>(u.state0 + at) = s0;
+  if (u.state1 != nullptr) *reinterpret_cast<float4*>(u.state1 + at) = s1;
+  if (u.copy != nullptr) {
+    auto* copy = reinterpret_cast<__nv_bfloat162*>(u.copy + at);
+    copy[0] = __floats2bfloat162_rn(p.x, p.y);
+    copy[1] = __floats2bfloat162_rn(p.z, p.w);
+  }
+}
+
+// Templates, though of nothing but a switch: a header's kernels are then defined in every .cu
+// that includes it without clashing at link time (as inline functions are).
+// `kVectors`: every pointer 16-byte aligned (the copy 8-byte), so each thread loads and stores
+// four elements at a time (16 bytes of each buffer), the way a memory-bound pass reaches the
+// GPU's bandwidth; the last count % 4 elements one at a time. Otherwise one at a time.
+template <bool kVectors>
 __global__ void update_kernel(FusedUpdate u, const float* __restrict__ grad, std::size_t count) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  float unused0 = 0.0f, unused1 = 0.0f;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    float p = u.values[i];
-    update_element(u.rule, p, grad[i], u.state0 != nullptr ? u.state0[i] : unused0,
-                   u.state1 != nullptr ? u.state1[i] : unused1);
-    u.values[i] = p;
-    if (u.copy != nullptr) reinterpret_cast<__nv_bfloat16*>(u.copy)[i] = __float2bfloat16_rn(p);
+  const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::size_t tail = 0;
+  if constexpr (kVectors) {
+    const std::size_t vectors = count / 4;
+    for (std::size_t v = first; v < vectors; v += stride) {
+      const float4 g = *reinterpret_cast<const float4*>(grad + v * 4);
+      update4(u, v * 4, g.x, g.y, g.z, g.w);
+    }
+    tail = vectors * 4;
   }
+  for (std::size_t i = tail + first; i < count; i += stride) update_one(u, i, grad[i]);
+}
+
+inline bool aligned(const void* p, std::size_t bytes) {
+  return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }
 
 inline void launch_update(const FusedUpdate& update, const float* grad, std::size_t count, cudaStream_t stream) {
   if (count == 0) return;
   constexpr unsigned kBlock = 256;
-  const std::size_t wanted = (count + kBlock - 1) / kBlock;
+  const bool vectors = aligned(update.values, 16) && aligned(grad, 16) && aligned(update.state0, 16) &&
+                       aligned(update.state1, 16) && aligned(update.copy, 8);
+  const std::size_t threads = vectors ? (count + 3) / 4 : count;
+  const std::size_t wanted = (threads + kBlock - 1) / kBlock;
   const auto blocks = static_cast<unsigned>(wanted < 8192 ? wanted : 8192);
-  update_kernel<><<<blocks, kBlock, 0, stream>>>(update, grad, count);
+  if (vectors) {
+    update_kernel<true><<<blocks, kBlock, 0, stream>>>(update, grad, count);
+  } else {
+    update_kernel<false><<<blocks, kBlock, 0, stream>>>(update, grad, count);
+  }
   NCCLKIT_CUDA_CHECK(cudaGetLastError());
 }
 
