@@ -146,7 +146,6 @@ class Optimizer {
   /// A bfloat16 copy of the float32 parameters, element for element, that every update writes
   /// too (null: none); it must outlive the optimizer's use.
   void set_copy(BFloat16* copy) { copy_ = copy; }
-  BFloat16* copy() const { return copy_; }
   /// Counts a step as done: after every bucket's update.
   void finish_step() { ++steps_; }
 
