@@ -45,6 +45,9 @@
 #   mlp-ablation  mlp-bench, then train_mlp at 2 GPUs with each overlap lever changed alone
 #                 (rows "ncclkit/NAME" of the same table; define_phases lists them).
 # GPU_RUN_PHASES="name ..." runs the named phases instead of a set.
+# GPU_RUN_NCCL=system runs everything with the system's NCCL, even where PyTorch's is the
+# version the binaries were built against (which is used by default: both sides of a comparison
+# then run the same NCCL); the summary says which ran.
 #
 # Exit status: 0 when every selected phase ran and passed; 1 when one failed, timed out on its
 # own limit, or (a test phase) ran no test case; 3 when none failed but some did not run
@@ -577,15 +580,14 @@ run_all() {
   fi
 
   # PyTorch's NCCL, where its version is the one the binaries were built against: both sides of
-  # a comparison then run the same NCCL, and the fused compressed reduction (which reads NCCL's
-  # device structures as the build's nccl.h lays them out) runs where the system's NCCL is another
-  # version (2.28.3 on some H100 machines).
+  # a comparison then run the same NCCL (the system's is 2.28.3 on some machines; the fused
+  # compressed reduction runs with either, a patch release apart).
   local torch_nccl="" built_nccl torch_version=""
   built_nccl=$(sed -n 's/^nccl.h //p' "$CARRY/BUILD_INFO" 2>/dev/null)
   ((DRY_RUN)) || torch_nccl=$(python3 -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null)
   if [[ -n "$torch_nccl" && -e "$torch_nccl/lib/libnccl.so.2" ]]; then
     torch_version=$(nccl_header_version "$torch_nccl/include/nccl.h")
-    if [[ -n "$built_nccl" && "$torch_version" == "$built_nccl" ]]; then
+    if [[ -n "$built_nccl" && "$torch_version" == "$built_nccl" && "${GPU_RUN_NCCL:-}" != system ]]; then
       export LD_LIBRARY_PATH="$CARRY:$torch_nccl/lib:${LD_LIBRARY_PATH#"$CARRY:"}"
     fi
   fi

@@ -236,10 +236,14 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
   const std::string optimizer = args.optimizer == ncclkit::trainer::OptimizerKind::kSgd ? "sgd" : "adamw";
   const std::string codec_name(ncclkit::compression::name_of(codec));
   const std::string bucket = bucket_text(args, trainer);
-  std::printf("train_mlp: %d GPU(s), batch %zu/GPU x %zu, %s gradients, %s, buckets %s: step %.3f ms median "
-              "(%.3f mean, %zu steps), %.0f samples/s; reduction alone %.3f ms; loss %.4f -> %.4f\n",
-              world, batch, args.accumulation, codec_name.c_str(), optimizer.c_str(), bucket.c_str(), step,
-              mean(step_ms), args.steps, samples_per_s, reduce_ms, loss_before, loss_after);
+  // The reducer that ran: a 16-bit codec runs as separate casts where the fused kernel cannot
+  // (NCCLKIT_LOG_LEVEL=info says why), at a cost a benchmark must show.
+  const std::string reducer = trainer.sync().reducer().name();
+  std::printf(
+      "train_mlp: %d GPU(s), batch %zu/GPU x %zu, %s gradients (%s), %s, buckets %s: step %.3f ms median "
+      "(%.3f mean, %zu steps), %.0f samples/s; reduction alone %.3f ms; loss %.4f -> %.4f\n",
+      world, batch, args.accumulation, codec_name.c_str(), reducer.c_str(), optimizer.c_str(), bucket.c_str(), step,
+      mean(step_ms), args.steps, samples_per_s, reduce_ms, loss_before, loss_after);
   std::fflush(stdout);
   if (args.csv.empty()) return;
   // main() made the file: the header goes first where it is still empty.

@@ -644,13 +644,15 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
 
   /// Why prepare_compressed_reduce gives none on this rank, or empty where it can run: it
   /// needs every rank's GPU in reach of every other's memory (one node, NVLink or PCIe peer
-  /// access), NCCL 2.28 at build time and the very same version at run time (the kernel reads
-  /// NCCL's window structure as its headers lay it out), and ncclkit's kernels.
+  /// access), NCCL 2.28 at build time and the same major and minor version at run time (the
+  /// kernel reads NCCL's window structure as its headers lay it out; prepare_compressed_reduce
+  /// checks on every rank that the fields it reads lead to the window), and ncclkit's kernels.
   /// Options::compressed_reduce = false (or NCCLKIT_COMPRESSED_REDUCE=0) turns it off.
   /// prepare_compressed_reduce runs it only where every rank can.
   std::string compressed_reduce_unavailable() {
     int lsa_rank = 0;
-    return CompressedReduce::local_verdict(core(), lsa_rank);
+    std::string why = CompressedReduce::local_verdict(core(), lsa_rank);
+    return why.empty() ? core().compressed_reduce_problem : why;
   }
   /// A workspace for compressed_all_reduce of up to `max_count` float32 values that cross in
   /// `wire` (float16 or bfloat16), or none, on every rank alike, where any rank cannot run it.
@@ -706,6 +708,20 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
         CompressedReduce::create(c, std::max<std::size_t>(max_count, 1), wire, static_cast<int>(fewest), lsa_rank);
     barrier(comm_stream());
     return workspace;
+    // Every rank's view of the window checked out, or none runs the kernel (the workspace's
+    // release, a collective, then runs on every rank alike).
+    const std::uint64_t checked[1] = {workspace.layout_problem().empty() ? 1u : 0u};
+    const ncclkit::detail::GatheredWords layouts =
+        ncclkit::detail::gather_agreed(*this, comm_stream(), std::span<const std::uint64_t>(checked), {}, who);
+    c.compressed_reduce_problem = workspace.layout_problem();
+    for (int r = 0; r < size() && c.compressed_reduce_problem.empty(); ++r) {
+      if (layouts.at(r, 0) != 1) {
+        c.compressed_reduce_problem = "on rank " + std::to_string(r) +
+                                      ", the fused kernel's view of NCCL's window did not check out (that rank's "
+                                      "compressed_reduce_unavailable() says why)";
+      }
+    }
+    if (!c.compressed_reduce_problem.empty()) return std::nullopt;
   }
   /// data = decode * wire(sum over ranks of wire(data * encode)), in place, float32 in and
   /// out, in one kernel on `stream`: the 16-bit values cross between GPUs, each rank's own

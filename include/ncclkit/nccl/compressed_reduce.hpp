@@ -41,6 +41,7 @@
 #include "ncclkit/nccl/detail/comm_core.hpp"
 #include "ncclkit/nccl/detail/issue.hpp"
 #include "ncclkit/nccl/detail/kernel_hooks.hpp"
+#include "ncclkit/nccl/detail/nccl_version.hpp"
 
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
 #define NCCLKIT_NCCL_DEVICE_API 1
@@ -75,6 +76,7 @@ class CompressedReduce {
       blocks_ = other.blocks_;
       lsa_rank_ = other.lsa_rank_;
       wire_ = other.wire_;
+      layout_problem_ = std::move(other.layout_problem_);
     }
     return *this;
   }
@@ -109,11 +111,8 @@ class CompressedReduce {
     return "ncclkit was built against NCCL " + std::to_string(NCCL_VERSION_CODE) + "; it needs NCCL 2.28's device API";
 #else
     int version = 0;
-    if (ncclGetVersion(&version) != ncclSuccess || version != NCCL_VERSION_CODE) {
-      // The kernel reads NCCL's window structure as this build's nccl_device.h lays it out.
-      return "ncclkit was built against NCCL " + std::to_string(NCCL_VERSION_CODE) + " and runs with NCCL " +
-             std::to_string(version) + "; the device API needs the same version";
-    }
+    if (ncclGetVersion(&version) != ncclSuccess) return "NCCL did not say its version (ncclGetVersion)";
+    if (std::string why = detail::device_api_version_verdict(NCCL_VERSION_CODE, version); !why.empty()) return why;
     struct Team {
       int ranks, rank, stride;
     };
@@ -137,6 +136,7 @@ class CompressedReduce {
 
   /// Allocates and registers the window (a collective), zeroed; the caller then holds a
   /// barrier, so that no rank's first call raises a flag that a peer's zeroing would erase.
+  /// layout_problem() says afterwards whether the kernel can use the window on this rank.
   static CompressedReduce create(detail::CommCore& core, std::size_t max_count, DataType wire, int blocks,
                                  int lsa_rank) {
     CompressedReduce w;
@@ -180,10 +180,86 @@ class CompressedReduce {
     // Stopped before any abort of the communicator, which would unmap the window under it.
     core.handle().add_window_kernel(
         {w.stop_flag(), w.gave_up_ + 1, w.stop_stream_, w.stop_landed_, w.done_, core.device});
+    w.layout_problem_ = w.probe_layout(core.device);
 #else
     (void)core, (void)max_count, (void)wire, (void)blocks, (void)lsa_rank;
 #endif
     return w;
+  }
+
+  /// Empty where the kernel's view of the window checked out on this rank (create); else why
+  /// not, and the workspace must not run (prepare_compressed_reduce gives none on every rank).
+  const std::string& layout_problem() const { return layout_problem_; }
+
+  /// Whether the kernel's two pointers to this rank's byte 0 of the window (NCCL's local pointer
+  /// and its pointer for this rank's LSA rank, computed on the GPU as the kernel computes them)
+  /// lead to the memory registered: each must be memory of this GPU (asked of the driver before
+  /// anything reads through it), and each must read back a token written through `memory_`. NCCL
+  /// maps the window anew, so the pointers are not `memory_` itself. A rank of LSA rank 0 does not
+  /// test the stride between ranks' windows; the others do, and prepare_compressed_reduce asks
+  /// every rank. Runs on the workspace's own stream: it waits for nothing but its own short work.
+  std::string probe_layout(int device) {
+#if NCCLKIT_NCCL_DEVICE_API
+    int running = 0;
+    (void)ncclGetVersion(&running);
+    const auto problem = [&](const std::string& what) {
+      return detail::window_layout_problem(NCCL_VERSION_CODE, running, what);
+    };
+    // Alone, the kernel reaches no window (it has no peer to meet or send to).
+    if (core_->size == 1) return {};
+    const auto probe = detail::window_probe_launcher();
+    if (probe == nullptr)
+      return "the window check is missing: include ncclkit/nccl/kernels.cuh in a file compiled by nvcc";
+    // The structure itself must be where the GPU reads it before a kernel does: a read elsewhere
+    // would end the process's use of the GPU.
+    if (!device_readable(window_, device)) return problem("its window handle is no memory this GPU reads");
+    void** found = nullptr;
+    NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&found), 2 * sizeof(void*), cudaHostAllocMapped));
+    found[0] = found[1] = nullptr;
+    void** found_device = nullptr;
+    cudaError_t status = cudaHostGetDevicePointer(reinterpret_cast<void**>(&found_device), found, 0);
+    if (status == cudaSuccess) status = probe(window_, lsa_rank_, found_device, stop_stream_);
+    if (status == cudaSuccess) status = cudaStreamSynchronize(stop_stream_);
+    void* const pointers[2] = {found[0], found[1]};
+    (void)cudaFreeHost(found);
+    NCCLKIT_CUDA_CHECK(status);
+    const char* const names[2] = {"its local pointer", "its pointer for this rank"};
+    for (int k = 0; k < 2; ++k) {
+      if (!device_readable(pointers[k], device, false))
+        return problem(std::string(names[k]) + " is not memory of this GPU");
+    }
+    const std::uint64_t token[2] = {0x6e63636c6b697421ull, reinterpret_cast<std::uintptr_t>(memory_)};
+    std::uint64_t seen[2][2] = {};
+    NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(memory_, token, sizeof token, cudaMemcpyHostToDevice, stop_stream_));
+    for (int k = 0; k < 2; ++k) {
+      NCCLKIT_CUDA_CHECK(cudaMemcpyAsync(seen[k], pointers[k], sizeof token, cudaMemcpyDeviceToHost, stop_stream_));
+    }
+    NCCLKIT_CUDA_CHECK(cudaMemsetAsync(memory_, 0, sizeof token, stop_stream_));
+    NCCLKIT_CUDA_CHECK(cudaStreamSynchronize(stop_stream_));
+    for (int k = 0; k < 2; ++k) {
+      if (seen[k][0] != token[0] || seen[k][1] != token[1]) {
+        return problem(std::string(names[k]) + " reads other memory than the window's");
+      }
+    }
+    return {};
+#else
+    (void)device;
+    return {};
+#endif
+  }
+
+  /// Whether the driver knows `pointer` as memory of GPU `device` (or, with `mapped_host`, as
+  /// host memory mapped for the GPUs). Asking about an unknown pointer is no error that sticks.
+  static bool device_readable(const void* pointer, int device, bool mapped_host = true) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+      return attributes.device == device;
+    }
+    return mapped_host && attributes.type == cudaMemoryTypeHost && attributes.devicePointer != nullptr;
   }
 
   /// `update`: null, or the update the kernel applies instead of writing `data`.
@@ -369,6 +445,7 @@ class CompressedReduce {
   int blocks_ = 0;
   int lsa_rank_ = 0;
   DataType wire_ = DataType::kFloat16;
+  std::string layout_problem_;  // create(): why the kernel cannot use the window here, or empty
 };
 
 }  // namespace ncclkit::nccl

@@ -58,6 +58,8 @@ struct CommCore {
   void* scratch = nullptr;           ///< 8 bytes of device memory for barrier()
   CheckedPointers checked_pointers;  ///< buffers already found to be device memory of this GPU
   CheckedPointers checked_streams{destroyed_stream_generation()};  ///< streams found to be of this GPU
+  /// Why the last prepare_compressed_reduce gave none after its window check, or empty.
+  std::string compressed_reduce_problem;
 
   CommHandle& handle() { return watchdog.handle(); }
 

@@ -305,6 +305,23 @@ inline cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cu
 inline const bool kCompressedReduceLauncherRegistered =
     (compressed_reduce_launcher() = &launch_compressed_reduce, true);
 
+/// What the kernel's pointer arithmetic makes of `window` for this rank's byte 0 (kernel_hooks.hpp,
+/// WindowProbeLauncher): read the way the kernel reads it, so that the check tests this build's
+/// view of the structure. Computes addresses only; dereferences none of them.
+template <int = 0>  // a template of nothing: defined in every .cu that includes it, without a clash
+__global__ void window_probe_kernel(void* window, int lsa_rank, void** out) {
+  const auto w = static_cast<ncclWindow_t>(window);
+  out[0] = ncclGetLocalPointer(w, 0);
+  out[1] = ncclGetLsaPointer(w, 0, lsa_rank);
+}
+
+inline cudaError_t launch_window_probe(void* window, int lsa_rank, void** out, cudaStream_t stream) {
+  window_probe_kernel<><<<1, 1, 0, stream>>>(window, lsa_rank, out);
+  return cudaGetLastError();
+}
+
+inline const bool kWindowProbeLauncherRegistered = (window_probe_launcher() = &launch_window_probe, true);
+
 }  // namespace ncclkit::nccl::detail
 
 #endif  // NCCL 2.28

@@ -100,6 +100,19 @@ inline CompressedReduceLauncher& compressed_reduce_launcher() {
   return launcher;
 }
 
+/// Writes to out[0] and out[1] (memory the GPU writes and the host reads: mapped host memory)
+/// the addresses the compressed all-reduce's kernel computes for byte 0 of this rank's part of
+/// `window`: NCCL's local pointer, and its pointer for LSA rank `lsa_rank` (this rank). Both must
+/// be the memory the window registered: they are not where the NCCL that runs lays out its window
+/// structure otherwise than the headers the kernel was compiled against
+/// (CompressedReduce::create).
+using WindowProbeLauncher = cudaError_t (*)(void* window, int lsa_rank, void** out, cudaStream_t stream);
+
+inline WindowProbeLauncher& window_probe_launcher() {
+  static WindowProbeLauncher launcher = nullptr;
+  return launcher;
+}
+
 /// One optimizer update (core/update.hpp) of `count` float32 parameters by as many gradients: the
 /// update's state (null where the rule keeps none) and bfloat16 copy (null: none) alike.
 using UpdateLauncher = void (*)(const FusedUpdate& update, const float* grad, std::size_t count, cudaStream_t stream);
