@@ -103,9 +103,9 @@ inline CompressedReduceLauncher& compressed_reduce_launcher() {
 /// Writes to out[0] and out[1] (memory the GPU writes and the host reads: mapped host memory)
 /// the addresses the compressed all-reduce's kernel computes for byte 0 of this rank's part of
 /// `window`: NCCL's local pointer, and its pointer for LSA rank `lsa_rank` (this rank). Both must
-/// be the memory the window registered: they are not where the NCCL that runs lays out its window
-/// structure otherwise than the headers the kernel was compiled against
-/// (CompressedReduce::create).
+/// lead to the memory the window registered (NCCL maps it anew, so they are not its pointer, but
+/// read what it holds); they do not where the NCCL that runs lays out its window structure
+/// otherwise than the headers the kernel was compiled against (CompressedReduce::create).
 using WindowProbeLauncher = cudaError_t (*)(void* window, int lsa_rank, void** out, cudaStream_t stream);
 
 inline WindowProbeLauncher& window_probe_launcher() {
