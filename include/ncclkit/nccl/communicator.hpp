@@ -706,8 +706,6 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     if (!everyone) return std::nullopt;
     CompressedReduce workspace =
         CompressedReduce::create(c, std::max<std::size_t>(max_count, 1), wire, static_cast<int>(fewest), lsa_rank);
-    barrier(comm_stream());
-    return workspace;
     // Every rank's view of the window checked out, or none runs the kernel (the workspace's
     // release, a collective, then runs on every rank alike).
     const std::uint64_t checked[1] = {workspace.layout_problem().empty() ? 1u : 0u};
@@ -722,6 +720,8 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
       }
     }
     if (!c.compressed_reduce_problem.empty()) return std::nullopt;
+    barrier(comm_stream());
+    return workspace;
   }
   /// data = decode * wire(sum over ranks of wire(data * encode)), in place, float32 in and
   /// out, in one kernel on `stream`: the 16-bit values cross between GPUs, each rank's own
