@@ -110,9 +110,10 @@ TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or 
             comm.copy_from_host(device.back().data(), host.data(), (count + 1) * sizeof(float));
           }
           DeviceBuffer<ncclkit::BFloat16> copy(count + 1, comm.device());
-          const auto view = [&](void* base, DataType type) {
-            return ncclkit::TensorView{static_cast<char*>(base) + offset * ncclkit::size_of(type), count, type,
-                                       ncclkit::MemoryKind::kDevice};
+          // count elements of `type` from element `offset` of `base`, device or host memory.
+          const auto view = [&](void* base, DataType type,
+                                ncclkit::MemoryKind where = ncclkit::MemoryKind::kDevice) {
+            return ncclkit::TensorView{static_cast<char*>(base) + offset * ncclkit::size_of(type), count, type, where};
           };
           const int states = r.rule.state_count();
           const ncclkit::TensorView none{};
@@ -122,15 +123,12 @@ TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or 
                       with_copy ? view(copy.data(), DataType::kBFloat16) : none);
           std::vector<std::vector<float>> want = start;
           std::vector<ncclkit::BFloat16> want_copy(count + 1);
-          const auto host_view = [&](void* base, DataType type) {
-            return ncclkit::TensorView{static_cast<char*>(base) + offset * ncclkit::size_of(type), count, type,
-                                       ncclkit::MemoryKind::kHost};
-          };
-          ncclkit::detail::update_on_host(r.rule, host_view(want[0].data(), DataType::kFloat32),
-                                          host_view(want[1].data(), DataType::kFloat32),
-                                          states > 0 ? host_view(want[2].data(), DataType::kFloat32) : none,
-                                          states > 1 ? host_view(want[3].data(), DataType::kFloat32) : none,
-                                          host_view(want_copy.data(), DataType::kBFloat16));
+          const auto host = ncclkit::MemoryKind::kHost;
+          ncclkit::detail::update_on_host(r.rule, view(want[0].data(), DataType::kFloat32, host),
+                                          view(want[1].data(), DataType::kFloat32, host),
+                                          states > 0 ? view(want[2].data(), DataType::kFloat32, host) : none,
+                                          states > 1 ? view(want[3].data(), DataType::kFloat32, host) : none,
+                                          view(want_copy.data(), DataType::kBFloat16, host));
           std::size_t wrong = 0;
           for (int k : {0, 2, 3}) {
             if (k > 0 && states < k - 1) continue;

@@ -200,13 +200,13 @@ class CompressedReduce {
   /// every rank. Runs on the workspace's own stream: it waits for nothing but its own short work.
   std::string probe_layout(int device) {
 #if NCCLKIT_NCCL_DEVICE_API
+    // Alone, the kernel reaches no window (it has no peer to meet or send to).
+    if (core_->size == 1) return {};
     int running = 0;
     (void)ncclGetVersion(&running);
     const auto problem = [&](const std::string& what) {
       return detail::window_layout_problem(NCCL_VERSION_CODE, running, what);
     };
-    // Alone, the kernel reaches no window (it has no peer to meet or send to).
-    if (core_->size == 1) return {};
     const auto probe = detail::window_probe_launcher();
     if (probe == nullptr)
       return "the window check is missing: include ncclkit/nccl/kernels.cuh in a file compiled by nvcc";
@@ -251,11 +251,7 @@ class CompressedReduce {
   /// Whether the driver knows `pointer` as memory of GPU `device` (or, with `mapped_host`, as
   /// host memory mapped for the GPUs). Asking about an unknown pointer is no error that sticks.
   static bool device_readable(const void* pointer, int device, bool mapped_host = true) {
-    cudaPointerAttributes attributes{};
-    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
+    const cudaPointerAttributes attributes = detail::pointer_attributes(pointer);
     if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
       return attributes.device == device;
     }

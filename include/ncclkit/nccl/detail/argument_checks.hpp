@@ -45,6 +45,18 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
+/// cudaPointerGetAttributes of `pointer`; a pointer the driver does not know (an error that does
+/// not stick, cleared here) reads as cudaMemoryTypeUnregistered.
+inline cudaPointerAttributes pointer_attributes(const void* pointer) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attributes = cudaPointerAttributes{};
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  return attributes;
+}
+
 /// Whether `s` is capturing a CUDA graph (or its capture was invalidated): the one CUDA query
 /// that is legal during a capture.
 inline bool is_capturing(cudaStream_t s) {
@@ -123,12 +135,7 @@ class CheckedCall {
     if (!core_.options.check_pointers || stream_.capturing) return;
     if (core_.checked_pointers.contains(buffer.data)) return;  // checked before (checked_pointers.hpp)
     RelaxedCaptureMode relaxed;                                // legal while another stream captures a graph
-    cudaPointerAttributes attributes{};
-    const cudaError_t status = cudaPointerGetAttributes(&attributes, buffer.data);
-    if (status != cudaSuccess) {
-      (void)cudaGetLastError();
-      attributes.type = cudaMemoryTypeUnregistered;
-    }
+    const cudaPointerAttributes attributes = pointer_attributes(buffer.data);
     if (attributes.type == cudaMemoryTypeManaged) {
       core_.checked_pointers.insert(buffer.data);
       return;
