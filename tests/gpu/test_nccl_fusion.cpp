@@ -7,7 +7,7 @@
 // reduced as zeros; fp16 overflow counted on every rank alike, or rerun in float32; a timeline
 // with CUDA timing events placed on the host's clock; the fused compressed reduction
 // (Communicator::compressed_all_reduce) on its own, and with an optimizer update applied in its
-// pass (alone and through the fused reducer).
+// pass (alone and through the fused reducer); its window check failing on one rank.
 #include <doctest/doctest.h>
 
 #include <algorithm>  // std::shuffle
@@ -17,6 +17,7 @@
 #include <cstdlib>    // std::getenv
 #include <cstring>    // std::memcpy, std::memcmp
 #include <map>        // std::map
+#include <optional>   // std::optional
 #include <random>     // std::mt19937_64, std::normal_distribution
 #include <string>     // std::string
 #include <vector>     // std::vector
@@ -28,7 +29,9 @@
 #include "ncclkit/fusion/gradient_sync.hpp"
 #include "ncclkit/nccl/communicator.hpp"
 #include "support/model_shapes.hpp"
+#include "support/stderr_capture.hpp"
 #include "support/temp_dir.hpp"
+#include "support/text.hpp"
 #include "support/timeline_check.hpp"
 
 namespace {
@@ -594,6 +597,105 @@ TEST_CASE("compressed_all_reduce with an update: the bits of reduce then update,
         comm.synchronize(s);
       }
       return checker.finish("compressed_all_reduce with an update");
+    });
+  }
+}
+
+// The window check's stand-in for detail::window_probe_launcher: it reports `window_decoy` as
+// both pointers the kernel computes for byte 0 of this rank's window, as the kernel would find
+// them with an NCCL that lays out its window structure otherwise than the headers it was
+// compiled against.
+void* window_decoy = nullptr;
+int window_decoy_calls = 0;
+cudaError_t decoy_window_probe(void*, int, void** out, cudaStream_t stream) {
+  static void* pointers[2];
+  pointers[0] = pointers[1] = window_decoy;
+  ++window_decoy_calls;
+  return cudaMemcpyAsync(out, pointers, sizeof pointers, cudaMemcpyDefault, stream);
+}
+
+// prepare_compressed_reduce's window check (CompressedReduce::probe_layout), made to fail on the
+// last rank by a decoy: once with pointers to other memory of the GPU, once with a pointer to
+// memory of no GPU. Every rank then gets no workspace; the failing rank says why and warns once,
+// the others name it. With the real check back, every rank gets a workspace that reduces right.
+// One rank is not checked (alone, the kernel reaches no window): the decoy is never asked.
+TEST_CASE("the fused kernel's window check: a rank it fails on leaves every rank without a workspace, said and warned") {
+  ncclkit_test::TempDir dir("window-check");
+  for (int n : world_sizes()) {
+    CAPTURE(n);
+    run_workers(n, [&](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+      Checker checker(world.rank);
+      Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "window"});
+      if (!expect_fused(checker, world.rank, comm.compressed_reduce_unavailable(), "the window check")) {
+        return checker.finish("the window check (unavailable)");
+      }
+      auto& probe = ncclkit::nccl::detail::window_probe_launcher();
+      const auto real = probe;
+      const int last = world.world_size - 1;
+      const cudaStream_t s = comm.default_stream();
+      ncclkit::detail::Allocation<Communicator> other(comm, 4096);  // this GPU's memory, not the window's
+      const std::vector<char> zeros(4096, 0);
+      comm.copy_from_host(other.data(), zeros.data(), zeros.size(), s);
+      comm.synchronize(s);
+      const struct {
+        void* pointer;
+        const char* says;
+      } decoys[] = {{other.data(), "its local pointer reads other memory than the window's"},
+                    {const_cast<char*>(zeros.data()), "its local pointer is not memory of this GPU"}};
+      bool first = true;
+      for (const auto& decoy : decoys) {
+        window_decoy = decoy.pointer;
+        window_decoy_calls = 0;
+        if (world.rank == last) probe = &decoy_window_probe;
+        std::optional<Communicator::CompressedReduce> workspace;
+        const std::string log = ncclkit_test::stderr_of(dir.path + "/rank" + std::to_string(world.rank) + ".log",
+                                                        [&] { workspace = comm.prepare_compressed_reduce(4096, DataType::kFloat16); });
+        probe = real;
+        const std::string why = comm.compressed_reduce_unavailable();
+        const std::string what = std::string(decoy.says) + ": ";
+        if (world.world_size == 1) {
+          checker.expect(window_decoy_calls == 0, what + "one rank's window was checked");
+          checker.expect(workspace.has_value() && why.empty(), what + "one rank gets a workspace: " + why);
+          break;
+        }
+        checker.expect(!workspace.has_value(), what + "a workspace although rank " + std::to_string(last) + " failed the check");
+        const bool warned = ncclkit_test::contains(log, "the fused compressed all-reduce cannot run");
+        if (world.rank == last) {
+          checker.expect(window_decoy_calls == 1, what + "the decoy ran " + std::to_string(window_decoy_calls) + " times");
+          checker.expect(ncclkit_test::contains(why, decoy.says) &&
+                             ncclkit_test::contains(why, "build ncclkit against the headers of the NCCL it runs with"),
+                         what + "the failing rank's reason: " + why);
+          // Warned once per communicator, with the reason.
+          checker.expect(warned == first && (!first || ncclkit_test::contains(log, decoy.says)),
+                         what + (first ? "no warning with the reason: " : "warned twice: ") + log);
+        } else {
+          checker.expect(ncclkit_test::contains(why, "on rank " + std::to_string(last) + ", the fused kernel's view"),
+                         what + "a peer names the failing rank: " + why);
+          checker.expect(!warned, what + "a rank that checked out warned: " + log);
+        }
+        first = false;
+      }
+      // The real check again: a workspace on every rank, and it reduces (exact in fp16: each
+      // rank's (rank + 1) / 4 averaged gives (world + 1) / 8).
+      auto workspace = comm.prepare_compressed_reduce(4096, DataType::kFloat16);
+      checker.expect(workspace.has_value() && comm.compressed_reduce_unavailable().empty(),
+                     "no workspace after the real check: " + comm.compressed_reduce_unavailable());
+      if (workspace) {
+        const std::vector<float> mine(4096, 0.25f * static_cast<float>(world.rank + 1));
+        ncclkit::detail::Allocation<Communicator> data(comm, mine.size() * sizeof(float));
+        comm.copy_from_host(data.data(), mine.data(), mine.size() * sizeof(float), s);
+        comm.compressed_all_reduce(
+            *workspace, ncclkit::TensorView{data.data(), mine.size(), DataType::kFloat32, ncclkit::MemoryKind::kDevice},
+            1.0 / world.world_size, 1.0, nullptr, s);
+        std::vector<float> out(mine.size());
+        comm.copy_to_host(out.data(), data.data(), out.size() * sizeof(float), s);
+        comm.synchronize(s);
+        const float want = 0.125f * static_cast<float>(world.world_size + 1);
+        std::size_t wrong = 0;
+        for (float v : out) wrong += v != want ? 1 : 0;
+        checker.expect(wrong == 0, std::to_string(wrong) + " values differ from " + std::to_string(want));
+      }
+      return checker.finish("the window check");
     });
   }
 }

@@ -6,9 +6,7 @@
 // warning naming it, and training goes on; the environment variables turn it on.
 #include <doctest/doctest.h>
 
-#include <fcntl.h>   // open
 #include <stdlib.h>  // setenv, unsetenv
-#include <unistd.h>  // dup, dup2, close
 
 #include <chrono>      // std::chrono
 #include <cmath>       // std::abs
@@ -22,6 +20,7 @@
 #include "support/fusion_check.hpp"
 #include "support/json_value.hpp"
 #include "support/loopback_backend.hpp"
+#include "support/stderr_capture.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
 #include "support/timeline_check.hpp"
@@ -46,6 +45,7 @@ using ncclkit::testing::write_gradients;
 using ncclkit_test::JsonValue;
 using ncclkit_test::parse_json;
 using ncclkit_test::read_text;
+using ncclkit_test::stderr_of;
 using ncclkit_test::TempDir;
 using ncclkit_test::trace_problems;
 using ncclkit_test::TraceExpectation;
@@ -84,27 +84,6 @@ void run_timeline_steps(int ranks, int steps, Sync::Options options, Between bet
 void no_check(int, int, const Sync&) {}
 
 std::string rank_file(const std::string& prefix, int rank) { return prefix + ".rank" + std::to_string(rank) + ".json"; }
-
-// Runs `body` with stderr sent to a file, and returns what was written there.
-template <class Body>
-std::string stderr_of(const std::string& file, Body body) {
-  const int saved = ::dup(2);
-  const int sink = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(saved >= 0);
-  REQUIRE(sink >= 0);
-  ::dup2(sink, 2);
-  ::close(sink);
-  try {
-    body();
-  } catch (...) {
-    ::dup2(saved, 2);
-    ::close(saved);
-    throw;
-  }
-  ::dup2(saved, 2);
-  ::close(saved);
-  return read_text(file);
-}
 
 }  // namespace
 

@@ -7,8 +7,7 @@
 // ncclkit-test: labels=unit
 #include <doctest/doctest.h>
 
-#include <fcntl.h>   // open
-#include <unistd.h>  // dup, dup2, close, link
+#include <unistd.h>  // link
 
 #include <cstddef>     // std::byte, std::size_t
 #include <cstdint>     // fixed-width integers
@@ -21,8 +20,8 @@
 #include <utility>     // std::pair, std::swap, std::move
 #include <vector>      // std::vector
 
-#include "ncclkit/core/log.hpp"
 #include "ncclkit/trainer/checkpoint.hpp"
+#include "support/stderr_capture.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
 
@@ -39,6 +38,7 @@ using ncclkit::trainer::TensorRole;
 using ncclkit::trainer::write_checkpoint_file;
 using ncclkit_test::contains;
 using ncclkit_test::entries;
+using ncclkit_test::stderr_of;
 using ncclkit_test::TempDir;
 namespace fs = std::filesystem;
 
@@ -120,34 +120,6 @@ std::string refusal(const fs::path& path) {
   }
   FAIL_CHECK("read_checkpoint_file accepted " << path.string());
   return {};
-}
-
-// Runs `body` with stderr sent to a file, at log level warn or more, and returns what was
-// written there.
-template <class Body>
-std::string stderr_of(const fs::path& file, Body body) {
-  const bool warn_was_on = ncclkit::log_enabled(ncclkit::LogLevel::kWarn);
-  if (!warn_was_on) ncclkit::set_log_level(ncclkit::LogLevel::kWarn);
-  const int saved = ::dup(2);
-  const int sink = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  REQUIRE(saved >= 0);
-  REQUIRE(sink >= 0);
-  ::dup2(sink, 2);
-  ::close(sink);
-  auto restore = [&] {
-    ::dup2(saved, 2);
-    ::close(saved);
-    if (!warn_was_on) ncclkit::set_log_level(ncclkit::LogLevel::kError);
-  };
-  try {
-    body();
-  } catch (...) {
-    restore();
-    throw;
-  }
-  restore();
-  const auto bytes = file_bytes(file);
-  return {bytes.begin(), bytes.end()};
 }
 
 std::vector<std::string> names_of(const std::vector<fs::path>& paths) {
@@ -397,7 +369,7 @@ TEST_CASE("saving a step replaces its file, and removes later checkpoints of a r
   CheckpointFolder folder(dir.path, 5);
   for (std::uint64_t step : {10, 20, 30}) folder.save(sample_checkpoint(step));
   // As after a resume from step 10: saving step 20 again makes step 30 a dead end.
-  const std::string log = stderr_of(fs::path(dir.path) / "log.txt", [&] { folder.save(sample_checkpoint(20, 5)); });
+  const std::string log = stderr_of(dir.path + "/log.txt", [&] { folder.save(sample_checkpoint(20, 5)); });
   CHECK(read_checkpoint_file(fs::path(dir.path) / "step-00000020.ckpt") == sample_checkpoint(20, 5));
   CHECK(contains(log, "removing checkpoint " + (fs::path(dir.path) / "step-00000030.ckpt").string() +
                           ": its step 30 is later than the step 20 just saved"));
@@ -422,7 +394,7 @@ TEST_CASE("a temp file left by a crash before the rename, and other files, are i
   fs::create_directory(fs::path(dir.path) / "step-00000050.ckpt");
   CHECK(names_of(folder.list()) == std::vector<std::string>{"step-00000010.ckpt"});
   std::optional<std::pair<fs::path, CheckpointData>> latest;
-  const std::string log = stderr_of(fs::path(dir.path) / "log.txt", [&] { latest = folder.load_latest(); });
+  const std::string log = stderr_of(dir.path + "/log.txt", [&] { latest = folder.load_latest(); });
   REQUIRE(latest.has_value());
   CHECK(latest->second == sample_checkpoint(10));
   CHECK(log.empty());
@@ -437,7 +409,7 @@ TEST_CASE("load_latest falls back past corrupted and truncated checkpoints, and 
   std::vector<char> bytes = file_bytes(newest);
   put_file(newest, with_bit_flipped(bytes, bytes.size() - 100, 3));  // inside the tensors' bytes
   std::optional<std::pair<fs::path, CheckpointData>> latest;
-  std::string log = stderr_of(fs::path(dir.path) / "log.txt", [&] { latest = folder.load_latest(); });
+  std::string log = stderr_of(dir.path + "/log.txt", [&] { latest = folder.load_latest(); });
   REQUIRE(latest.has_value());
   CHECK(latest->first == folder_path / "step-00000020.ckpt");
   CHECK(latest->second == sample_checkpoint(20));
@@ -449,7 +421,7 @@ TEST_CASE("load_latest falls back past corrupted and truncated checkpoints, and 
   const fs::path middle = folder_path / "step-00000020.ckpt";
   bytes = file_bytes(middle);
   put_file(middle, std::vector<char>(bytes.begin(), bytes.end() - 1));
-  log = stderr_of(fs::path(dir.path) / "log.txt", [&] { latest = folder.load_latest(); });
+  log = stderr_of(dir.path + "/log.txt", [&] { latest = folder.load_latest(); });
   REQUIRE(latest.has_value());
   CHECK(latest->second == sample_checkpoint(10));
   CHECK(contains(log, newest.string() + ": checksum mismatch"));
@@ -457,14 +429,14 @@ TEST_CASE("load_latest falls back past corrupted and truncated checkpoints, and 
 
   // A checkpoint under another step's name is not the checkpoint of that step.
   fs::copy_file(folder_path / "step-00000010.ckpt", folder_path / "step-00000040.ckpt");
-  log = stderr_of(fs::path(dir.path) / "log.txt", [&] { latest = folder.load_latest(); });
+  log = stderr_of(dir.path + "/log.txt", [&] { latest = folder.load_latest(); });
   REQUIRE(latest.has_value());
   CHECK(latest->first == folder_path / "step-00000010.ckpt");
   CHECK(contains(log, "holds step 10, not the step 40 its name says"));
 
   fs::remove(folder_path / "step-00000010.ckpt");
   fs::remove(folder_path / "step-00000040.ckpt");
-  log = stderr_of(fs::path(dir.path) / "log.txt", [&] { latest = folder.load_latest(); });
+  log = stderr_of(dir.path + "/log.txt", [&] { latest = folder.load_latest(); });
   CHECK_FALSE(latest.has_value());
   CHECK(contains(log, "none of its 2 checkpoint(s) reads back whole"));
 }

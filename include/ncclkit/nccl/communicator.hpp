@@ -70,7 +70,7 @@
 #include <optional>   // std::optional
 #include <span>       // std::span
 #include <string>     // std::string
-#include <utility>    // std::move
+#include <utility>    // std::move, std::exchange
 #include <vector>     // std::vector
 
 #include "ncclkit/bootstrap/world_info.hpp"
@@ -85,6 +85,7 @@
 #include "ncclkit/core/dtype.hpp"
 #include "ncclkit/core/env.hpp"
 #include "ncclkit/core/error.hpp"
+#include "ncclkit/core/log.hpp"
 #include "ncclkit/core/tensor.hpp"
 #include "ncclkit/core/update.hpp"
 #include "ncclkit/nccl/compressed_reduce.hpp"
@@ -651,7 +652,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// prepare_compressed_reduce runs it only where every rank can.
   std::string compressed_reduce_unavailable() {
     int lsa_rank = 0;
-    std::string why = CompressedReduce::local_verdict(core(), lsa_rank);
+    std::string why = CompressedReduce::local_verdict(core(), lsa_rank).why;
     return why.empty() ? core().compressed_reduce_problem : why;
   }
   /// A workspace for compressed_all_reduce of up to `max_count` float32 values that cross in
@@ -685,7 +686,9 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
               std::to_string(2 * sms) + ", or 0 for one per SM");
     }
     int lsa_rank = 0;
-    const bool able = problem.empty() && CompressedReduce::local_verdict(c, lsa_rank).empty();
+    const CompressedReduce::Verdict verdict = CompressedReduce::local_verdict(c, lsa_rank);
+    const bool able = problem.empty() && verdict.why.empty();
+    if (problem.empty() && verdict.mendable) warn_unfused(verdict.why);
     const std::int64_t blocks = asked == 0 ? sms : asked;
     const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
                                    static_cast<std::uint64_t>(wire)};
@@ -712,6 +715,7 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
     const ncclkit::detail::GatheredWords layouts =
         ncclkit::detail::gather_agreed(*this, comm_stream(), std::span<const std::uint64_t>(checked), {}, who);
     c.compressed_reduce_problem = workspace.layout_problem();
+    if (!c.compressed_reduce_problem.empty()) warn_unfused(c.compressed_reduce_problem);
     for (int r = 0; r < size() && c.compressed_reduce_problem.empty(); ++r) {
       if (layouts.at(r, 0) != 1) {
         c.compressed_reduce_problem = "on rank " + std::to_string(r) +
@@ -780,6 +784,17 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   }
 
  private:
+  /// A warning, once per communicator, where the fused kernel cannot run on this rank for a reason
+  /// the user can mend (CompressedReduce::Verdict): the fallback costs speed and would otherwise
+  /// pass unseen.
+  void warn_unfused(const std::string& why) {
+    if (std::exchange(core().warned_unfused, true)) return;
+    log_warn("ncclkit: " + core().who() +
+             ": the fused compressed all-reduce cannot run, so 16-bit compression runs as separate casts around "
+             "an all-reduce (slower): " +
+             why);
+  }
+
   friend class LocalGroup;
 
   void copy_between(void* destination, const void* source, std::size_t bytes, cudaMemcpyKind kind, const char* what,

@@ -97,22 +97,33 @@ class CompressedReduce {
  private:
   friend class Communicator;
 
-  /// Why this rank cannot run the fused kernel, or empty where it can (then `lsa_rank` is
-  /// its rank in the team of GPUs that reach each other's memory). Ranks may differ (the
-  /// environment is per process): prepare_compressed_reduce compares their verdicts.
-  static std::string local_verdict(detail::CommCore& core, int& lsa_rank) {
+  /// Why this rank cannot run the fused kernel (empty where it can; then `lsa_rank` is its rank
+  /// in the team of GPUs that reach each other's memory), and whether the reason is a fault of
+  /// the build or the installation that the user can mend, worth a warning: the kernels not
+  /// compiled in, or an NCCL of another version than the headers. A choice (Options) or the
+  /// machine (GPUs out of each other's reach) is not. Ranks may differ (the environment is per
+  /// process): prepare_compressed_reduce compares their verdicts.
+  struct Verdict {
+    std::string why;
+    bool mendable = false;
+  };
+  static Verdict local_verdict(detail::CommCore& core, int& lsa_rank) {
     if (detail::compressed_reduce_launcher() == nullptr) {
-      return "the kernel is missing: include ncclkit/nccl/kernels.cuh in a file compiled by nvcc";
+      return {"the kernel is missing: include ncclkit/nccl/kernels.cuh in a file compiled by nvcc", true};
     }
-    if (!core.options.compressed_reduce) return "Options::compressed_reduce is false (or NCCLKIT_COMPRESSED_REDUCE=0)";
+    if (!core.options.compressed_reduce) return {"Options::compressed_reduce is false (or NCCLKIT_COMPRESSED_REDUCE=0)"};
 #if !NCCLKIT_NCCL_DEVICE_API
     (void)core;
     (void)lsa_rank;
-    return "ncclkit was built against NCCL " + std::to_string(NCCL_VERSION_CODE) + "; it needs NCCL 2.28's device API";
+    return {"ncclkit was built against NCCL " + detail::nccl_version_text(NCCL_VERSION_CODE) +
+                "; it needs NCCL 2.28's device API",
+            true};
 #else
     int version = 0;
-    if (ncclGetVersion(&version) != ncclSuccess) return "NCCL did not say its version (ncclGetVersion)";
-    if (std::string why = detail::device_api_version_verdict(NCCL_VERSION_CODE, version); !why.empty()) return why;
+    if (ncclGetVersion(&version) != ncclSuccess) return {"NCCL did not say its version (ncclGetVersion)", true};
+    if (std::string why = detail::device_api_version_verdict(NCCL_VERSION_CODE, version); !why.empty()) {
+      return {why, true};
+    }
     struct Team {
       int ranks, rank, stride;
     };
@@ -120,14 +131,14 @@ class CompressedReduce {
     // Found where libnccl was loaded globally (the usual link); a libnccl opened privately
     // (RTLD_LOCAL, inside a Python extension) is not found, and the separate casts run.
     const auto team_lsa = reinterpret_cast<TeamLsa>(dlsym(RTLD_DEFAULT, "ncclTeamLsa"));
-    if (team_lsa == nullptr) return "this NCCL library has no device API (ncclTeamLsa)";
+    if (team_lsa == nullptr) return {"this NCCL library has no device API (ncclTeamLsa)", true};
     std::unique_lock lock(core.handle().mutex);  // the watchdog aborts under this lock
-    if (core.handle().aborted || core.handle().comm == nullptr) return "the communicator was aborted";
+    if (core.handle().aborted || core.handle().comm == nullptr) return {"the communicator was aborted"};
     const Team team = team_lsa(core.handle().comm);
     lock.unlock();
     if (team.ranks != core.size) {
-      return "only " + std::to_string(team.ranks) + " of " + std::to_string(core.size) +
-             " ranks reach each other's memory (NVLink or PCIe peer access); it needs all";
+      return {"only " + std::to_string(team.ranks) + " of " + std::to_string(core.size) +
+              " ranks reach each other's memory (NVLink or PCIe peer access); it needs all"};
     }
     lsa_rank = team.rank;
     return {};

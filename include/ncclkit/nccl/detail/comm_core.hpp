@@ -60,6 +60,8 @@ struct CommCore {
   CheckedPointers checked_streams{destroyed_stream_generation()};  ///< streams found to be of this GPU
   /// Why the last prepare_compressed_reduce gave none after its window check, or empty.
   std::string compressed_reduce_problem;
+  /// Whether prepare_compressed_reduce warned already that the fused kernel cannot run here.
+  bool warned_unfused = false;
 
   CommHandle& handle() { return watchdog.handle(); }
 
