@@ -1,5 +1,6 @@
 # tests_nccl_fake: tests/fake/test_*.cpp (the NCCL backend's watchdog, group and abort logic,
-# Options' ncclConfig_t knobs, the argument check) against a fake CUDA runtime and NCCL
+# Options' ncclConfig_t knobs, the argument check, why the fused compressed all-reduce does not
+# run and when that is a warning) against a fake CUDA runtime and NCCL
 # (tests/support/fake_cuda_nccl.hpp), label `host`, so that they run on every machine with the
 # CUDA and NCCL headers, GPU or not.
 #

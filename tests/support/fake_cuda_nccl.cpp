@@ -81,6 +81,7 @@ struct State {
   std::condition_variable aborted_cv;  ///< an abort happened (blocked launches look again)
   int device_count = 2;
   int failing_device = -1;
+  int nccl_version = NCCL_VERSION_CODE;  ///< what ncclGetVersion reports (set_nccl_version)
   bool stall_all = false;
   std::chrono::milliseconds block_limit{20000};
   // Handles point at these objects, which live until reset(): a destroyed handle stays
@@ -306,6 +307,7 @@ void reset(int device_count) {
   s.comms.clear();
   s.device_count = device_count;
   s.failing_device = -1;
+  s.nccl_version = NCCL_VERSION_CODE;
   s.stall_all = false;
   s.block_limit = std::chrono::milliseconds(20000);
   s.records_during_capture = 0;
@@ -332,6 +334,10 @@ int current_device() { return this_thread().device; }
 void fail_set_device(int device) {
   std::lock_guard lock(state().mutex);
   state().failing_device = device;
+}
+void set_nccl_version(int code) {
+  std::lock_guard lock(state().mutex);
+  state().nccl_version = code;
 }
 
 namespace {
@@ -515,6 +521,16 @@ inline FakeComm* endable_comm(State& s, ncclComm_t comm, const char* call, ncclR
   return c;
 }
 
+// The fused compressed all-reduce's workspace (nccl/compressed_reduce.hpp) is compiled in but
+// never made here: the fake has no device API (no ncclTeamLsa), so prepare_compressed_reduce
+// stops before it. Should a change make one anyway, each of its calls is a violation and fails.
+cudaError_t unmodelled(const char* call) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  violation(s, std::string(call) + ": not modelled by the fake (the fused compressed all-reduce's workspace)");
+  return fail(cudaErrorNotSupported);
+}
+
 }  // namespace ncclkit_test::fake
 
 // ---- the C entry points -------------------------------------------------------------------
@@ -583,6 +599,13 @@ const char* cudaGetErrorString(cudaError_t error) {
     default:
       return "an error of the fake CUDA runtime";
   }
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (device < 0 || device >= fake::device_count()) return fake::fail(cudaErrorInvalidDevice);
+  if (attribute != cudaDevAttrMultiProcessorCount) return fake::fail(cudaErrorNotSupported);
+  *value = fake::kSmCount;
+  return cudaSuccess;
 }
 
 cudaError_t cudaRuntimeGetVersion(int* version) {
@@ -815,7 +838,8 @@ const char* ncclGetErrorString(ncclResult_t result) {
 const char* ncclGetLastError(ncclComm_t) { return ""; }
 
 ncclResult_t ncclGetVersion(int* version) {
-  *version = NCCL_VERSION_CODE;
+  std::lock_guard lock(fake::state().mutex);
+  *version = fake::state().nccl_version;
   return ncclSuccess;
 }
 
@@ -991,6 +1015,31 @@ ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaS
   return fake::collective("ncclRecv", comm, stream);
 }
 
+// The fused compressed all-reduce's workspace: see fake::unmodelled.
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t*, unsigned int) { return fake::unmodelled("cudaStreamCreateWithFlags"); }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return fake::unmodelled("cudaStreamSynchronize"); }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return fake::unmodelled("cudaEventSynchronize"); }
+cudaError_t cudaHostAlloc(void**, size_t, unsigned int) { return fake::unmodelled("cudaHostAlloc"); }
+cudaError_t cudaFreeHost(void*) { return fake::unmodelled("cudaFreeHost"); }
+cudaError_t cudaHostGetDevicePointer(void**, void*, unsigned int) { return fake::unmodelled("cudaHostGetDevicePointer"); }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+ncclResult_t ncclMemAlloc(void**, size_t) {
+  (void)fake::unmodelled("ncclMemAlloc");
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclMemFree(void*) {
+  (void)fake::unmodelled("ncclMemFree");
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclCommWindowRegister(ncclComm_t, void*, size_t, ncclWindow_t*, int) {
+  (void)fake::unmodelled("ncclCommWindowRegister");
+  return ncclInvalidUsage;
+}
+ncclResult_t ncclCommWindowDeregister(ncclComm_t, ncclWindow_t) {
+  (void)fake::unmodelled("ncclCommWindowDeregister");
+  return ncclInvalidUsage;
+}
+#endif
 }  // extern "C"
 
 #if defined(__SANITIZE_THREAD__)

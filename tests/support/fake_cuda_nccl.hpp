@@ -9,8 +9,10 @@
 /// records what a real CUDA or NCCL would punish.
 ///
 /// The model:
-///   - Devices: device_count() GPUs (2 by default), each thread has a current one (0 at
-///     first). cudaSetDevice can be made to fail for one device (fail_set_device).
+///   - Devices: device_count() GPUs (2 by default) of kSmCount SMs, each thread has a current
+///     one (0 at first). cudaSetDevice can be made to fail for one device (fail_set_device).
+///   - NCCL's version: the headers' (NCCL_VERSION_CODE), or what set_nccl_version says. No
+///     device API (ncclTeamLsa, windows): the fused compressed all-reduce never runs.
 ///   - Memory: cudaMalloc hands out host memory tagged with the current device, which
 ///     cudaPointerGetAttributes reports as device memory of that GPU (anything else is
 ///     unregistered memory); cudaMemcpy/cudaMemset really copy and set it.
@@ -39,6 +41,8 @@
 ///   - unknown or destroyed stream, event or communicator handles; cudaFree of memory that
 ///     cudaMalloc did not return;
 ///   - ncclGroupEnd without ncclGroupStart;
+///   - a call only the fused compressed all-reduce's workspace makes (ncclMemAlloc, window
+///     registration, mapped host memory, stream and event waits): not modelled, and it fails;
 ///   - a CUDA call that a capture in global mode forbids (cudaEventQuery,
 ///     cudaPointerGetAttributes, cudaStreamGetDevice, cudaMalloc) made while a stream is
 ///     capturing, from a thread not in relaxed capture mode (it would spoil the capture);
@@ -79,6 +83,10 @@ int current_device();
 /// cudaSetDevice(device) fails with cudaErrorDevicesUnavailable from now on; -1: none fails.
 void fail_set_device(int device);
 
+/// The SMs a GPU has, as cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount) says (an
+/// H100's or H200's); no other attribute is modelled.
+inline constexpr int kSmCount = 132;
+
 /// How long a stalled stream holds its events.
 enum class Stall {
   kUntilReleased,  ///< until release_stream()
@@ -102,6 +110,10 @@ int records_during_capture();
 long events_created();
 
 // ---- NCCL -------------------------------------------------------------------------------
+
+/// ncclGetVersion reports `code` (NCCL_VERSION_CODE's form) from now on; reset() restores the
+/// headers' version.
+void set_nccl_version(int code);
 
 /// This thread's ncclGroupStart nesting depth.
 int group_depth();
