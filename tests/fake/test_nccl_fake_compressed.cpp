@@ -71,7 +71,8 @@ TEST_CASE("prepare_compressed_reduce without the kernels: none, the reason said,
     const std::string file = job.dir.path + "/log";
     const Prepared first = prepare(comm, file);
     CHECK_FALSE(first.workspace);
-    CHECK(contains(comm.compressed_reduce_unavailable(), "include ncclkit/nccl/kernels.cuh in a file compiled by nvcc"));
+    const std::string why = comm.compressed_reduce_unavailable();
+    CHECK_MESSAGE(contains(why, "include ncclkit/nccl/kernels.cuh in a file compiled by nvcc"), why);
     CHECK_MESSAGE(contains(first.log, std::string("warn] ncclkit: nccl communicator 'unfused'")), first.log);
     CHECK_MESSAGE(contains(first.log, kWarning), first.log);
     CHECK_MESSAGE(contains(first.log, "include ncclkit/nccl/kernels.cuh"), first.log);

@@ -619,7 +619,8 @@ cudaError_t decoy_window_probe(void*, int, void** out, cudaStream_t stream) {
 // memory of no GPU. Every rank then gets no workspace; the failing rank says why and warns once,
 // the others name it. With the real check back, every rank gets a workspace that reduces right.
 // One rank is not checked (alone, the kernel reaches no window): the decoy is never asked.
-TEST_CASE("the fused kernel's window check: a rank it fails on leaves every rank without a workspace, said and warned") {
+TEST_CASE(
+    "the fused kernel's window check: a rank it fails on leaves every rank without a workspace, said and warned") {
   ncclkit_test::TempDir dir("window-check");
   for (int n : world_sizes()) {
     CAPTURE(n);
@@ -648,8 +649,9 @@ TEST_CASE("the fused kernel's window check: a rank it fails on leaves every rank
         window_decoy_calls = 0;
         if (world.rank == last) probe = &decoy_window_probe;
         std::optional<Communicator::CompressedReduce> workspace;
-        const std::string log = ncclkit_test::stderr_of(dir.path + "/rank" + std::to_string(world.rank) + ".log",
-                                                        [&] { workspace = comm.prepare_compressed_reduce(4096, DataType::kFloat16); });
+        const std::string log = ncclkit_test::stderr_of(dir.path + "/rank" + std::to_string(world.rank) + ".log", [&] {
+          workspace = comm.prepare_compressed_reduce(4096, DataType::kFloat16);
+        });
         probe = real;
         const std::string why = comm.compressed_reduce_unavailable();
         const std::string what = std::string(decoy.says) + ": ";
@@ -658,10 +660,12 @@ TEST_CASE("the fused kernel's window check: a rank it fails on leaves every rank
           checker.expect(workspace.has_value() && why.empty(), what + "one rank gets a workspace: " + why);
           break;
         }
-        checker.expect(!workspace.has_value(), what + "a workspace although rank " + std::to_string(last) + " failed the check");
+        checker.expect(!workspace.has_value(),
+                       what + "a workspace although rank " + std::to_string(last) + " failed the check");
         const bool warned = ncclkit_test::contains(log, "the fused compressed all-reduce cannot run");
         if (world.rank == last) {
-          checker.expect(window_decoy_calls == 1, what + "the decoy ran " + std::to_string(window_decoy_calls) + " times");
+          checker.expect(window_decoy_calls == 1,
+                         what + "the decoy ran " + std::to_string(window_decoy_calls) + " times");
           checker.expect(ncclkit_test::contains(why, decoy.says) &&
                              ncclkit_test::contains(why, "build ncclkit against the headers of the NCCL it runs with"),
                          what + "the failing rank's reason: " + why);

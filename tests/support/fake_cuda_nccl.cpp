@@ -1016,12 +1016,16 @@ ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t comm, cudaS
 }
 
 // The fused compressed all-reduce's workspace: see fake::unmodelled.
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t*, unsigned int) { return fake::unmodelled("cudaStreamCreateWithFlags"); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t*, unsigned int) {
+  return fake::unmodelled("cudaStreamCreateWithFlags");
+}
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return fake::unmodelled("cudaStreamSynchronize"); }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return fake::unmodelled("cudaEventSynchronize"); }
 cudaError_t cudaHostAlloc(void**, size_t, unsigned int) { return fake::unmodelled("cudaHostAlloc"); }
 cudaError_t cudaFreeHost(void*) { return fake::unmodelled("cudaFreeHost"); }
-cudaError_t cudaHostGetDevicePointer(void**, void*, unsigned int) { return fake::unmodelled("cudaHostGetDevicePointer"); }
+cudaError_t cudaHostGetDevicePointer(void**, void*, unsigned int) {
+  return fake::unmodelled("cudaHostGetDevicePointer");
+}
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
 ncclResult_t ncclMemAlloc(void**, size_t) {
   (void)fake::unmodelled("ncclMemAlloc");

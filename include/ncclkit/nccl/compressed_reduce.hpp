@@ -111,7 +111,8 @@ class CompressedReduce {
     if (detail::compressed_reduce_launcher() == nullptr) {
       return {"the kernel is missing: include ncclkit/nccl/kernels.cuh in a file compiled by nvcc", true};
     }
-    if (!core.options.compressed_reduce) return {"Options::compressed_reduce is false (or NCCLKIT_COMPRESSED_REDUCE=0)"};
+    if (!core.options.compressed_reduce)
+      return {"Options::compressed_reduce is false (or NCCLKIT_COMPRESSED_REDUCE=0)"};
 #if !NCCLKIT_NCCL_DEVICE_API
     (void)core;
     (void)lsa_rank;
