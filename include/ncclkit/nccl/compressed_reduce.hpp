@@ -132,7 +132,12 @@ class CompressedReduce {
     // Found where libnccl was loaded globally (the usual link); a libnccl opened privately
     // (RTLD_LOCAL, inside a Python extension) is not found, and the separate casts run.
     const auto team_lsa = reinterpret_cast<TeamLsa>(dlsym(RTLD_DEFAULT, "ncclTeamLsa"));
-    if (team_lsa == nullptr) return {"this NCCL library has no device API (ncclTeamLsa)", true};
+    if (team_lsa == nullptr) {
+      return {
+          "the NCCL library loaded shows no device API (ncclTeamLsa): link libnccl 2.28 or newer, or, where "
+          "it is opened at run time (a Python extension), open it with RTLD_GLOBAL (or preload it)",
+          true};
+    }
     std::unique_lock lock(core.handle().mutex);  // the watchdog aborts under this lock
     if (core.handle().aborted || core.handle().comm == nullptr) return {"the communicator was aborted"};
     const Team team = team_lsa(core.handle().comm);
