@@ -686,9 +686,11 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
               std::to_string(2 * sms) + ", or 0 for one per SM");
     }
     int lsa_rank = 0;
-    const CompressedReduce::Verdict verdict = CompressedReduce::local_verdict(c, lsa_rank);
+    // A rank whose own arguments are wrong throws at the gather below: no verdict is needed.
+    const CompressedReduce::Verdict verdict =
+        problem.empty() ? CompressedReduce::local_verdict(c, lsa_rank) : CompressedReduce::Verdict{};
     const bool able = problem.empty() && verdict.why.empty();
-    if (problem.empty() && verdict.mendable) warn_unfused(verdict.why);
+    if (verdict.mendable) warn_unfused(verdict.why);
     const std::int64_t blocks = asked == 0 ? sms : asked;
     const std::uint64_t mine[4] = {able ? 1u : 0u, static_cast<std::uint64_t>(blocks), max_count,
                                    static_cast<std::uint64_t>(wire)};

@@ -100,9 +100,9 @@ class CompressedReduce {
   /// Why this rank cannot run the fused kernel (empty where it can; then `lsa_rank` is its rank
   /// in the team of GPUs that reach each other's memory), and whether the reason is a fault of
   /// the build or the installation that the user can mend, worth a warning: the kernels not
-  /// compiled in, or an NCCL of another version than the headers. A choice (Options) or the
-  /// machine (GPUs out of each other's reach) is not. Ranks may differ (the environment is per
-  /// process): prepare_compressed_reduce compares their verdicts.
+  /// compiled in, an NCCL of another version than the headers, or one that shows no device API.
+  /// A choice (Options) or the machine (GPUs out of each other's reach) is not. Ranks may differ
+  /// (the environment is per process): prepare_compressed_reduce compares their verdicts.
   struct Verdict {
     std::string why;
     bool mendable = false;
