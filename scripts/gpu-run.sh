@@ -156,8 +156,8 @@ set_phases() {
         loose-copies-p$n-c0-k128"
       ;;
     mlp-bench | mlp-ablation)
-      names="train-mlp-p1 torch-mlp-p1 train-mlp-p2 torch-mlp-p2"
-      ((n >= 4)) && names+=" train-mlp-p4 torch-mlp-p4"
+      names="train-mlp-p1 torch-mlp-p1 train-mlp-p2 train-mlp-defer-p2 torch-mlp-p2"
+      ((n >= 4)) && names+=" train-mlp-p4 train-mlp-defer-p4 torch-mlp-p4"
       [[ $2 == mlp-ablation ]] && names+=" $MLP_ABLATION"
       ;;
     *) return 1 ;;
@@ -333,6 +333,11 @@ define_phases() {
   for g in 2 4; do
     needs train-mlp-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase train-mlp-p$g 90 "$bin/train_mlp" \
       --nprocs $g "${mlp[@]}" --codec none,fp16 --csv "$data/mlp_ncclkit_p$g.csv"
+    # float32 gradients in two halves, the all-gather and update under the next forward (row
+    # "ncclkit/defer", against ncclkit's 1-GPU step: at one GPU there is nothing to gather)
+    needs train-mlp-defer-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase train-mlp-defer-p$g 90 \
+      "$bin/train_mlp" --nprocs $g "${mlp[@]}" --codec none --defer-gather --label defer \
+      --csv "$data/mlp_ncclkit_p$g.csv"
     needs torch-mlp-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase torch-mlp-p$g 120 python3 \
       "$ROOT/bench/ddp_mlp_bench.py" --nprocs $g "${mlp[@]}" --csv "$data/mlp_torch_p$g.csv"
   done

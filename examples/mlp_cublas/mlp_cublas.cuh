@@ -35,7 +35,9 @@
 // `step.ready` for the weight and the bias at once, so their bucket is reduced while the earlier
 // layers run; the input gradient goes to the next layer down. Nothing reads a layer's values
 // after its mark, so the model declares done_with_values_when_ready and the reduction may update
-// them while backward goes on.
+// them while backward goes on. Forward asks for each layer's weight and bias (`step.need`) right
+// before its GEMM, so that with TrainerOptions::defer_gather the last step's update of a layer
+// is waited for just in time, while the gathers of the layers above still run.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -129,6 +131,8 @@ class MlpCublas {
   static constexpr bool overwrites_gradients = true;
   /// Backward reads a layer's weight (the input-gradient GEMM) before its gradients are marked.
   static constexpr bool done_with_values_when_ready = true;
+  /// Forward calls step.need for each layer's parameters before it reads them.
+  static constexpr bool waits_for_values = true;
   /// bf16 compute reads the trainer's bfloat16 copy of the weights (see the header comment).
   bool bfloat16_copy() const { return options_.precision == Precision::kBf16; }
 
@@ -246,7 +250,10 @@ class MlpCublas {
     const std::size_t n = batch.size();
     reserve(n);
     MLP_CUBLAS_CHECK(cublasSetStream(handle_.get(), stream));
-    forward<T>(batch, stream);
+    forward<T>(batch, stream, [&](const Layer& layer) {
+      step.need(layer.weight_slot);
+      step.need(layer.bias_slot);
+    });
     // The loss's gradient with respect to the output: loss_weight · 2 (p − y) / output.
     const std::size_t out = options_.output;
     Scratch<T>& scratch = scratch_for<T>();
@@ -315,9 +322,14 @@ class MlpCublas {
                                   compute, CUBLAS_GEMM_DEFAULT));
   }
 
-  // y = act(x Wᵀ + b) for every layer, each layer's output kept for backward.
+  // y = act(x Wᵀ + b) for every layer, each layer's output kept for backward; `need(layer)`
+  // right before a layer reads its parameters.
   template <class T>
   void forward(const Batch& batch, cudaStream_t stream) {
+    forward<T>(batch, stream, [](const Layer&) {});
+  }
+  template <class T, class Need>
+  void forward(const Batch& batch, cudaStream_t stream, Need need) {
     const std::size_t n = batch.size();
     if (batch.inputs.size() != n * options_.input || batch.targets.size() != n * options_.output) {
       throw ncclkit::ConfigError("mlp_cublas::MlpCublas: a batch of " + std::to_string(n) + " samples holds " +
@@ -334,6 +346,7 @@ class MlpCublas {
     for (std::size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       T* out = activation<T>(l);
+      need(layer);
       gemm(CUBLAS_OP_T, CUBLAS_OP_N, layer.out, n, layer.in, weight_of<T>(layer), layer.in, input_of<T>(batch, l),
            layer.in, 0.0f, out, layer.out);
       kernels::bias_activation<<<kernels::blocks_for(n * layer.out), kernels::kThreads, 0, stream>>>(

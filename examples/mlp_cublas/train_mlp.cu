@@ -6,7 +6,7 @@
 //             [--steps 50] [--warmup 10] [--optimizer sgd|adamw] [--lr 0.01] [--codec none[,fp16,bf16]]
 //             [--bucket-mb 25|whole | --tune] [--min-bucket-kb 0] [--accumulation 1] [--precision tf32|fp32|bf16]
 //             [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N] [--cublas-sms N]
-//             [--add-gradients] [--separate-update] [--label NAME]
+//             [--add-gradients] [--separate-update] [--defer-gather] [--label NAME]
 //             [--csv PATH] [--init-url URL]
 //
 // Run directly, it forks N workers (one GPU each) that rendezvous through a private FileStore;
@@ -39,6 +39,9 @@
 //   --cublas-sms N      cublasSetSmCountTarget: SMs cuBLAS plans its GEMMs for (0: all)
 //   --separate-update   the optimizer's own pass over each bucket after it lands, instead of the
 //                       fused 16-bit reduction applying the update (TrainerOptions::fuse_update)
+//   --defer-gather      float32 gradients in two halves: a reduce-scatter under backward, the
+//                       all-gather and each bucket's update under the next step's forward, which
+//                       waits layer by layer (TrainerOptions::defer_gather; --codec none only)
 #include <cuda_runtime.h>
 
 #include <algorithm>     // std::sort, std::min, std::max
@@ -95,6 +98,7 @@ struct Arguments {
   int max_ctas = -1;
   std::optional<int> reduce_blocks;
   bool add_gradients = false;
+  bool defer_gather = false;
   bool separate_update = false;
   std::string label;
   std::size_t accumulation = 1;
@@ -192,6 +196,7 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
                         .optimizer = {.kind = args.optimizer},
                         .schedule = {.lr = args.lr},
                         .fuse_update = !args.separate_update,
+                        .defer_gather = args.defer_gather,
                         .seed = 42,
                         .log_interval = 0,
                         .print_progress = false});
@@ -226,6 +231,7 @@ void run_configuration(Communicator& comm, M& model, cudaStream_t stream, const 
   }
   std::vector<double> step_ms;
   for (std::size_t i = 0; i < args.steps; ++i) step_ms.push_back(comm.elapsed_ms(starts[i], stops[i]));
+  trainer.settle();  // the model's evaluate below reads the last step's (deferred) updates
   comm.synchronize(stream);
   const double loss_after = loss_of(comm, model, micro.front(), stream);
   const double reduce_ms = reduce_alone_ms(comm, trainer, codec, args.reduce_repeats, stream);
@@ -301,7 +307,9 @@ int worker(const ncclkit::WorldInfo& world, const Arguments& args) {
           mlp_cublas::precision_name(m.precision), args.lr, comm.options().stream_priority, lowest, highest,
           comm.options().max_ctas, comm.options().compressed_reduce_blocks, m.cublas_sms,
           args.add_gradients ? "zeroed, then added to" : "written by the first micro-batch",
-          args.separate_update ? "the optimizer's own pass" : "fused into the 16-bit reduction where it can",
+          args.defer_gather && me.world_size > 1 ? "after the all-gather under the next forward"
+          : args.separate_update                 ? "the optimizer's own pass"
+                                                 : "fused into the 16-bit reduction where it can",
           args.label.empty() ? "" : ", label ", args.label.c_str());
       std::fflush(stdout);
     }
@@ -335,7 +343,8 @@ void usage(std::FILE* out) {
       "                 [--bucket-mb 25|whole | --tune] [--min-bucket-kb 0] [--accumulation 1]\n"
       "                 [--precision tf32|fp32|bf16]\n"
       "                 [--reduce-repeats 20] [--comm-priority P] [--max-ctas N] [--reduce-blocks N]\n"
-      "                 [--cublas-sms N] [--add-gradients] [--separate-update] [--label NAME] [--csv PATH]\n"
+      "                 [--cublas-sms N] [--add-gradients] [--separate-update] [--defer-gather] [--label NAME]\n"
+      "                 [--csv PATH]\n"
       "                 [--init-url URL]\n");
 }
 
@@ -443,6 +452,8 @@ int main(int argc, char** argv) {
         args.add_gradients = true;
       } else if (arg == "--separate-update") {
         args.separate_update = true;
+      } else if (arg == "--defer-gather") {
+        args.defer_gather = true;
       } else if (arg == "--cublas-sms") {
         args.model.cublas_sms = static_cast<int>(number(0, 1024));
       } else if (arg == "--label") {
@@ -482,6 +493,13 @@ int main(int argc, char** argv) {
     }
     if (args.tune && bucket_given) {
       throw ncclkit::ConfigError("train_mlp: --bucket-mb fixes the bucket cap, --tune chooses it: give one of them");
+    }
+    if (args.defer_gather) {
+      for (const auto codec : args.codecs) {
+        if (codec != ncclkit::compression::Codec::kNone) {
+          throw ncclkit::ConfigError("train_mlp: --defer-gather splits float32 reductions; give --codec none");
+        }
+      }
     }
     if (!args.input_given) args.model.input = args.model.width;
     if (!args.output_given) args.model.output = args.model.width;

@@ -1,6 +1,8 @@
 // GradientSync over NCCL, what the seam promises on GPUs: finish's per-bucket callback issues
 // work on the stream that runs after the bucket's reduction (an update scaled by 2 sees the
-// reduced values, never the local ones); and a peer that fails during the fused fp16 reduction
+// reduced values, never the local ones), also with defer_gather, where the callbacks come in
+// reverse plan order on the communicator's side stream and the compute stream waits for them
+// at wait_all; and a peer that fails during the fused fp16 reduction
 // (it exits, or stalls past the timeout, after marking half its tensors) gives the survivor the
 // watchdog's CommError and nothing worse: every later call throws CommError, the GPU stays
 // usable (cudaMalloc, cudaMemset, cudaDeviceSynchronize), and teardown reports no CUDA error.
@@ -44,7 +46,7 @@ using Clock = std::chrono::steady_clock;
 // Rank r's value of element i of the buffer: small, distinct per rank, exact in fp16 sums.
 float value_of(int rank, std::size_t i) { return static_cast<float>((i * 7 + static_cast<std::size_t>(rank) * 3) % 64) / 64.0f; }
 
-int bucket_callback_worker(const WorldInfo& world, const std::shared_ptr<Store>& store) {
+int bucket_callback_worker(const WorldInfo& world, const std::shared_ptr<Store>& store, bool defer) {
   Checker checker(world.rank);
   Communicator comm(store, world, Options{.timeout = std::chrono::seconds(60), .name = "callback"});
   FusedBuffer<Communicator> grads(comm, ncclkit::testing::model_layout("resnet50"));
@@ -52,9 +54,15 @@ int bucket_callback_worker(const WorldInfo& world, const std::shared_ptr<Store>&
   std::vector<float> host(count);
   for (std::size_t i = 0; i < count; ++i) host[i] = value_of(world.rank, i);
   const cudaStream_t compute = comm.default_stream();
-  GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout(), {.bucket_bytes = 4 << 20}),
-                                  {.op = ncclkit::ReduceOp::kSum});
+  GradientSync<Communicator>::Options options{.op = ncclkit::ReduceOp::kSum};
+  if (defer) {
+    options.defer_gather = true;
+    options.update_stream = comm.side_stream();
+  }
+  GradientSync<Communicator> sync(grads, BucketPlan::compute(grads.layout(), {.bucket_bytes = 4 << 20}), options);
   checker.expect(sync.plan().size() > 4, "several buckets");
+  const cudaStream_t updates = defer ? comm.side_stream() : compute;
+  checker.expect(sync.update_stream() == (defer ? comm.side_stream() : comm.comm_stream()), "the update stream");
   for (int step = 0; step < 3; ++step) {
     comm.copy_from_host(grads.data(ncclkit::DataType::kFloat32), host.data(), count * 4, compute);
     for (std::uint32_t i = static_cast<std::uint32_t>(grads.layout().size()); i-- > 0;) sync.mark_ready(Slot{i}, compute);
@@ -64,9 +72,13 @@ int bucket_callback_worker(const WorldInfo& world, const std::shared_ptr<Store>&
       const auto& bucket = sync.plan()[b];
       comm.scale(ncclkit::TensorView{static_cast<std::byte*>(grads.data(bucket.dtype)) + bucket.begin_bytes,
                                      bucket.count(), bucket.dtype, ncclkit::MemoryKind::kDevice},
-                 2.0, compute);
+                 2.0, updates);
     });
     checker.expect(order.size() == sync.plan().size(), "every bucket handed over once");
+    if (defer) {
+      checker.expect(order.front() == sync.plan().size() - 1 && order.back() == 0, "reverse plan order");
+      sync.wait_all(compute);
+    }
     std::vector<float> got(count);
     comm.copy_to_host(got.data(), grads.data(ncclkit::DataType::kFloat32), count * 4, compute);
     comm.synchronize(compute);
@@ -195,9 +207,14 @@ void run_fused_drill(Failure failure) {
 using namespace gradient_sync_gpu;
 
 TEST_CASE("finish's per-bucket callback over NCCL: work it issues runs after that bucket has landed") {
-  for (int n : world_sizes()) {
-    CAPTURE(n);
-    run_workers(n, bucket_callback_worker);
+  for (bool defer : {false, true}) {
+    for (int n : world_sizes()) {
+      CAPTURE(defer);
+      CAPTURE(n);
+      run_workers(n, [defer](const WorldInfo& world, const std::shared_ptr<Store>& store) {
+        return bucket_callback_worker(world, store, defer);
+      });
+    }
   }
 }
 

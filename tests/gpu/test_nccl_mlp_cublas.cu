@@ -411,13 +411,14 @@ struct TrainedRun {
 /// Trains `model` (of `shape`, not yet bound) with the DataParallelTrainer over `comm` for
 /// `steps` steps of kGlobalBatch samples, rank r's shard being the r-th slice of each global
 /// batch, and compares the result with reference_sgd started from the trainer's initial values
-/// (rank 0's, which its constructor broadcasts).
+/// (rank 0's, which its constructor broadcasts). `defer`: TrainerOptions::defer_gather.
 template <class M>
-TrainedRun train_against_reference(Communicator& comm, M& model, const mlp_cublas::MlpOptions& shape,
-                                   std::size_t steps) {
+TrainedRun train_against_reference(Communicator& comm, M& model, const mlp_cublas::MlpOptions& shape, std::size_t steps,
+                                   bool defer = false) {
   ncclkit::trainer::DataParallelTrainer<M, Communicator> trainer(comm, model,
                                                                  {.global_batch = kGlobalBatch,
                                                                   .schedule = {.lr = kLearningRate},
+                                                                  .defer_gather = defer,
                                                                   .seed = 3,
                                                                   .log_interval = 0,
                                                                   .print_progress = false});
@@ -749,16 +750,18 @@ TEST_CASE("bf16 compute on 2 GPUs: after each step the trainer's weight copy is 
 }
 
 TEST_CASE("the trainer over the cuBLAS MLP ends 4 SGD steps at the float64 reference's parameters and gradients") {
-  const auto train = [](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
+  bool defer = false;
+  const auto train = [&defer](const ncclkit::WorldInfo& me, const std::shared_ptr<ncclkit::Store>& store) {
     using namespace mlp_cublas_test;
     ncclkit_test::Checker checker(me.rank);
     Communicator comm(store, me, ncclkit::nccl::Options{.timeout = std::chrono::seconds(60), .name = "mlp-reference"});
     mlp_cublas::MlpOptions shape = kShape;
     shape.precision = mlp_cublas::Precision::kFloat32;
     Model model(shape);
-    const TrainedRun run = train_against_reference(comm, model, shape, kReferenceSteps);
-    const std::string where = "on " + std::to_string(comm.size()) + " GPU(s), rank " + std::to_string(me.rank) +
-                              ", after " + std::to_string(kReferenceSteps) + " steps: ";
+    const TrainedRun run = train_against_reference(comm, model, shape, kReferenceSteps, defer);
+    const std::string where = "on " + std::to_string(comm.size()) + " GPU(s)" + (defer ? " with defer_gather" : "") +
+                              ", rank " + std::to_string(me.rank) + ", after " + std::to_string(kReferenceSteps) +
+                              " steps: ";
     for (const TensorError& e : run.parameters) {
       std::printf("rank %d parameter %s\n", me.rank, e.describe().c_str());
       checker.expect(e.relative <= kParameterTolerance,
@@ -777,6 +780,11 @@ TEST_CASE("the trainer over the cuBLAS MLP ends 4 SGD steps at the float64 refer
   }
   SUBCASE("2 GPUs, each with its half of every global batch") {
     if (!ncclkit_test::have_gpus(2, "the cuBLAS MLP trained against the float64 reference on 2 GPUs")) return;
+    ncclkit_test::run_workers(2, train);
+  }
+  SUBCASE("2 GPUs, each bucket's all-gather and update deferred to the next step's forward") {
+    if (!ncclkit_test::have_gpus(2, "the cuBLAS MLP trained with defer_gather on 2 GPUs")) return;
+    defer = true;
     ncclkit_test::run_workers(2, train);
   }
 }

@@ -316,3 +316,154 @@ TEST_CASE("a collective that fails inside finish leaves the sync unusable too") 
                        ConfigError);
   CHECK_THROWS_WITH_AS(sync.mark_ready(Slot{0}), doctest::Contains("is unusable"), ConfigError);
 }
+
+TEST_CASE("defer_gather: the same averages, in two halves where a bucket splits evenly over the ranks") {
+  // Awkward shapes (mixed element types, empty and tiny tensors, a huge one) and GPT-2's scaled
+  // down, at 2, 3 and 4 ranks: after wait_all every bucket holds the float64 reference's
+  // average, identical on every rank, step after step.
+  Sync::Options options;
+  options.defer_gather = true;
+  for (int ranks : {2, 3, 4}) {
+    CAPTURE(ranks);
+    check_synchronised(ranks, awkward_layout, kTwoPerBucket, 2, options);
+    check_synchronised(ranks, scaled_gpt2, BucketOptions{}, 2, options);
+  }
+  // Which buckets went in two halves: at 2 ranks every float32 bucket of GPT-2's shapes (their
+  // padded lengths are even), as reduce-scatters at launch; without defer_gather none.
+  LoopbackWorld world(2);
+  std::vector<std::size_t> split(2), plain(2), buckets(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, scaled_gpt2());
+    for (bool defer : {true, false}) {
+      Sync::Options o;
+      o.defer_gather = defer;
+      Sync sync(buffer, BucketPlan::compute(buffer.layout()), o);
+      const std::size_t before = backend.reduce_scatters_issued();
+      write_gradients(buffer, rank, 0);
+      for (std::uint32_t i = 0; i < buffer.layout().size(); ++i) sync.mark_ready(Slot{i});
+      (defer ? split : plain)[static_cast<std::size_t>(rank)] = backend.reduce_scatters_issued() - before;
+      sync.finish();
+      sync.wait_all(backend.default_stream());
+      buckets[static_cast<std::size_t>(rank)] = sync.plan().size();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(message_of(errors[r]) == "");
+    CHECK(split[r] == buckets[r]);
+    CHECK(plain[r] == 0);
+  }
+}
+
+TEST_CASE("defer_gather: finish hands buckets over in reverse plan order on the comm stream; wait names a tensor") {
+  LoopbackWorld world(2);
+  std::vector<std::vector<std::size_t>> order(2);
+  std::vector<std::vector<float>> seen(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, small_layout());
+    Sync::Options o;
+    o.defer_gather = true;
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket), o);
+    REQUIRE(sync.plan().size() > 2);
+    const auto compute = backend.default_stream();
+    for (int step = 0; step < 2; ++step) {
+      write_gradients(buffer, rank, step);
+      for (std::uint32_t i = 0; i < buffer.layout().size(); ++i) sync.mark_ready(Slot{i});
+      order[static_cast<std::size_t>(rank)].clear();
+      sync.finish(compute, [&](std::size_t bucket) { order[static_cast<std::size_t>(rank)].push_back(bucket); });
+    }
+    // The first tensor's bucket is the plan's last: the first a forward pass needs.
+    const Slot first{0};
+    sync.wait(first, compute);
+    sync.wait(buffer.layout().name(first), compute);
+    const auto values = buffer.span<float>(first);
+    seen[static_cast<std::size_t>(rank)].assign(values.begin(), values.end());
+    sync.wait_all(compute);
+    CHECK_THROWS_WITH_AS(sync.wait("no.such.tensor", compute), doctest::Contains("no.such.tensor"), ConfigError);
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(message_of(errors[r]) == "");
+    REQUIRE(!order[r].empty());
+    for (std::size_t k = 0; k < order[r].size(); ++k) CHECK(order[r][k] == order[r].size() - 1 - k);
+  }
+  CHECK(seen[0] == seen[1]);
+  double worst = 0;
+  for (std::size_t e = 0; e < seen[0].size(); ++e) {
+    const double ref = (double(float(gradient(0, 1, 0, e))) + double(float(gradient(1, 1, 0, e)))) / 2;
+    worst = std::max(worst, std::abs(double(seen[0][e]) - ref));
+  }
+  CHECK(worst <= 1e-9);
+}
+
+TEST_CASE("ranks that disagree on defer_gather get a ConfigError on every rank naming it") {
+  LoopbackWorld world(2, std::chrono::seconds(5));
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, small_layout());
+    Sync::Options o;
+    o.defer_gather = rank == 1;
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()), o);
+  });
+  for (const auto& e : errors) {
+    CHECK(message_of(e).find("rank 1 uses other GradientSyncOptions than rank 0 (op avg, missing kError, "
+                             "defer_gather, reducer all_reduce against op avg, missing kError, reducer all_reduce)") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("defer_gather with a 16-bit codec is a ConfigError on every rank that says to turn one off") {
+  LoopbackWorld world(2, std::chrono::seconds(5));
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, small_layout());
+    Sync::Options o;
+    o.defer_gather = true;
+    o.reducer = ncclkit::compression::compressed({.codec = ncclkit::compression::Codec::kFloat16});
+    Sync sync(buffer, BucketPlan::compute(buffer.layout()), o);
+  });
+  for (const auto& e : errors) {
+    CHECK(message_of(e).find("defer_gather splits float32 all-reduces in two halves; the fp16 codec reduces in one "
+                             "pass. Turn one of them off") != std::string::npos);
+  }
+}
+
+TEST_CASE("defer_gather with an update stream: each bucket's callback runs there, after that bucket's gather") {
+  // The loop-back backend's inline stream as the update stream: the callback for bucket b runs
+  // in the calling thread once b's second half has landed, and finds b's average there.
+  LoopbackWorld world(2);
+  std::vector<double> worst(2, 1.0);
+  std::vector<std::size_t> calls(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    LoopbackBackend backend(world, rank);
+    Buffer buffer(backend, small_layout());
+    Sync::Options o;
+    o.defer_gather = true;
+    o.update_stream = backend.default_stream();
+    Sync sync(buffer, BucketPlan::compute(buffer.layout(), kTwoPerBucket), o);
+    CHECK(sync.update_stream() == backend.default_stream());
+    double w = 0;
+    for (int step = 0; step < 2; ++step) {
+      write_gradients(buffer, rank, step);
+      for (std::uint32_t i = 0; i < buffer.layout().size(); ++i) sync.mark_ready(Slot{i});
+      sync.finish(backend.default_stream(), [&](std::size_t bucket) {
+        ++calls[static_cast<std::size_t>(rank)];
+        for (Slot slot : sync.plan()[bucket].slots) {
+          const auto values = buffer.span<float>(slot);
+          for (std::size_t e = 0; e < values.size(); ++e) {
+            const double ref = (double(float(gradient(0, step, slot.index, e))) +
+                                double(float(gradient(1, step, slot.index, e)))) / 2;
+            w = std::max(w, std::abs(double(values[e]) - ref));
+          }
+        }
+      });
+    }
+    sync.wait_all(backend.default_stream());
+    worst[static_cast<std::size_t>(rank)] = w;
+    CHECK(calls[static_cast<std::size_t>(rank)] == 2 * sync.plan().size());
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(message_of(errors[r]) == "");
+    CHECK(worst[r] <= 1e-9);
+  }
+}

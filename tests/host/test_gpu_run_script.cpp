@@ -79,7 +79,10 @@ TEST_CASE("the default set is the tests, and test phases require the GPUs they s
 TEST_CASE("the mlp-bench set runs train_mlp and PyTorch's DDP at 1 and 2 GPUs, and at 4 where there are 4") {
   const ShellRun two = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_SET=mlp-bench");
   CHECK(two.status == 0);
-  CHECK(contains(line_of(two.output, "GPUs used:"), "train-mlp-p1 torch-mlp-p1 train-mlp-p2 torch-mlp-p2; budget"));
+  CHECK(contains(line_of(two.output, "GPUs used:"),
+                 "train-mlp-p1 torch-mlp-p1 train-mlp-p2 train-mlp-defer-p2 torch-mlp-p2; budget"));
+  // float32 gradients in two halves: their own row, against ncclkit's 1-GPU step.
+  CHECK(contains(line_of(two.output, "train-mlp-defer-p2 (limit"), "--codec none --defer-gather --label defer"));
   CHECK(contains(line_of(two.output, "train-mlp-p1 (limit"), "CUDA_VISIBLE_DEVICES=0 "));
   CHECK(contains(line_of(two.output, "train-mlp-p1 (limit"), "--nprocs 1 --depth 8 --width 4096 --batch 64,256"));
   CHECK(contains(line_of(two.output, "train-mlp-p2 (limit"), "CUDA_VISIBLE_DEVICES=0,1 "));
@@ -89,6 +92,7 @@ TEST_CASE("the mlp-bench set runs train_mlp and PyTorch's DDP at 1 and 2 GPUs, a
   CHECK(four.status == 0);
   CHECK(contains(line_of(four.output, "train-mlp-p4 (limit"), "CUDA_VISIBLE_DEVICES=0,1,2,3 "));
   CHECK(contains(line_of(four.output, "torch-mlp-p4 (limit"), "--nprocs 4"));
+  CHECK(contains(line_of(four.output, "train-mlp-defer-p4 (limit"), "CUDA_VISIBLE_DEVICES=0,1,2,3 "));
 }
 
 TEST_CASE("a phase that exits 77 leaves the run INCOMPLETE, naming it, with exit status 3") {

@@ -22,6 +22,7 @@
 #include "ncclkit/trainer/data_parallel.hpp"
 #include "support/loopback_backend.hpp"
 #include "support/temp_dir.hpp"
+#include "support/waiting_mlp.hpp"
 
 namespace trainer_tests {
 
@@ -48,11 +49,14 @@ const std::array<digits::Samples, 2>& digits_split() {
   return parts;
 }
 
+using NeedingMlp = ncclkit_test::WaitingMlp<B>;
+
 // Every parameter of a trainer, tensor after tensor.
-std::vector<float> values_of(const DataParallelTrainer<Mlp, B>& trainer) {
+template <class Model>
+std::vector<float> values_of(const DataParallelTrainer<Model, B>& trainer) {
   std::vector<float> out;
   for (std::uint32_t i = 0; i < trainer.values().layout().size(); ++i) {
-    const auto t = trainer.values().span<float>(ncclkit::fusion::Slot{i});
+    const auto t = trainer.values().template span<float>(ncclkit::fusion::Slot{i});
     out.insert(out.end(), t.begin(), t.end());
   }
   return out;
@@ -74,14 +78,15 @@ TrainerOptions quiet(TrainerOptions o) {
 
 // Trains `steps` steps at `world` ranks (threads) of the digits MLP and returns rank 0's
 // parameters; every rank's must equal rank 0's bit for bit.
+template <class Model = Mlp>
 std::vector<float> train_digits(int world, TrainerOptions options, std::size_t steps) {
   LoopbackWorld loop(world);
   std::vector<std::vector<float>> values(static_cast<std::size_t>(world));
   const digits::HostData data(digits_split()[0]);
   const auto errors = run_ranks(world, [&](int rank) {
     B backend(loop, rank);
-    Mlp model(32, 7);
-    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(options));
+    Model model(32, 7);
+    DataParallelTrainer<Model, B> trainer(backend, model, quiet(options));
     ncclkit::trainer::DistributedSampler sampler({.dataset_size = data.size(), .global_batch = options.global_batch,
                                                    .seed = options.seed},
                                                   rank, world);
@@ -584,4 +589,96 @@ TEST_CASE("a rank with another dataset is an error naming the ranks and step cou
                              "0 with 8 steps over 64 samples") != std::string::npos);
   }
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
+TEST_CASE("defer_gather reaches the parameters of the one-pass reduction bit for bit, and fit evaluates alike") {
+  // The loop-back backend sums a reduce-scatter as it sums an all_reduce: two halves change when
+  // the result lands, not its bits. SGD with momentum and AdamW, accumulation, 2 and 4 ranks.
+  for (const auto kind : {OptimizerKind::kSgd, OptimizerKind::kAdamW}) {
+    CAPTURE(static_cast<int>(kind));
+    TrainerOptions options{.global_batch = 48,
+                           .accumulation = 2,
+                           .optimizer = {.kind = kind, .weight_decay = 1e-4, .momentum = 0.9},
+                           .schedule = {.lr = kind == OptimizerKind::kSgd ? 0.1 : 1e-3},
+                           .seed = 5};
+    for (int world : {2, 4}) {
+      CAPTURE(world);
+      const auto plain = train_digits(world, options, 5);
+      TrainerOptions deferred = options;
+      deferred.defer_gather = true;
+      CHECK(train_digits<NeedingMlp>(world, deferred, 5) == plain);
+    }
+  }
+  // fit: progress lines, evaluation after each epoch and a checkpoint at the end wait for the
+  // last step's updates; its validation metrics are the one-pass run's.
+  TempDir dir("trainer-defer");
+  const digits::HostData train(digits_split()[0]);
+  const digits::HostData test(digits_split()[1]);
+  LoopbackWorld world(2);
+  std::vector<double> loss(4);
+  std::vector<std::size_t> needs(2);
+  const auto errors = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    for (bool defer : {false, true}) {
+      NeedingMlp model(32, 1);
+      TrainerOptions o{.global_batch = 64,
+                       .optimizer = {.momentum = 0.9},
+                       .schedule = {.lr = 0.1},
+                       .seed = 2,
+                       .log_interval = 7,
+                       .checkpoint_folder = dir.path + (defer ? "/defer" : "/plain")};
+      o.defer_gather = defer;
+      DataParallelTrainer<NeedingMlp, B> trainer(backend, model, quiet(o));
+      CHECK(trainer.sync().options().defer_gather == defer);
+      const auto report = trainer.fit(train, 2, &test);
+      loss[static_cast<std::size_t>(rank) * 2 + (defer ? 1 : 0)] = report.validation.loss();
+      if (defer) needs[static_cast<std::size_t>(rank)] = model.needs;
+    }
+  });
+  for (const auto& e : errors) CHECK(message_of(e) == "");
+  CHECK(loss[1] == loss[0]);
+  CHECK(loss[3] == loss[2]);
+  CHECK(loss[0] == loss[2]);
+  CHECK(needs[0] == 4 * 2 * (digits_split()[0].size() / 64));
+  // One rank has nothing to gather: the option is accepted and changes nothing.
+  TrainerOptions one{.global_batch = 16, .schedule = {.lr = 0.1}, .seed = 4};
+  TrainerOptions one_deferred = one;
+  one_deferred.defer_gather = true;
+  CHECK(train_digits<NeedingMlp>(1, one_deferred, 3) == train_digits(1, one, 3));
+}
+
+TEST_CASE(
+    "defer_gather without a model that waits, with a codec, with clipping, or on one rank only: errors on every rank") {
+  LoopbackWorld world(2, std::chrono::seconds(20));
+  const auto start = std::chrono::steady_clock::now();
+  TrainerOptions base{.global_batch = 64, .schedule = {.lr = 0.1}};
+  base.defer_gather = true;
+  const auto not_waiting = run_ranks(2, [&](int rank) {
+    B backend(world, rank);
+    Mlp model(32, 1);
+    DataParallelTrainer<Mlp, B> trainer(backend, model, quiet(base));
+  });
+  CHECK(message_of(not_waiting[0]).find("defer_gather needs a model that calls step.need(slot)") != std::string::npos);
+  CHECK(message_of(not_waiting[0]).find("waits_for_values") != std::string::npos);
+  CHECK(message_of(not_waiting[1]).find("defer_gather needs a model") != std::string::npos);
+  const auto with = [&](auto change) {
+    return run_ranks(2, [&](int rank) {
+      B backend(world, rank);
+      NeedingMlp model(32, 1);
+      TrainerOptions o = base;
+      change(o, rank);
+      DataParallelTrainer<NeedingMlp, B> trainer(backend, model, quiet(o));
+    });
+  };
+  const auto codec = with([](TrainerOptions& o, int) { o.codec = ncclkit::compression::Codec::kFloat16; });
+  for (const auto& e : codec) CHECK(message_of(e).find("defer_gather splits float32 reductions") != std::string::npos);
+  const auto clipping = with([](TrainerOptions& o, int) { o.clip_norm = 1.0; });
+  for (const auto& e : clipping)
+    CHECK(message_of(e).find("and clip_norm needs the whole gradient's norm") != std::string::npos);
+  const auto skip = with([](TrainerOptions& o, int) { o.nonfinite = NonFinite::kSkip; });
+  for (const auto& e : skip) CHECK(message_of(e).find("and NonFinite::kSkip needs") != std::string::npos);
+  const auto one_rank = with([](TrainerOptions& o, int rank) { o.defer_gather = rank == 1; });
+  for (const auto& e : one_rank)
+    CHECK(message_of(e).find("rank 1 was given another defer_gather (1 against 0)") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(15));  // no rank waited for a timeout
 }

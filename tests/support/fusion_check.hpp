@@ -164,12 +164,15 @@ inline void check_synchronised(int ranks, const std::function<FusedLayout()>& ma
     const bool compress = codec != compression::Codec::kNone;
     CHECK(runs_fused(sync) == (fused && compress && compressed->fused_transfer && !compressed->rerun_nonfinite));
     const std::size_t events = backend.events_created();
-    // The plain all_reduce's: per bucket, one for its hand-over and one for its completion.
-    if (codec == compression::Codec::kNone) CHECK(events == 2 * sync.plan().size());
+    // The plain all_reduce's: per bucket, one for its hand-over and one for its completion;
+    // with defer_gather one more per bucket (its second half done) and two per step.
+    const std::size_t deferred = options.defer_gather ? sync.plan().size() + 2 : 0;
+    if (codec == compression::Codec::kNone) CHECK(events == 2 * sync.plan().size() + deferred);
     for (int step = 0; step < steps; ++step) {
       write_gradients(buffer, rank, step);
       for (Slot slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);
       sync.finish();
+      sync.wait_all(backend.default_stream());
       CHECK(sync.stats().launched_before_finish == sync.plan().size());
       CHECK(sync.nonfinite() == 0);
       hashes[static_cast<std::size_t>(rank)].push_back(buffer_hash(buffer));

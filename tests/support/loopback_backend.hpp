@@ -587,6 +587,8 @@ class LoopbackBackend {
   std::size_t timing_events_created() const { return timing_events_created_.load(); }
   /// Collectives issued so far (counted when the call is made, before it runs).
   std::size_t collectives_issued() const { return issued_.load(); }
+  /// Of them, reduce-scatters.
+  std::size_t reduce_scatters_issued() const { return reduce_scatters_.load(); }
   /// Makes the next collective throw CommError(`what`) when it is issued (a failure drill).
   void fail_next_collective(std::string what) { fail_next_ = std::move(what); }
   /// cast and copy_batch calls so far.
@@ -614,6 +616,7 @@ class LoopbackBackend {
     if (!fail_next_.empty()) throw CommError(std::exchange(fail_next_, std::string()));
     const std::uint64_t sequence = sequence_++;
     ++issued_;
+    if (call.kind == LoopbackWorld::Kind::kReduceScatter) ++reduce_scatters_;
     LoopbackWorld* world = world_;
     const int rank = rank_;
     run_on(stream, [world, rank, sequence, call] { world->collective(rank, sequence, call); });
@@ -633,6 +636,7 @@ class LoopbackBackend {
   std::atomic<std::size_t> events_created_{0};
   std::atomic<std::size_t> timing_events_created_{0};
   std::atomic<std::size_t> issued_{0};
+  std::atomic<std::size_t> reduce_scatters_{0};
   std::atomic<long> allocations_{0};
   std::string fail_next_;
   std::atomic<bool> aborted_{false};

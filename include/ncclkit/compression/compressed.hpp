@@ -90,6 +90,10 @@ class CompressedFactory final : public fusion::ReducerFactory<B> {
     if (options_.rerun_nonfinite && codec == Codec::kNone) {
       return "ncclkit: GradientSync: rerun_nonfinite needs a codec (fp16 or bf16)";
     }
+    if (setup.defer_gather && codec != Codec::kNone) {
+      return "ncclkit: GradientSync: defer_gather splits float32 all-reduces in two halves; the " +
+             std::string(name_of(codec)) + " codec reduces in one pass. Turn one of them off";
+    }
     try {
       (void)factors_for(setup);
     } catch (const ConfigError& e) {

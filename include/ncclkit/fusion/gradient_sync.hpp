@@ -15,6 +15,13 @@
 /// still being reduced. A reducer that can (the fused 16-bit kernel) applies the update itself
 /// where each bucket lands, given it before the step (`fuse_update`).
 ///
+/// With `GradientSyncOptions::defer_gather`, a bucket travels in two halves where the reducer
+/// can: its reduce-scatter at launch, under backward, and its all-gather issued by `finish` on
+/// the comm stream in reverse plan order, with the callback's work for that bucket behind it.
+/// `finish` leaves its stream waiting for nothing; `wait(slot, stream)` makes a stream see one
+/// bucket's result and that work, so the next forward waits layer by layer while the gathers of
+/// later layers still run.
+///
 /// Loose tensors: given a pointer per slot (null for a tensor that lives in the buffer), the
 /// buffer is a staging area: a bucket's loose gradients are packed into it by one batched copy
 /// on the compute stream when the bucket launches, and unpacked by one batched copy in
@@ -113,9 +120,10 @@ class GradientSync {
   /// for them on the comm stream, bounded by the backend's timeout. Writes the timeline, if any
   /// (a warning, not an exception, when it cannot).
   ~GradientSync() {
-    if (step_in_flight_.on) {
+    if (step_in_flight_.on || gathers_issued_.on) {
       try {
         backend_->synchronize(comm_);
+        if (gathers_issued_.on && options_.update_stream) backend_->synchronize(*options_.update_stream);
       } catch (const std::exception& e) {
         log_warn(std::string("GradientSync: the buckets of an unfinished step failed: ") + e.what());
       }
@@ -154,6 +162,29 @@ class GradientSync {
   /// after b's result is complete on `stream`: work it issues on `stream` runs as soon as bucket
   /// b has landed, while later buckets are still reduced (an optimizer's per-bucket update).
   void finish(Stream stream, const std::function<void(std::size_t bucket)>& on_bucket) { finish_step(stream, on_bucket); }
+  /// With defer_gather, `finish` differs: after the buckets not launched yet, it orders the comm
+  /// stream after the work issued so far on `stream` (what the callback's work writes, backward
+  /// may still read), then, for each bucket in reverse plan order, issues its second half and
+  /// the unpacking of its loose tensors on the comm stream and calls `on_bucket(b)`, whose work
+  /// must go on update_stream(), which waits for that bucket. `stream` waits for none of it: use
+  /// `wait` or `wait_all`.
+
+  /// Makes work issued on `stream` from now on see the result of the last finished step for the
+  /// bucket that holds `slot`, and the work `finish`'s callback issued for that bucket (with
+  /// defer_gather; without it, `finish`'s stream sees them already and this does nothing, as for
+  /// an empty tensor or before the first step). Never blocks the host. ConfigError for a slot out
+  /// of range.
+  void wait(Slot slot, Stream stream) const {
+    const PlanState& s = state();
+    if (!s.deferred) return;
+    if (const auto bucket = s.tracker.plan().bucket_of(slot)) backend_->wait(s.gathered[*bucket], stream);
+  }
+  void wait(std::string_view name, Stream stream) const { wait(layout_.slot(name), stream); }
+  /// `wait` for every bucket: before reading the whole buffer, or the values the callbacks wrote.
+  void wait_all(Stream stream) const {
+    const PlanState& s = state();
+    if (s.deferred) backend_->wait(s.all_gathered, stream);
+  }
 
   /// For this step only (call it before the step's first mark_ready): every float32 bucket whose
   /// reducer can (BucketReducer::can_update; no loose tensor in it) gets `update.rule` applied by
@@ -207,6 +238,9 @@ class GradientSync {
   const BucketTuning& tuning() const { return tuner_ ? tuner_->tuning() : no_tuning_; }
   const Options& options() const { return options_; }
   Stream comm_stream() const { return comm_; }
+  /// Where `finish`'s callback issues its work with defer_gather: GradientSyncOptions::update_stream,
+  /// else the comm stream.
+  Stream update_stream() const { return options_.update_stream.value_or(comm_); }
 
   /// The timeline being recorded, or null when it is off (or its file could not be written).
   const Timeline* timeline() const {
@@ -234,6 +268,12 @@ class GradientSync {
     std::vector<std::uint32_t> pending;      // non-empty tensors per bucket not marked yet this step
     std::vector<BucketTiming> timings;       // this step's
     std::vector<char> updated;               // per bucket: the reducer applied the step's update
+    // defer_gather: per bucket, its second half and the callback's work ended on the comm stream;
+    // all of them; the compute stream's work before the gathers. `deferred`: recorded.
+    std::vector<Event> gathered;
+    Event all_gathered{};
+    Event before_gathers{};
+    bool deferred = false;
   };
 
   GradientSync(FusedBuffer<B>& buffer, std::optional<BucketPlan> plan, std::span<void* const> loose, Options options)
@@ -262,12 +302,13 @@ class GradientSync {
 
   std::array<std::uint64_t, 2> settings_words() const {
     return {static_cast<std::uint64_t>(options_.op),
-            static_cast<std::uint64_t>(options_.missing == MissingTensors::kReduceAsZeros)};
+            static_cast<std::uint64_t>(options_.missing == MissingTensors::kReduceAsZeros) |
+                (static_cast<std::uint64_t>(options_.defer_gather) << 1)};
   }
 
   /// What a reducer of `plan` works on.
   ReducerSetup<B> setup_for(const BucketPlan& plan, Observers<B>* observers) const {
-    ReducerSetup<B> setup{backend_, comm_, &plan, {}, options_.op, observers};
+    ReducerSetup<B> setup{backend_, comm_, &plan, {}, options_.op, observers, options_.defer_gather};
     for (std::size_t b = 0; b < plan.size(); ++b) {
       const Bucket& bucket = plan[b];
       const bool single = bucket.slots.size() == 1;
@@ -289,6 +330,11 @@ class GradientSync {
     for (std::size_t b = 0; b < p.size(); ++b) s->pending.push_back(static_cast<std::uint32_t>(p[b].slots.size()));
     s->timings.resize(p.size());
     s->updated.assign(p.size(), 0);
+    if (options_.defer_gather) {
+      for (std::size_t b = 0; b < p.size(); ++b) s->gathered.push_back(backend_->create_event());
+      s->all_gathered = backend_->create_event();
+      s->before_gathers = backend_->create_event();
+    }
     // The zeroed padding before any other stream reads it; an idle comm stream for the anchor.
     backend_->synchronize(comm_);
     s->observers.add(detail::NvtxObserver<B>::make());
@@ -360,16 +406,12 @@ class GradientSync {
       step_in_flight_.on = step_in_flight_.on || !result.launch.empty();
       for (Slot slot : result.zeroed) backend_->fill_zero(loose_view(slot), stream);
       launch_unchecked(result.launch, stream);
-      for (std::size_t b = 0; b < s.tracker.plan().size(); ++b) {
-        s.reducer->complete(b, stream);
-        if (s.staging->stages(b)) {
-          observe(Phase::kUnpack, b, false, stream);
-          backend_->copy_batch(s.staging->unpack(b), stream);
-          observe(Phase::kUnpack, b, true, stream);
-        }
-        if (on_bucket) on_bucket(b);
+      if (options_.defer_gather) {
+        finish_deferred(stream, on_bucket);
+      } else {
+        for (std::size_t b = 0; b < s.tracker.plan().size(); ++b) complete(b, stream, on_bucket);
+        s.reducer->end_step(stream);
       }
-      s.reducer->end_step(stream);
     } catch (const std::exception& e) {
       failure_ = e.what();
       throw;
@@ -390,15 +432,63 @@ class GradientSync {
     if (tuner_) end_tuning_step(stream);
   }
 
+  /// Bucket `b`'s result on `stream`: the reducer's completion work, the unpacking of its loose
+  /// tensors, then the caller's.
+  void complete(std::size_t b, Stream stream, const std::function<void(std::size_t)>& on_bucket) {
+    PlanState& s = *state_;
+    s.reducer->complete(b, stream);
+    if (s.staging->stages(b)) {
+      observe(Phase::kUnpack, b, false, stream);
+      backend_->copy_batch(s.staging->unpack(b), stream);
+      observe(Phase::kUnpack, b, true, stream);
+    }
+    if (on_bucket) on_bucket(b);
+  }
+
+  /// defer_gather's end of a step (see `finish`): every bucket completed on the comm stream, in
+  /// the order a forward pass needs them.
+  void finish_deferred(Stream stream, const std::function<void(std::size_t)>& on_bucket) {
+    PlanState& s = *state_;
+    backend_->record(s.before_gathers, stream);
+    backend_->wait(s.before_gathers, comm_);
+    gathers_issued_.on = true;
+    const bool beside = options_.update_stream.has_value();
+    const Stream updates = update_stream();
+    for (std::size_t b = s.tracker.plan().size(); b-- > 0;) {
+      complete(b, comm_, nullptr);
+      if (beside) {  // the update stream after this bucket's gather, the comm stream free for the next
+        backend_->record(s.gathered[b], comm_);
+        backend_->wait(s.gathered[b], updates);
+      }
+      if (on_bucket) on_bucket(b);
+      backend_->record(s.gathered[b], updates);
+    }
+    s.reducer->end_step(comm_);
+    backend_->record(s.all_gathered, comm_);
+    if (beside) {
+      backend_->wait(s.all_gathered, updates);
+      backend_->record(s.all_gathered, updates);
+    }
+    s.deferred = true;
+  }
+
   /// While tuning: waits for the step, times it and switches plans when the tuner says so.
   void end_tuning_step(Stream stream) {
     try {
+      // With defer_gather the step ends on the update stream (the comm stream where none is
+      // given). A switch of plans drops the events that the next forward would wait for: it
+      // needs the step done.
+      if (options_.defer_gather) stream = update_stream();
       if (tuner_->timing()) backend_->synchronize(stream);
       const auto next = tuner_->end_step([&](std::span<const std::uint64_t> mine) {
         if (backend_->size() == 1) return std::vector<std::uint64_t>(mine.begin(), mine.end());
         return ncclkit::detail::all_gather_words(*backend_, comm_, mine);
       });
       if (!next) return;
+      if (options_.defer_gather) {
+        backend_->synchronize(comm_);
+        backend_->synchronize(update_stream());
+      }
       // The finished step's count, read before its reducer goes.
       previous_nonfinite_ = state_->reducer->nonfinite();
       state_->observers.flush();
@@ -483,6 +573,9 @@ class GradientSync {
       return *this;
     }
   } step_in_flight_;
+  /// defer_gather: a step's second halves were issued on the comm stream, which the destructor
+  /// then waits for (they write into the buffer).
+  StepFlag gathers_issued_;
 };
 
 }  // namespace ncclkit::fusion

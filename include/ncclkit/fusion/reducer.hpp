@@ -66,6 +66,11 @@ struct ReducerSetup {
   ReduceOp op = ReduceOp::kAvg;
   /// Where a reducer reports the phases it issues (Phase::kEncode ... kDecode, per piece).
   Observers<B>* observers = nullptr;
+  /// GradientSyncOptions::defer_gather: a reducer that can splits a bucket's reduction in two
+  /// halves, `launch` issuing the reduce-scatter and `complete` the all-gather (on the comm
+  /// stream, where GradientSync then calls it, in reverse plan order). One that cannot, or a
+  /// bucket that does not split, reduces whole in `launch` as usual: the results are the same.
+  bool defer_gather = false;
 
   void observe(Phase phase, std::size_t index, bool end, typename B::Stream stream) const {
     if (!observers->empty()) observers->phase(phase, index, end, stream);
@@ -123,7 +128,8 @@ class BucketReducer {
   virtual void launch(BucketRange range, Stream compute) = 0;
   /// Makes work issued on `stream` after this call see bucket `bucket`'s result. Called once per
   /// bucket and step, in plan order, after the bucket's launch; never blocks the host (but for a
-  /// reducer that documents otherwise).
+  /// reducer that documents otherwise). With ReducerSetup::defer_gather, called on the comm
+  /// stream in reverse plan order, and a bucket's second half (its all-gather) is issued here.
   virtual void complete(std::size_t bucket, Stream stream) = 0;
   /// After the step's last `complete`, on the same stream.
   virtual void end_step(Stream stream) { (void)stream; }

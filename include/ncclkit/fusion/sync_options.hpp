@@ -41,6 +41,22 @@ struct GradientSyncOptions {
   /// on, or off whatever the environment says when its prefix is empty. Need not be the same
   /// on every rank. Off, it costs nothing: no events, no allocations.
   std::optional<TimelineOptions> timeline = std::nullopt;
+  /// Reduce each bucket in two halves where the reducer can (the default all_reduce, on buckets
+  /// whose padded length splits evenly over the ranks; not the compressed reducers): a
+  /// reduce-scatter when the bucket launches, under backward, and an all-gather that `finish`
+  /// issues on the comm stream in reverse plan order, the order a forward pass needs the
+  /// buckets in. `finish` then makes its stream wait for nothing: `finish`'s callback issues
+  /// its work on `update_stream()` (below), and `wait(slot, stream)` makes a stream see a bucket's result
+  /// and that work (`wait_all(stream)`: every bucket's). A trainer's next forward waits layer by
+  /// layer, so the second half overlaps forward instead of adding to the end of backward. The
+  /// same on every rank (checked).
+  bool defer_gather = false;
+  /// With defer_gather: where `finish`'s callback runs its work for each bucket, behind that
+  /// bucket's second half by an event, so that the next bucket's all-gather on the comm stream
+  /// does not queue behind it (the optimizer's update of one layer beside the gather of the
+  /// next); default: the comm stream itself. GradientSync::update_stream() says which. Need not
+  /// be the same on every rank.
+  std::optional<typename B::Stream> update_stream = std::nullopt;
 };
 
 /// What the last finished step did.

@@ -175,6 +175,14 @@ class Communicator : public ncclkit::detail::TypedCollectives<Communicator, Stre
   /// The communicator's own non-blocking stream (Options::stream_priority), for overlapping
   /// communication with compute; order it with other streams by record() and wait().
   Stream comm_stream() { return core().comm_stream; }
+  /// A second non-blocking stream of this GPU at the comm stream's priority, made on first use:
+  /// for work that should run beside the comm stream's collectives, not queue behind them
+  /// (GradientSync's deferred updates, GradientSyncOptions::update_stream).
+  Stream side_stream() {
+    detail::CommCore& c = core();
+    if (c.own_side_stream.get() == nullptr) c.own_side_stream = nccl::Stream(c.device, c.options.stream_priority);
+    return c.own_side_stream.get();
+  }
 
   /// A reusable event of this communicator's GPU, to record() many times.
   Event create_event() { return Event(core().device); }

@@ -16,6 +16,10 @@
 /// hands each bucket over as it lands and the optimizer updates it there (with clipping, after the
 /// norm of them all), unless the reduction applied the update itself (TrainerOptions::fuse_update).
 /// Nothing waits on the host but progress lines, checkpoints, clipping and NonFinite::kSkip.
+/// With TrainerOptions::defer_gather the step ends after the buckets' first halves: their
+/// second halves and updates run on the comm stream, and the next forward waits for each
+/// layer's through StepContext::need; evaluation, checkpoints, progress lines and the
+/// accessors of values and state wait for all of them first.
 ///
 /// `fit` draws each rank's samples from a DistributedSampler (one global stream: a resume at
 /// any world size continues with the unseen samples), agrees the epoch's step count across
@@ -30,6 +34,7 @@
 #include <cstddef>     // std::size_t, std::byte
 #include <cstdint>     // std::uint64_t
 #include <cstdio>      // std::printf, std::fopen
+#include <exception>   // std::exception
 #include <memory>      // std::unique_ptr, std::make_shared
 #include <optional>    // std::optional
 #include <span>        // std::span
@@ -107,6 +112,11 @@ class DataParallelTrainer {
     if constexpr (ModelWithBuffers<M, B>) model.bind_buffers(ModelViews<B>(*buffers_, nullptr));
     const std::string who = "ncclkit: DataParallelTrainer on rank " + std::to_string(backend.rank());
     std::string problem = options_.problem(backend.size());
+    if (problem.empty() && options_.defer_gather && !WaitsForValues<M>) {
+      problem = who +
+                ": TrainerOptions::defer_gather needs a model that calls step.need(slot) before it uses each "
+                "parameter and says so (static constexpr bool waits_for_values = true; trainer/model.hpp)";
+    }
     if (problem.empty() && backend.rank() == 0 && !options_.checkpoint_folder.empty()) {
       folder_.emplace(options_.checkpoint_folder, options_.keep_checkpoints);
       problem = folder_->problem();
@@ -145,6 +155,17 @@ class DataParallelTrainer {
 
   DataParallelTrainer(const DataParallelTrainer&) = delete;
   DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
+  /// With defer_gather, waits for the last step's updates, which write into the trainer's memory
+  /// (bounded by the backend's timeout; a failure there is a warning).
+  ~DataParallelTrainer() {
+    if (!sync_ || !deferred()) return;
+    try {
+      backend_->synchronize(sync_->comm_stream());
+      backend_->synchronize(sync_->update_stream());
+    } catch (const std::exception& e) {
+      log_warn(std::string("ncclkit: DataParallelTrainer: the last step's updates failed: ") + e.what());
+    }
+  }
 
   /// One optimizer step over this rank's `micro_batches` (TrainerOptions::accumulation of them,
   /// together global_batch / world samples).
@@ -156,7 +177,11 @@ class DataParallelTrainer {
     B& b = *backend_;
     // A model that overwrites its gradients on the first micro-batch needs no zeros to add to.
     constexpr bool overwrites = OverwritesGradients<M>;
-    if constexpr (!overwrites) zero_gradients();
+    const bool defer = deferred();
+    if constexpr (!overwrites) {
+      if (defer) settle();  // the last step's updates read the gradients about to be zeroed
+      zero_gradients();
+    }
     const double lr = options_.schedule.at(static_cast<std::size_t>(steps_));
     const bool after_norm = options_.clip_norm > 0 || options_.nonfinite == NonFinite::kSkip;
     // One rule for the step, whether the reduction or the callback below applies it to a bucket.
@@ -173,14 +198,20 @@ class DataParallelTrainer {
           [this, last](fusion::Slot slot, Stream stream) {
             if (last) sync_->mark_ready(slot, stream);
           },
-          values_.layout(), steps_, seed, b.rank(), !(overwrites && k == 0));
+          values_.layout(), steps_, seed, b.rank(), !(overwrites && k == 0),
+          defer
+              ? typename StepContext<B>::Ready([this](fusion::Slot slot, Stream stream) { sync_->wait(slot, stream); })
+              : typename StepContext<B>::Ready());
       model_->forward_backward(micro_batches[k], context);
     }
     if (after_norm) {
       update_after_norm(lr);
     } else {
+      // Deferred, each bucket's update follows its second half, beside the comm stream where
+      // the backend has a stream for it.
+      const Stream updates = defer ? sync_->update_stream() : compute_;
       sync_->finish(compute_, [&](std::size_t bucket) {
-        if (!sync_->updated(bucket)) optimizer_->update(sync_->plan()[bucket], rule, compute_);
+        if (!sync_->updated(bucket)) optimizer_->update(sync_->plan()[bucket], rule, updates);
       });
       optimizer_->finish_step();
     }
@@ -237,6 +268,7 @@ class DataParallelTrainer {
     const EvaluationShard shard = evaluation_shard(data.size(), backend_->rank(), backend_->size());
     const std::size_t batch = options_.eval_batch > 0 ? options_.eval_batch : options_.global_batch / backend_->size();
     std::vector<std::size_t> indices;
+    settle();
     EvalContext<B> context(compute_, metric_data(1));
     for (std::size_t from = shard.begin; from < shard.end; from += batch) {
       indices.clear();
@@ -255,6 +287,7 @@ class DataParallelTrainer {
   /// Writes a checkpoint now (rank 0; the other ranks return at once). Waits for the step.
   void save_checkpoint() {
     if (!folder_) return;
+    settle();
     backend_->synchronize(compute_);
     CheckpointData data = detail::checkpoint_of(*backend_, values_, optimizer_->state(), buffers_ ? &*buffers_ : nullptr,
                                                 compute_);
@@ -276,21 +309,41 @@ class DataParallelTrainer {
   /// broadcast, a resume) keep the copy fresh themselves.
   void refresh_copy() {
     if (copy_data() == nullptr) return;
+    settle();
     backend_->cast(values_.all(DataType::kFloat32), copy(), 1.0, nullptr, compute_);
   }
 
+  /// With defer_gather, makes work issued on the trainer's stream from now on see the last
+  /// step's updates, which otherwise only the next step's forward waits for (StepContext::need):
+  /// call it before reading the parameters with work of your own (a model's evaluate outside
+  /// the trainer, a copy to the host). The trainer's own readers call it themselves. Never
+  /// blocks the host on GPUs; does nothing without defer_gather.
+  void settle() const {
+    if (sync_ && deferred()) sync_->wait_all(compute_);
+  }
   /// Optimizer steps done (a resumed run counts the earlier ones).
   std::uint64_t steps() const { return steps_; }
   const TrainerOptions& options() const { return options_; }
-  const fusion::FusedBuffer<B>& values() const { return values_; }
-  const fusion::FusedBuffer<B>& gradients() const { return gradients_; }
+  /// The parameters and gradients (with defer_gather, work issued on the default stream after
+  /// this call sees the last step's updates).
+  const fusion::FusedBuffer<B>& values() const {
+    settle();
+    return values_;
+  }
+  const fusion::FusedBuffer<B>& gradients() const {
+    settle();
+    return gradients_;
+  }
   /// The bfloat16 copy of the float32 values, element for element (padding included), of a model
   /// that asks for one; an empty view otherwise.
   TensorView copy() const {
     const std::size_t count = copy_data() != nullptr ? values_.all(DataType::kFloat32).count : 0;
     return TensorView{copy_data(), count, DataType::kBFloat16, B::memory_kind};
   }
-  Optimizer<B>& optimizer() { return *optimizer_; }
+  Optimizer<B>& optimizer() {
+    settle();
+    return *optimizer_;
+  }
   const fusion::GradientSync<B>& sync() const { return *sync_; }
   /// The sampler `fit` draws from (null before the first `fit`).
   const DistributedSampler* sampler() const { return sampler_ ? &*sampler_ : nullptr; }
@@ -305,6 +358,9 @@ class DataParallelTrainer {
     return layout;
   }
 
+  /// Whether steps defer their second halves and updates (TrainerOptions::defer_gather; nothing
+  /// to gather at one rank).
+  bool deferred() const { return options_.defer_gather && backend_->size() > 1; }
   void zero_gradients() {
     for (DataType type : gradients_.layout().element_types()) backend_->fill_zero(gradients_.all(type), compute_);
   }
@@ -323,6 +379,12 @@ class DataParallelTrainer {
 
   typename fusion::GradientSync<B>::Options sync_options() const {
     typename fusion::GradientSync<B>::Options o{.op = ReduceOp::kAvg, .missing = options_.unused_parameters};
+    o.defer_gather = deferred();
+    if constexpr (requires(B& b) {
+                    { b.side_stream() } -> std::same_as<Stream>;
+                  }) {
+      if (o.defer_gather) o.update_stream = backend_->side_stream();
+    }
     if (options_.codec != compression::Codec::kNone) {
       o.reducer = compression::compressed({.codec = options_.codec});
     } else if (backend_->size() == 1) {
@@ -344,6 +406,7 @@ class DataParallelTrainer {
 
   /// Sums metric set `which` over every rank, reads it on the host and zeroes it.
   Metrics reduce_metrics(int which) {
+    settle();  // its all_reduce after the comm stream's
     const TensorView view = metric_view(which);
     backend_->all_reduce(view, view, ReduceOp::kSum, compute_);
     std::array<double, kMetricWords> host{};
@@ -453,6 +516,7 @@ class DataParallelTrainer {
     const std::array<std::uint64_t, 4> mine{sampler.position().epoch, sampler.position().consumed,
                                             sampler.steps_per_epoch(), size};
     const std::string who = "ncclkit: DataParallelTrainer::fit on rank " + std::to_string(backend_->rank());
+    settle();  // its collective after the comm stream's
     const auto all = ncclkit::detail::gather_agreed(*backend_, compute_, mine, std::string(), who);
     if (const int r = all.first_differing(0, mine.size()); r >= 0) {
       throw ConfigError(who + ": rank " + std::to_string(r) + " starts epoch " + std::to_string(all.at(r, 0)) +

@@ -47,6 +47,13 @@
 /// and the trainer rewrites all of it after anything else changes the parameters (the start's
 /// broadcast, a resume); a model reads it, never writes it. After writing the parameters
 /// yourself, call the trainer's `refresh_copy()`.
+///
+/// Optional: `static constexpr bool waits_for_values = true;` promises that forward_backward calls
+/// `step.need(slot)` (or by name) for every parameter before it first reads that parameter's
+/// values or writes its gradient, on stream(). A trainer with TrainerOptions::defer_gather needs
+/// the promise: it issues the second half of each bucket's reduction and the bucket's update
+/// after backward, and `need` is where the next forward waits for them, layer by layer.
+/// (evaluate needs no such call: the trainer waits for every update before evaluating.)
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -149,8 +156,9 @@ class StepContext {
  public:
   using Stream = typename B::Stream;
   using Ready = std::function<void(fusion::Slot, Stream)>;
+  /// `need`: what `need(slot)` does (nothing when empty).
   StepContext(Stream stream, double loss_weight, double* metrics, Ready ready, const fusion::FusedLayout& layout,
-              std::uint64_t step, std::uint64_t seed, int rank, bool accumulate = true)
+              std::uint64_t step, std::uint64_t seed, int rank, bool accumulate = true, Ready need = {})
       : stream_(stream),
         loss_weight_(loss_weight),
         metrics_(metrics),
@@ -159,7 +167,8 @@ class StepContext {
         step_(step),
         seed_(seed),
         rank_(rank),
-        accumulate_(accumulate) {}
+        accumulate_(accumulate),
+        need_(std::move(need)) {}
   /// Where the model's work runs: the trainer's compute stream.
   Stream stream() const { return stream_; }
   /// What the gradient of the summed per-sample loss is multiplied by: one over the samples this
@@ -171,6 +180,14 @@ class StepContext {
   /// `slot`'s gradient is complete (written by work issued so far on stream()).
   void ready(fusion::Slot slot) { ready_(slot, stream_); }
   void ready(std::string_view name) { ready(layout_->slot(name)); }
+  /// Forward is about to read `slot`'s values: work issued on stream() from now on sees the last
+  /// step's update of them where the trainer defers it (TrainerOptions::defer_gather; a model
+  /// that declares waits_for_values), and this does nothing otherwise. Never blocks the host on
+  /// GPUs.
+  void need(fusion::Slot slot) {
+    if (need_) need_(slot, stream_);
+  }
+  void need(std::string_view name) { need(layout_->slot(name)); }
   /// The optimizer steps done before this one.
   std::uint64_t step() const { return step_; }
   /// A seed for this step's randomness (dropout, say): the same on every run of the same step,
@@ -191,6 +208,7 @@ class StepContext {
   std::uint64_t seed_;
   int rank_;
   bool accumulate_;
+  Ready need_;
 };
 
 /// What a model's evaluate gets.
@@ -224,6 +242,10 @@ concept OverwritesGradients = requires { requires static_cast<bool>(M::overwrite
 /// A model whose parameters may be updated as soon as they are marked ready (see the header comment).
 template <class M>
 concept DoneWithValuesWhenReady = requires { requires static_cast<bool>(M::done_with_values_when_ready); };
+
+/// A model that calls StepContext::need before it uses each parameter (see the header comment).
+template <class M>
+concept WaitsForValues = requires { requires static_cast<bool>(M::waits_for_values); };
 
 /// A model that may ask for a bfloat16 copy of its parameters (see the header comment).
 template <class M>

@@ -69,6 +69,16 @@ struct TrainerOptions {
   /// NonFinite::kSkip update after the norm, never so. After such a step the gradients hold each
   /// rank's own values, not the average. false: the optimizer's own pass, always.
   bool fuse_update = true;
+  /// Reduce each gradient bucket in two halves: a reduce-scatter under backward, then an
+  /// all-gather and the bucket's update issued after backward on the comm stream, which the
+  /// next step's forward waits for layer by layer (StepContext::need) instead of the step
+  /// waiting for all of them at its end. The same bytes travel; the second half overlaps the
+  /// next forward. Needs a model that declares waits_for_values (trainer/model.hpp), float32
+  /// gradients (codec kNone), and updates that need not wait for the norm (no clipping, no
+  /// NonFinite::kSkip). A model that does not overwrite its gradients makes each step wait for
+  /// the updates before zeroing them, which leaves forward nothing to overlap. Nothing changes
+  /// at one rank.
+  bool defer_gather = false;
 
   // ---- data
   /// Seeds the data order (with the epoch) and each step's randomness (StepContext::seed).
@@ -115,6 +125,16 @@ struct TrainerOptions {
              ") shapes a fixed plan, and bucket_bytes 0 asks for a tuned one; set one of them to 0";
     }
     if (!(clip_norm >= 0)) return who + "clip_norm must be 0 (no clipping) or positive";
+    if (defer_gather && codec != compression::Codec::kNone) {
+      return who +
+             "defer_gather splits float32 reductions; the 16-bit codecs reduce in one pass. Set codec to "
+             "kNone or defer_gather to false";
+    }
+    if (defer_gather && (clip_norm > 0 || nonfinite == NonFinite::kSkip)) {
+      return who + "defer_gather updates each bucket as its second half lands, and " +
+             (clip_norm > 0 ? "clip_norm" : "NonFinite::kSkip") +
+             " needs the whole gradient's norm before any update. Turn one of them off";
+    }
     if (keep_checkpoints == 0) return who + "keep_checkpoints is 0; keep at least 1";
     if (std::string p = optimizer.problem(); !p.empty()) return p;
     if (std::string p = schedule.problem(); !p.empty()) return p;

@@ -1,8 +1,8 @@
 #pragma once
 /// How the ranks of a `GradientSync` check, at construction, that their own arguments can run and
 /// that they will issue the same collectives: one exchange (core/detail/agreement.hpp) of each rank's plan fingerprint, its
-/// options (op, missing tensors), its tuning candidates and its reducer's settings, also from a
-/// rank whose own arguments were invalid; then the same verdict on every rank.
+/// options (op, missing tensors, defer_gather), its tuning candidates and its reducer's settings, also
+/// from a rank whose own arguments were invalid; then the same verdict on every rank.
 
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
@@ -77,7 +77,7 @@ void agree_on_sync(B& backend, typename B::Stream stream, const std::string& who
     throw ConfigError(who + ": a reducer factory gives " + std::to_string(reducer.size()) + " settings words; at most " +
                       std::to_string(kReducerWords) + " are compared");
   }
-  // Words: fingerprint | op, missing | tuning (3) | reducer name (2), count, settings (8).
+  // Words: fingerprint | op, missing and defer_gather (bits 0, 1) | tuning (3) | reducer name (2), count, settings (8).
   constexpr std::size_t kOptions = 1, kTuning = 3, kReducer = 6;
   std::vector<std::uint64_t> mine{fingerprint, options[0], options[1], tuning[0], tuning[1], tuning[2], 0, 0};
   const std::string name = factory.name();
@@ -90,8 +90,10 @@ void agree_on_sync(B& backend, typename B::Stream stream, const std::string& who
   const auto describe = [&](int rank) {
     const std::uint64_t count = all.at(rank, kReducer + 2);
     const bool same_kind = all.at(rank, kReducer) == mine[kReducer] && all.at(rank, kReducer + 1) == mine[kReducer + 1];
+    const std::uint64_t flags = all.at(rank, kOptions + 1);
     std::string text = "op " + std::string(name_of(static_cast<ReduceOp>(all.at(rank, kOptions)))) + ", missing " +
-                       (all.at(rank, kOptions + 1) != 0 ? "kReduceAsZeros" : "kError") + ", ";
+                       ((flags & 1) != 0 ? "kReduceAsZeros" : "kError") + ((flags & 2) != 0 ? ", defer_gather" : "") +
+                       ", ";
     if (same_kind && count <= kReducerWords) {
       return text + factory.describe(all.of(rank).subspan(kReducer + 3, count));
     }
@@ -100,9 +102,10 @@ void agree_on_sync(B& backend, typename B::Stream stream, const std::string& who
   };
   if (const int r = all.first_differing(kOptions, 2); r >= 0 || all.first_differing(kReducer, 3 + kReducerWords) >= 0) {
     const int rank = r >= 0 ? r : all.first_differing(kReducer, 3 + kReducerWords);
-    throw ConfigError(who + ": rank " + std::to_string(rank) + " uses other GradientSyncOptions than rank 0 (" +
-                      describe(rank) + " against " + describe(0) +
-                      "); every rank must give the same op, missing and reducer (with the same settings)");
+    throw ConfigError(
+        who + ": rank " + std::to_string(rank) + " uses other GradientSyncOptions than rank 0 (" + describe(rank) +
+        " against " + describe(0) +
+        "); every rank must give the same op, missing, defer_gather and reducer (with the same settings)");
   }
   if (const int r = all.first_differing(kTuning, 3); r >= 0) {
     const auto tuning_text = [&](int rank) {

@@ -43,6 +43,7 @@ struct CommCore {
   int device = 0;
   Watchdog watchdog;
   Stream own_comm_stream;
+  Stream own_side_stream;  ///< Communicator::side_stream(), made on first use
   /// Options::stream, else cudaStreamLegacy (CUDA's legacy default stream of this GPU).
   cudaStream_t default_stream = cudaStreamLegacy;
   cudaStream_t comm_stream = nullptr;

@@ -28,7 +28,7 @@ inline constexpr const char* kOptionWordNames[] = {
     "another codec", "another bucket_bytes", "another min_bucket_bytes", "another unused_parameters",
     "another optimizer", "another schedule", "another clip_norm", "another nonfinite", "another fuse_update",
     "another seed", "another shuffle", "another last_batch", "another log_interval", "another checkpoint_interval",
-    "another choice of resuming (resume, checkpoint_folder)"};
+    "another choice of resuming (resume, checkpoint_folder)", "another defer_gather"};
 
 inline std::vector<std::uint64_t> option_words(const TrainerOptions& o, const fusion::FusedLayout& layout) {
   const auto text_hash = [](const std::string& text) {
@@ -61,7 +61,8 @@ inline std::vector<std::uint64_t> option_words(const TrainerOptions& o, const fu
           static_cast<std::uint64_t>(o.last_batch),
           o.log_interval,
           o.checkpoint_interval,
-          static_cast<std::uint64_t>(o.resume && !o.checkpoint_folder.empty())};
+          static_cast<std::uint64_t>(o.resume && !o.checkpoint_folder.empty()),
+          static_cast<std::uint64_t>(o.defer_gather)};
 }
 
 /// "another seed (7 against 3)": what rank `rank`'s words differ from rank 0's in first.
