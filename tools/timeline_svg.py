@@ -19,7 +19,7 @@ from xml.sax.saxutils import escape
 COLOURS = {
     "step": "#d9d9d9", "finish": "#bdbdbd", "backward": "#c7e9c0", "gradients": "#a1d99b",
     "pack": "#fdd0a2", "unpack": "#fdae6b", "encode": "#9ecae1", "decode": "#6baed6",
-    "count": "#c6dbef", "all_reduce": "#e6550d", "rerun": "#a63603",
+    "count": "#c6dbef", "all_reduce": "#e6550d", "rerun": "#a63603", "all_gather": "#fd8d3c",
 }
 ROW, LABEL, WIDTH = 22, 190, 1100
 

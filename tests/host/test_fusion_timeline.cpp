@@ -156,6 +156,19 @@ TEST_CASE("with a codec the trace shows encode, all_reduce and decode of every c
   }
 }
 
+TEST_CASE("with defer_gather the trace shows each bucket's all_gather after its all_reduce, on the comm stream") {
+  TempDir dir("timeline");
+  const std::string prefix = dir.path + "/defer";
+  Sync::Options options{.timeline = TimelineOptions{.prefix = prefix}};
+  options.defer_gather = true;
+  // The host writes the next step's gradients: after this step's gathers.
+  run_timeline_steps(2, 3, options, [](int, int, const Sync& sync) { sync.wait_all({}); });
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(trace_problems(rank_file(prefix, rank), {.rank = rank, .buckets = 4, .steps = 3, .gathered = true}) == "");
+  }
+}
+
 TEST_CASE("a chunked compressed bucket names its chunks; loose tensors show pack and unpack") {
   TempDir dir("timeline");
   SUBCASE("chunks") {

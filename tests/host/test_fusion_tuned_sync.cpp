@@ -154,39 +154,51 @@ TEST_CASE(
 }
 
 TEST_CASE("tuning over mixed element types and empty tensors, no warm-up, four ranks, matches float64") {
-  constexpr int kRanks = 4;
-  LoopbackWorld world(kRanks);
-  std::vector<std::string> failures(kRanks);
-  std::vector<std::size_t> chosen(kRanks);
-  const auto errors = run_ranks(kRanks, [&](int rank) {
-    LoopbackBackend backend(world, rank);
-    Buffer buffer(backend, awkward_layout());
-    std::chrono::steady_clock::time_point now{};
-    Sync sync(buffer, {.op = ReduceOp::kSum, .tuning = TuningOptions{.candidates = {{.bucket_bytes = 4 << 10, .first_bucket_bytes = 4 << 10},
-                                       {.bucket_bytes = 32 << 10, .first_bucket_bytes = 4 << 10},
-                                       {.bucket_bytes = kWholeBuffer, .first_bucket_bytes = kWholeBuffer}}, .warmup_steps = 0, .measured_steps = 1, .clock = [&] { return now; }}});
-    for (int step = 0; step < 5; ++step) {
-      write_gradients(buffer, rank, step);
-      // Rank 3 is slow with the middle candidate, everyone else with the first: the last wins.
-      const std::size_t current = sync.tuning().current;
-      for (Slot slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);
-      now += Milliseconds(current == 2 ? 10 : current == 1 ? (rank == 3 ? 50 : 1) : (rank == 3 ? 1 : 50));
-      sync.finish();
-      const auto error = errors_against_reference(buffer, kRanks, step, ReduceOp::kSum);
-      for (DataType type : buffer.layout().element_types()) {
-        if (!(error[static_cast<std::size_t>(type)] <= tolerance(type))) {
-          failures[rank] += "step " + std::to_string(step) + " " + std::string(ncclkit::name_of(type)) + "; ";
+  // Also with defer_gather: a switch of plans waits for the step's second halves.
+  for (bool defer : {false, true}) {
+    CAPTURE(defer);
+    constexpr int kRanks = 4;
+    LoopbackWorld world(kRanks);
+    std::vector<std::string> failures(kRanks);
+    std::vector<std::size_t> chosen(kRanks);
+    const auto errors = run_ranks(kRanks, [&](int rank) {
+      LoopbackBackend backend(world, rank);
+      Buffer buffer(backend, awkward_layout());
+      std::chrono::steady_clock::time_point now{};
+      Sync sync(
+          buffer,
+          {.op = ReduceOp::kSum,
+           .tuning = TuningOptions{.candidates = {{.bucket_bytes = 4 << 10, .first_bucket_bytes = 4 << 10},
+                                                  {.bucket_bytes = 32 << 10, .first_bucket_bytes = 4 << 10},
+                                                  {.bucket_bytes = kWholeBuffer, .first_bucket_bytes = kWholeBuffer}},
+                                   .warmup_steps = 0,
+                                   .measured_steps = 1,
+                                   .clock = [&] { return now; }},
+           .defer_gather = defer});
+      for (int step = 0; step < 5; ++step) {
+        write_gradients(buffer, rank, step);
+        // Rank 3 is slow with the middle candidate, everyone else with the first: the last wins.
+        const std::size_t current = sync.tuning().current;
+        for (Slot slot : shuffled_slots(buffer.layout().size(), rank, step)) sync.mark_ready(slot);
+        now += Milliseconds(current == 2 ? 10 : current == 1 ? (rank == 3 ? 50 : 1) : (rank == 3 ? 1 : 50));
+        sync.finish();
+        sync.wait_all(backend.default_stream());
+        const auto error = errors_against_reference(buffer, kRanks, step, ReduceOp::kSum);
+        for (DataType type : buffer.layout().element_types()) {
+          if (!(error[static_cast<std::size_t>(type)] <= tolerance(type))) {
+            failures[rank] += "step " + std::to_string(step) + " " + std::string(ncclkit::name_of(type)) + "; ";
+          }
         }
       }
+      CHECK(sync.tuning().tuning_steps == 3);
+      CHECK(sync.tuning().candidates[0].buckets != sync.tuning().candidates[1].buckets);
+      chosen[rank] = sync.tuning().chosen.value_or(99);
+    });
+    for (int r = 0; r < kRanks; ++r) {
+      CHECK(message_of(errors[r]) == "");
+      CHECK(failures[r] == "");
+      CHECK(chosen[r] == 2);
     }
-    CHECK(sync.tuning().tuning_steps == 3);
-    CHECK(sync.tuning().candidates[0].buckets != sync.tuning().candidates[1].buckets);
-    chosen[rank] = sync.tuning().chosen.value_or(99);
-  });
-  for (int r = 0; r < kRanks; ++r) {
-    CHECK(message_of(errors[r]) == "");
-    CHECK(failures[r] == "");
-    CHECK(chosen[r] == 2);
   }
 }
 

@@ -25,6 +25,7 @@ struct TraceExpectation {
   bool codec = false;          ///< every bucket is float32 and encoded
   std::size_t chunks_per_bucket = 1;
   bool loose = false;  ///< every bucket has loose tensors
+  bool gathered = false;  ///< every bucket in two halves (defer_gather): an all_gather after its all_reduce
 };
 
 /// One event of a trace, as read back.
@@ -126,6 +127,13 @@ inline std::string trace_problems(const std::string& path, const TraceExpectatio
           problem("encode " + piece + " ends after its all_reduce starts");
         if (decode && reduce->ts + reduce->dur > decode->ts + kSlack)
           problem("decode " + piece + " starts before its all_reduce ends");
+      }
+      if (want.gathered) {
+        const TraceEvent* gather = find(s, "all_gather " + id, "X", 3);
+        if (gather && last_end >= 0 && gather->ts + kSlack < last_end) {
+          problem("all_gather " + id + " starts before its all_reduce ends");
+        }
+        if (gather) last_end = std::max(last_end, gather->ts + gather->dur);
       }
       const TraceEvent* done = find(s, "done " + id, "i", 3);
       if (done && last_end >= 0 && std::abs(done->ts - last_end) > kSlack)

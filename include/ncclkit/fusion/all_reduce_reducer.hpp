@@ -14,6 +14,7 @@
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
 #include <cstddef>  // std::size_t, std::byte
+#include <cstdint>  // std::uint32_t
 #include <memory>   // std::unique_ptr
 #include <span>     // std::span
 #include <string>   // std::string
@@ -45,6 +46,13 @@ class AllReduceReducer final : public BucketReducer<B> {
 
   std::string name() const override { return "all_reduce"; }
   std::span<const ReducerPiece> pieces() const override { return pieces_; }
+  std::uint32_t piece_phases() const override {
+    std::uint32_t phases = 1u << static_cast<unsigned>(Phase::kReduce);
+    for (char s : split_) {
+      if (s != 0) phases |= 1u << static_cast<unsigned>(Phase::kGather);
+    }
+    return phases;
+  }
   bool reduces_in_place(std::size_t bucket) const override { return setup_->buckets[bucket].loose != nullptr; }
 
   void launch(BucketRange range, Stream compute) override {
@@ -70,9 +78,9 @@ class AllReduceReducer final : public BucketReducer<B> {
     B& backend = *setup_->backend;
     if (split_[bucket]) {
       // The second half, on the comm stream: behind the bucket's reduce-scatter there.
-      setup_->observe(Phase::kReduce, bucket, false, setup_->comm);
+      setup_->observe(Phase::kGather, bucket, false, setup_->comm);
       backend.all_gather(slice(bucket), setup_->buckets[bucket].whole, setup_->comm);
-      setup_->observe(Phase::kReduce, bucket, true, setup_->comm);
+      setup_->observe(Phase::kGather, bucket, true, setup_->comm);
       backend.record(done_[bucket], setup_->comm);
     }
     backend.wait(done_[bucket], stream);

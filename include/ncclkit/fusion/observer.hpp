@@ -21,9 +21,10 @@ namespace ncclkit::fusion {
 /// gradients). kBackward spans the step's first mark_ready to the start of `finish` on the
 /// compute stream. kPack and kUnpack (loose tensors), and kReady are per bucket; the others are
 /// per piece of the reducer (BucketReducer::pieces()): what a reducer that encodes, reduces,
-/// counts non-finite results, reduces again or decodes marks.
-enum class Phase : std::uint8_t { kBackward, kReady, kPack, kEncode, kReduce, kCount, kRerun, kDecode, kUnpack };
-inline constexpr std::size_t kPhaseCount = 9;
+/// counts non-finite results, reduces again or decodes marks; kGather is the second half of a
+/// piece reduced in two (GradientSyncOptions::defer_gather), whose kReduce is then the first.
+enum class Phase : std::uint8_t { kBackward, kReady, kPack, kEncode, kReduce, kCount, kRerun, kDecode, kUnpack, kGather };
+inline constexpr std::size_t kPhaseCount = 10;
 
 /// Host times of one bucket in a step (steady_clock), for seeing the overlap: when its last
 /// tensor was marked ready (or `finish` zeroed it) and when its reduction was issued. When the

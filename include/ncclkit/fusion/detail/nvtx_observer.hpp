@@ -36,7 +36,7 @@ class NvtxObserver final : public SyncObserver<B> {
     }
     static constexpr const char* kNames[kPhaseCount] = {
         "",  "", "GradientSync.pack", "GradientSync.encode", "GradientSync.all_reduce", "GradientSync.count",
-        "GradientSync.rerun", "GradientSync.decode", "GradientSync.unpack"};
+        "GradientSync.rerun", "GradientSync.decode", "GradientSync.unpack", "GradientSync.all_gather"};
     ncclkit::detail::nvtx_push(kNames[static_cast<std::size_t>(phase)], index);
 #else
     (void)index, (void)end;

@@ -268,7 +268,7 @@ class SyncTimeline final : public SyncObserver<B> {
           continue;
         }
         const Clock::time_point end = at(set.end[p][i]);
-        const bool on_comm = phase == Phase::kReduce || phase == Phase::kRerun;
+        const bool on_comm = phase == Phase::kReduce || phase == Phase::kRerun || phase == Phase::kGather;
         trace_.add_complete(on_comm ? TimelineLane::kComm : TimelineLane::kCompute, name, kCategories[p], start, end,
                             args);
         if (on_comm && (!bucket_done[bucket] || *bucket_done[bucket] < end)) bucket_done[bucket] = end;
@@ -292,9 +292,9 @@ class SyncTimeline final : public SyncObserver<B> {
   }
 
   static constexpr const char* kNames[kPhaseCount] = {"backward", "gradients", "pack",   "encode", "all_reduce",
-                                                      "count",    "rerun",     "decode", "unpack"};
+                                                      "count",    "rerun",     "decode", "unpack", "all_gather"};
   static constexpr const char* kCategories[kPhaseCount] = {"step",  "bucket", "loose", "codec", "bucket",
-                                                           "codec", "codec",  "codec", "loose"};
+                                                           "codec", "codec",  "codec", "loose", "bucket"};
 
   B* backend_;
   Timeline trace_;
