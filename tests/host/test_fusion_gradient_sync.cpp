@@ -3,7 +3,9 @@
 // gradients, ready order shuffled differently on every rank, several steps), on real model
 // shapes and on awkward ones (one huge tensor, hundreds of tiny ones, mixed element types,
 // empty tensors); never-marked tensors (named, or reduced as zeros), marking twice, events made
-// once, buckets launched before finish, and ranks with different plans.
+// once, buckets launched before finish, and ranks with different plans; defer_gather (the same
+// averages in two halves, callbacks in reverse plan order, on an update stream after their
+// bucket's gather, and its errors).
 #include <doctest/doctest.h>
 
 #include <algorithm>   // std::shuffle
@@ -396,33 +398,32 @@ TEST_CASE("defer_gather: finish hands buckets over in reverse plan order on the 
   CHECK(worst <= 1e-9);
 }
 
-TEST_CASE("ranks that disagree on defer_gather get a ConfigError on every rank naming it") {
+TEST_CASE("ranks that disagree on defer_gather, or give it with a 16-bit codec: a ConfigError on every rank") {
   LoopbackWorld world(2, std::chrono::seconds(5));
-  const auto errors = run_ranks(2, [&](int rank) {
-    LoopbackBackend backend(world, rank);
-    Buffer buffer(backend, small_layout());
+  const auto errors_with = [&](auto options_of) {
+    return run_ranks(2, [&](int rank) {
+      LoopbackBackend backend(world, rank);
+      Buffer buffer(backend, small_layout());
+      Sync sync(buffer, BucketPlan::compute(buffer.layout()), options_of(rank));
+    });
+  };
+  const auto disagree = errors_with([](int rank) {
     Sync::Options o;
     o.defer_gather = rank == 1;
-    Sync sync(buffer, BucketPlan::compute(buffer.layout()), o);
+    return o;
   });
-  for (const auto& e : errors) {
+  for (const auto& e : disagree) {
     CHECK(message_of(e).find("rank 1 uses other GradientSyncOptions than rank 0 (op avg, missing kError, "
                              "defer_gather, reducer all_reduce against op avg, missing kError, reducer all_reduce)") !=
           std::string::npos);
   }
-}
-
-TEST_CASE("defer_gather with a 16-bit codec is a ConfigError on every rank that says to turn one off") {
-  LoopbackWorld world(2, std::chrono::seconds(5));
-  const auto errors = run_ranks(2, [&](int rank) {
-    LoopbackBackend backend(world, rank);
-    Buffer buffer(backend, small_layout());
+  const auto codec = errors_with([](int) {
     Sync::Options o;
     o.defer_gather = true;
     o.reducer = ncclkit::compression::compressed({.codec = ncclkit::compression::Codec::kFloat16});
-    Sync sync(buffer, BucketPlan::compute(buffer.layout()), o);
+    return o;
   });
-  for (const auto& e : errors) {
+  for (const auto& e : codec) {
     CHECK(message_of(e).find("defer_gather splits float32 all-reduces in two halves; the fp16 codec reduces in one "
                              "pass. Turn one of them off") != std::string::npos);
   }

@@ -1,6 +1,6 @@
 // Tests of ncclkit/trainer/data_parallel.hpp over the Gloo backend in real processes, on the
 // digits classifier of examples/digits (real data): N processes with a global batch B reach the
-// parameters of one process with batch B (N = 2, 4); the example trains past 95% test accuracy
+// parameters of one process with batch B (N = 2, 4), also with defer_gather; the example trains past 95% test accuracy
 // on four processes with a loss that falls epoch after epoch; a resume from a mid-epoch
 // checkpoint continues the uninterrupted run bit for bit, and at another world size trains on
 // with the samples not seen yet; a rank given fewer samples makes every rank fail at once with

@@ -4,7 +4,8 @@
 // equal one batch k times larger; clipping and the schedule against a hand computation; a resume
 // from a mid-epoch checkpoint equals the uninterrupted run bit for bit, at another world size it
 // trains on; a checkpoint of another model, a corrupted one, an unwritable folder, ranks with
-// other options or another dataset, invalid options on one rank, and non-finite gradients.
+// other options or another dataset, invalid options on one rank, and non-finite gradients;
+// defer_gather reaching the one-pass reduction's parameters bit for bit, and its errors.
 #include <doctest/doctest.h>
 
 #include <chrono>      // std::chrono

@@ -46,10 +46,10 @@ struct GradientSyncOptions {
   /// reduce-scatter when the bucket launches, under backward, and an all-gather that `finish`
   /// issues on the comm stream in reverse plan order, the order a forward pass needs the
   /// buckets in. `finish` then makes its stream wait for nothing: `finish`'s callback issues
-  /// its work on `update_stream()` (below), and `wait(slot, stream)` makes a stream see a bucket's result
-  /// and that work (`wait_all(stream)`: every bucket's). A trainer's next forward waits layer by
-  /// layer, so the second half overlaps forward instead of adding to the end of backward. The
-  /// same on every rank (checked).
+  /// its work on GradientSync::update_stream() (below), and `wait(slot, stream)` makes a stream
+  /// see a bucket's result and that work (`wait_all(stream)`: every bucket's). A trainer's next
+  /// forward waits layer by layer, so the second half overlaps forward instead of adding to the
+  /// end of backward. The same on every rank (checked).
   bool defer_gather = false;
   /// With defer_gather: where `finish`'s callback runs its work for each bucket, behind that
   /// bucket's second half by an event, so that the next bucket's all-gather on the comm stream

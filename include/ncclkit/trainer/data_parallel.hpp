@@ -17,9 +17,10 @@
 /// norm of them all), unless the reduction applied the update itself (TrainerOptions::fuse_update).
 /// Nothing waits on the host but progress lines, checkpoints, clipping and NonFinite::kSkip.
 /// With TrainerOptions::defer_gather the step ends after the buckets' first halves: their
-/// second halves and updates run on the comm stream, and the next forward waits for each
-/// layer's through StepContext::need; evaluation, checkpoints, progress lines and the
-/// accessors of values and state wait for all of them first.
+/// second halves run on the comm stream, each bucket's update behind its own (beside the comm
+/// stream where the backend has a side stream), and the next forward waits for each layer's
+/// through StepContext::need; evaluation, checkpoints, progress lines and the accessors of
+/// values and state wait for all of them first (`settle`).
 ///
 /// `fit` draws each rank's samples from a DistributedSampler (one global stream: a resume at
 /// any world size continues with the unseen samples), agrees the epoch's step count across
@@ -28,6 +29,7 @@
 #include "ncclkit/core/error.hpp"  // first: stops a pre-C++20 build with one message
 
 #include <algorithm>   // std::min
+#include <concepts>    // std::same_as
 #include <array>       // std::array
 #include <chrono>      // std::chrono::steady_clock
 #include <cmath>       // std::sqrt, std::isfinite
@@ -337,6 +339,7 @@ class DataParallelTrainer {
   /// The bfloat16 copy of the float32 values, element for element (padding included), of a model
   /// that asks for one; an empty view otherwise.
   TensorView copy() const {
+    settle();
     const std::size_t count = copy_data() != nullptr ? values_.all(DataType::kFloat32).count : 0;
     return TensorView{copy_data(), count, DataType::kBFloat16, B::memory_kind};
   }
