@@ -125,7 +125,7 @@ class GradientSync {
         backend_->synchronize(comm_);
         if (gathers_issued_.on && options_.update_stream) backend_->synchronize(*options_.update_stream);
       } catch (const std::exception& e) {
-        log_warn(std::string("GradientSync: the buckets of an unfinished step failed: ") + e.what());
+        log_warn(std::string("GradientSync: the buckets of the last step failed: ") + e.what());
       }
     }
     if (state_) state_->observers.flush();
@@ -476,8 +476,8 @@ class GradientSync {
   void end_tuning_step(Stream stream) {
     try {
       // With defer_gather the step ends on the update stream (the comm stream where none is
-      // given). A switch of plans drops the events that the next forward would wait for: it
-      // needs the step done.
+      // given), which waited for everything of the step on the comm stream. A switch of plans
+      // drops the events that the next forward would wait for: it needs the step done.
       if (options_.defer_gather) stream = update_stream();
       if (tuner_->timing()) backend_->synchronize(stream);
       const auto next = tuner_->end_step([&](std::span<const std::uint64_t> mine) {
@@ -485,10 +485,7 @@ class GradientSync {
         return ncclkit::detail::all_gather_words(*backend_, comm_, mine);
       });
       if (!next) return;
-      if (options_.defer_gather) {
-        backend_->synchronize(comm_);
-        backend_->synchronize(update_stream());
-      }
+      if (options_.defer_gather) backend_->synchronize(stream);
       // The finished step's count, read before its reducer goes.
       previous_nonfinite_ = state_->reducer->nonfinite();
       state_->observers.flush();

@@ -36,7 +36,6 @@
 #include <cstddef>     // std::size_t, std::byte
 #include <cstdint>     // std::uint64_t
 #include <cstdio>      // std::printf, std::fopen
-#include <exception>   // std::exception
 #include <memory>      // std::unique_ptr, std::make_shared
 #include <optional>    // std::optional
 #include <span>        // std::span
@@ -157,17 +156,10 @@ class DataParallelTrainer {
 
   DataParallelTrainer(const DataParallelTrainer&) = delete;
   DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
-  /// With defer_gather, waits for the last step's updates, which write into the trainer's memory
-  /// (bounded by the backend's timeout; a failure there is a warning).
-  ~DataParallelTrainer() {
-    if (!sync_ || !deferred()) return;
-    try {
-      backend_->synchronize(sync_->comm_stream());
-      backend_->synchronize(sync_->update_stream());
-    } catch (const std::exception& e) {
-      log_warn(std::string("ncclkit: DataParallelTrainer: the last step's updates failed: ") + e.what());
-    }
-  }
+  /// The sync goes first: with defer_gather its destructor waits for the last step's updates,
+  /// which write into the parameters, the optimizer state and the bfloat16 copy (bounded by the
+  /// backend's timeout; a failure there is a warning).
+  ~DataParallelTrainer() { sync_.reset(); }
 
   /// One optimizer step over this rank's `micro_batches` (TrainerOptions::accumulation of them,
   /// together global_batch / world samples).
