@@ -74,7 +74,266 @@ TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at m
     return checker.finish("the fused kernel's registers");
   });
 }
+
+// ---- the fused kernel's ranks on one GPU ----------------------------------------------------
+// NCCL refuses two ranks on one GPU, so a communicator runs the fused kernel's exchange only where
+// two GPUs are. Here its ranks are launches on one GPU, on streams of their own, reaching each
+// other's windows through a table of pointers (PointerTableWindow): the exchange, the barriers and
+// their epochs from call to call, the fused update and the timeout run at 2, 3 and 4 ranks on a
+// machine with one GPU. (The kernel's code is the same template; only the two lines that turn an
+// offset into an address differ.)
+
+/// `world` ranks of the fused kernel, each with its own window, data, epochs and counters, all in
+/// this GPU's memory.
+struct TableRanks {
+  int world;
+  int blocks;
+  std::size_t count, shard, slot, window_bytes;
+  DeviceBuffer<char> windows;  // world windows of window_bytes
+  DeviceBuffer<char*> bases;
+  DeviceBuffer<std::uint32_t> epochs;  // per rank: blocks epochs, then its stop word
+  DeviceBuffer<std::uint64_t> nonfinite;
+  std::vector<DeviceBuffer<float>> data;
+  int* gave_up = nullptr;  // mapped host memory, one word per rank
+  std::vector<cudaStream_t> streams;
+
+  TableRanks(int world_size, std::size_t n, int block_count)
+      : world(world_size), blocks(block_count), count(n),
+        shard((n + static_cast<std::size_t>(world_size) * 8 - 1) / (static_cast<std::size_t>(world_size) * 8) * 8),
+        slot(shard), window_bytes(2 * static_cast<std::size_t>(world_size) * shard * 2 +
+                                  static_cast<std::size_t>(block_count) * world_size * 4),
+        windows(world_size * window_bytes, 0), bases(world_size, 0),
+        epochs(static_cast<std::size_t>(world_size) * (block_count + 1), 0), nonfinite(world_size, 0) {
+    NCCLKIT_CUDA_CHECK(cudaMemset(windows.data(), 0, windows.size()));
+    NCCLKIT_CUDA_CHECK(cudaMemset(epochs.data(), 0, epochs.size() * sizeof(std::uint32_t)));
+    std::vector<char*> table;
+    for (int r = 0; r < world; ++r) table.push_back(windows.data() + static_cast<std::size_t>(r) * window_bytes);
+    NCCLKIT_CUDA_CHECK(cudaMemcpy(bases.data(), table.data(), table.size() * sizeof(char*), cudaMemcpyHostToDevice));
+    for (int r = 0; r < world; ++r) data.emplace_back(count, 0);
+    NCCLKIT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&gave_up), world * sizeof(int), cudaHostAllocMapped));
+    for (int r = 0; r < world; ++r) {
+      streams.emplace_back();
+      NCCLKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&streams.back(), cudaStreamNonBlocking));
+    }
+  }
+  ~TableRanks() {
+    for (cudaStream_t s : streams) cudaStreamDestroy(s);
+    cudaFreeHost(gave_up);
+  }
+  TableRanks(const TableRanks&) = delete;
+  TableRanks& operator=(const TableRanks&) = delete;
+
+  /// One call on every rank in `launched` (all when empty), each the same arguments but its own.
+  void reduce(ncclkit::DataType wire, float encode, float decode, const std::vector<ncclkit::FusedUpdate>& updates,
+              std::chrono::nanoseconds timeout, std::vector<int> launched = {}) {
+    if (launched.empty()) {
+      for (int r = 0; r < world; ++r) launched.push_back(r);
+    }
+    NCCLKIT_CUDA_CHECK(cudaMemset(nonfinite.data(), 0, nonfinite.size() * sizeof(std::uint64_t)));
+    NCCLKIT_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int r = 0; r < world; ++r) gave_up[r] = 0;
+    for (int r : launched) {
+      ncclkit::nccl::detail::CompressedReduceArgs a{};
+      a.window = bases.data();
+      a.data = data[static_cast<std::size_t>(r)].data();
+      a.count = count;
+      a.slot = slot;
+      a.shard = shard;
+      a.wire = wire;
+      a.encode = encode;
+      a.decode = decode;
+      a.nonfinite = nonfinite.data() + r;
+      a.epochs = epochs.data() + static_cast<std::size_t>(r) * (blocks + 1);
+      a.stop = reinterpret_cast<int*>(a.epochs + blocks);
+      NCCLKIT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&a.gave_up), gave_up + r, 0));
+      a.rank = r;
+      a.world = world;
+      a.blocks = blocks;
+      a.timeout_ns = static_cast<std::uint64_t>(timeout.count());
+      if (!updates.empty()) a.update = updates[static_cast<std::size_t>(r)];
+      NCCLKIT_CUDA_CHECK((ncclkit::nccl::detail::launch_compressed_reduce<ncclkit::nccl::detail::PointerTableWindow>(
+          a, streams[static_cast<std::size_t>(r)])));
+    }
+    NCCLKIT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+/// What the fused kernel makes of element i with the ranks' inputs `in`: the owner's float32
+/// value plus the others' 16-bit ones, in rank order, rounded once to 16 bits, decoded.
+template <class Wire>
+float fused_reference(const std::vector<std::vector<float>>& in, std::size_t shard, std::size_t i, float encode,
+                      float decode) {
+  const auto narrow = [](float v) {
+    if constexpr (std::is_same_v<Wire, __half>) {
+      return __float2half_rn(v);
+    } else {
+      return __float2bfloat16_rn(v);
+    }
+  };
+  const auto widen = [](Wire v) {
+    if constexpr (std::is_same_v<Wire, __half>) {
+      return __half2float(v);
+    } else {
+      return __bfloat162float(v);
+    }
+  };
+  const std::size_t owner = i / shard;
+  float acc = in[owner][i] * encode;
+  for (std::size_t q = 0; q < in.size(); ++q) {
+    if (q != owner) acc += widen(narrow(in[q][i] * encode));
+  }
+  return widen(narrow(acc)) * decode;
+}
+
+TEST_CASE("the fused kernel's ranks on one GPU: every rank the reference's bits, three calls in a row, 2 to 4 ranks") {
+  // Encode and decode are powers of two, so that the host's arithmetic gives the GPU's bits
+  // whether or not the compiler fuses the owner's multiply into its first add.
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>&) {
+    Checker checker(world.rank);
+    using ncclkit::DataType;
+    for (int ranks : {2, 3, 4}) {
+      for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+        const std::string what = std::to_string(ranks) + " ranks, " + (wire == DataType::kFloat16 ? "fp16" : "bf16");
+        const std::size_t count = 100003;  // a tail in the last shard, and past every shard's end
+        TableRanks t(ranks, count, 8);
+        for (int call = 0; call < 3; ++call) {
+          std::vector<std::vector<float>> in(static_cast<std::size_t>(ranks), std::vector<float>(count));
+          for (int r = 0; r < ranks; ++r) {
+            for (std::size_t i = 0; i < count; ++i) {
+              in[static_cast<std::size_t>(r)][i] = static_cast<float>(8 * unit(50 + call, r, i) - 4);
+            }
+            NCCLKIT_CUDA_CHECK(cudaMemcpy(t.data[static_cast<std::size_t>(r)].data(), in[static_cast<std::size_t>(r)].data(),
+                                          count * sizeof(float), cudaMemcpyHostToDevice));
+          }
+          t.reduce(wire, 0.5f, 0.25f, {}, std::chrono::seconds(20));
+          std::size_t wrong = 0, gave_up = 0;
+          std::uint64_t counted[4] = {};
+          NCCLKIT_CUDA_CHECK(cudaMemcpy(counted, t.nonfinite.data(), ranks * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+          for (int r = 0; r < ranks; ++r) {
+            std::vector<float> got(count);
+            NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), t.data[static_cast<std::size_t>(r)].data(), count * sizeof(float),
+                                          cudaMemcpyDeviceToHost));
+            for (std::size_t i = 0; i < count; ++i) {
+              const float want = wire == DataType::kFloat16 ? fused_reference<__half>(in, t.shard, i, 0.5f, 0.25f)
+                                                            : fused_reference<__nv_bfloat16>(in, t.shard, i, 0.5f, 0.25f);
+              wrong += std::memcmp(&got[i], &want, sizeof(float)) != 0 ? 1 : 0;
+            }
+            gave_up += t.gave_up[r] != 0 ? 1 : 0;
+            checker.expect(counted[r] == 0, what + ", call " + std::to_string(call) + ": rank " + std::to_string(r) +
+                                                " counted " + std::to_string(counted[r]) + " non-finite values");
+          }
+          checker.expect(wrong == 0 && gave_up == 0, what + ", call " + std::to_string(call) + ": " +
+                                                         std::to_string(wrong) + " values differ from the reference's, " +
+                                                         std::to_string(gave_up) + " ranks gave up");
+        }
+        // Non-finite results are counted over the whole tensor, alike on every rank: one inf in
+        // each shard, in its owner's float32 value.
+        std::vector<float> host(count, 1.0f);
+        for (int r = 0; r < ranks; ++r) {
+          for (int q = 0; q < ranks; ++q) host[static_cast<std::size_t>(q) * t.shard + 3] = q == r ? INFINITY : 1.0f;
+          NCCLKIT_CUDA_CHECK(cudaMemcpy(t.data[static_cast<std::size_t>(r)].data(), host.data(), count * sizeof(float),
+                                        cudaMemcpyHostToDevice));
+        }
+        t.reduce(wire, 0.5f, 0.25f, {}, std::chrono::seconds(20));
+        std::uint64_t counted[4] = {};
+        NCCLKIT_CUDA_CHECK(cudaMemcpy(counted, t.nonfinite.data(), ranks * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+        for (int r = 0; r < ranks; ++r) {
+          checker.expect(counted[r] == static_cast<std::uint64_t>(ranks),
+                         what + ": rank " + std::to_string(r) + " counted " + std::to_string(counted[r]) + " of " +
+                             std::to_string(ranks) + " non-finite results");
+        }
+      }
+    }
+    return checker.finish("the fused kernel's ranks on one GPU");
+  });
+}
+
+TEST_CASE("the fused kernel's ranks on one GPU: the fused update gives reducing, then the host's update") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>&) {
+    Checker checker(world.rank);
+    using ncclkit::DataType;
+    const std::size_t count = 50001;
+    const int ranks = 2;
+    const ncclkit::UpdateRule rule{.lr = 0.1f, .weight_decay = 0.01f, .momentum = 0.9f};
+    TableRanks t(ranks, count, 8);
+    std::vector<std::vector<float>> in(ranks, std::vector<float>(count)), param(ranks, std::vector<float>(count)),
+        momentum(ranks, std::vector<float>(count));
+    std::vector<DeviceBuffer<float>> device_param, device_momentum;
+    std::vector<DeviceBuffer<ncclkit::BFloat16>> device_copy;
+    std::vector<ncclkit::FusedUpdate> updates;
+    for (int r = 0; r < ranks; ++r) {
+      const auto k = static_cast<std::size_t>(r);
+      for (std::size_t i = 0; i < count; ++i) {
+        in[k][i] = static_cast<float>(2 * unit(60, r, i) - 1);
+        param[k][i] = static_cast<float>(2 * unit(61, 0, i) - 1);  // replicas start alike
+        momentum[k][i] = static_cast<float>(unit(62, 0, i));
+      }
+      device_param.emplace_back(count, 0);
+      device_momentum.emplace_back(count, 0);
+      device_copy.emplace_back(count, 0);
+      NCCLKIT_CUDA_CHECK(cudaMemcpy(t.data[k].data(), in[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      NCCLKIT_CUDA_CHECK(cudaMemcpy(device_param[k].data(), param[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      NCCLKIT_CUDA_CHECK(
+          cudaMemcpy(device_momentum[k].data(), momentum[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      updates.push_back({rule, device_param[k].data(), device_momentum[k].data(), nullptr, device_copy[k].data()});
+    }
+    t.reduce(DataType::kBFloat16, 1.0f, 0.5f, updates, std::chrono::seconds(20));
+    std::vector<float> averaged(count);
+    for (std::size_t i = 0; i < count; ++i) averaged[i] = fused_reference<__nv_bfloat16>(in, t.shard, i, 1.0f, 0.5f);
+    std::vector<float> want_param = param[0], want_momentum = momentum[0];
+    std::vector<ncclkit::BFloat16> want_copy(count);
+    const auto host = ncclkit::MemoryKind::kHost;
+    const auto f32 = [&](float* p) { return ncclkit::TensorView{p, count, DataType::kFloat32, host}; };
+    ncclkit::detail::update_on_host(rule, f32(want_param.data()), f32(averaged.data()), f32(want_momentum.data()), {},
+                                    ncclkit::TensorView{want_copy.data(), count, DataType::kBFloat16, host});
+    for (int r = 0; r < ranks; ++r) {
+      const auto k = static_cast<std::size_t>(r);
+      std::vector<float> got_param(count), got_momentum(count), got_in(count);
+      std::vector<ncclkit::BFloat16> got_copy(count);
+      NCCLKIT_CUDA_CHECK(cudaMemcpy(got_param.data(), device_param[k].data(), count * sizeof(float), cudaMemcpyDeviceToHost));
+      NCCLKIT_CUDA_CHECK(
+          cudaMemcpy(got_momentum.data(), device_momentum[k].data(), count * sizeof(float), cudaMemcpyDeviceToHost));
+      NCCLKIT_CUDA_CHECK(cudaMemcpy(got_copy.data(), device_copy[k].data(), count * sizeof(ncclkit::BFloat16),
+                                    cudaMemcpyDeviceToHost));
+      NCCLKIT_CUDA_CHECK(cudaMemcpy(got_in.data(), t.data[k].data(), count * sizeof(float), cudaMemcpyDeviceToHost));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        wrong += std::memcmp(&got_param[i], &want_param[i], sizeof(float)) != 0 ? 1 : 0;
+        wrong += std::memcmp(&got_momentum[i], &want_momentum[i], sizeof(float)) != 0 ? 1 : 0;
+        wrong += got_copy[i].bits != want_copy[i].bits ? 1 : 0;
+      }
+      checker.expect(wrong == 0, "rank " + std::to_string(r) + ": " + std::to_string(wrong) +
+                                     " parameters, momenta or copies differ from reducing, then updating on the host");
+      checker.expect(got_in == in[k], "rank " + std::to_string(r) + ": the gradients changed under a fused update");
+    }
+    return checker.finish("the fused update at 2 ranks on one GPU");
+  });
+}
+
+TEST_CASE("the fused kernel's ranks on one GPU: a rank that never launches makes the others give up, not hang") {
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>&) {
+    Checker checker(world.rank);
+    TableRanks t(2, 4096, 4);
+    const auto start = std::chrono::steady_clock::now();
+    t.reduce(ncclkit::DataType::kFloat16, 1.0f, 1.0f, {}, std::chrono::milliseconds(200), {0});
+    const auto took = std::chrono::steady_clock::now() - start;
+    std::uint64_t counted = 0;
+    int stop = 0;
+    NCCLKIT_CUDA_CHECK(cudaMemcpy(&counted, t.nonfinite.data(), sizeof(counted), cudaMemcpyDeviceToHost));
+    NCCLKIT_CUDA_CHECK(cudaMemcpy(&stop, t.epochs.data() + t.blocks, sizeof(stop), cudaMemcpyDeviceToHost));
+    checker.expect(t.gave_up[0] == 1, "rank 0 did not report that it gave up");
+    checker.expect(stop == 1, "rank 0 did not raise its stop word for the launches behind it");
+    checker.expect(counted >= 1, "rank 0 counted no non-finite value for a result that is not whole");
+    checker.expect(took < std::chrono::seconds(10), "rank 0 waited far past its 200 ms deadline");
+    // With its stop word raised, the next call returns before touching a window.
+    t.reduce(ncclkit::DataType::kFloat16, 1.0f, 1.0f, {}, std::chrono::seconds(20), {0});
+    NCCLKIT_CUDA_CHECK(cudaMemcpy(&counted, t.nonfinite.data(), sizeof(counted), cudaMemcpyDeviceToHost));
+    checker.expect(counted >= 1 && t.gave_up[0] == 0, "a call after the stop did not return at once as not whole");
+    return checker.finish("a missing rank at the fused kernel's barrier");
+  });
+}
 #endif
+
 
 TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or not, a tail, a bfloat16 copy") {
   // 4-element vectors where every buffer is aligned (a count that is no multiple of 4 leaves a

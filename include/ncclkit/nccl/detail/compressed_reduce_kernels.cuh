@@ -83,31 +83,52 @@ __device__ inline std::uint64_t global_ns() {
   return t;
 }
 
+/// How the kernel reaches the windows: NCCL's symmetric window (LSA pointers), the only one a
+/// communicator uses.
+struct LsaWindow {
+  ncclWindow_t window;
+  __device__ explicit LsaWindow(const CompressedReduceKernelArgs& a) : window(static_cast<ncclWindow_t>(a.window)) {}
+  __device__ void* local(std::size_t offset, int) const { return ncclGetLocalPointer(window, offset); }
+  __device__ void* peer(std::size_t offset, int rank) const { return ncclGetLsaPointer(window, offset, rank); }
+};
+
+/// Windows as a table in device memory of every rank's window base (`a.window` points to it):
+/// the ranks are launches of the kernel on one GPU, each on its own part of that GPU's memory.
+/// Only a test uses it: NCCL refuses two ranks on one GPU, and this runs the kernel's exchange,
+/// barriers and timeouts at any world size on a machine with one.
+struct PointerTableWindow {
+  char* const* bases;
+  __device__ explicit PointerTableWindow(const CompressedReduceKernelArgs& a)
+      : bases(static_cast<char* const*>(a.window)) {}
+  __device__ void* local(std::size_t offset, int rank) const { return bases[rank] + offset; }
+  __device__ void* peer(std::size_t offset, int rank) const { return bases[rank] + offset; }
+};
+
 /// Block b's flag that rank `from` raises in rank `at`'s window.
-__device__ inline std::uint32_t* barrier_flag(const CompressedReduceKernelArgs& a, std::size_t flags_offset, int from,
-                                              int at) {
+template <class Window>
+__device__ inline std::uint32_t* barrier_flag(const CompressedReduceKernelArgs& a, const Window& window,
+                                              std::size_t flags_offset, int from, int at) {
   const std::size_t offset = flags_offset + (static_cast<std::size_t>(blockIdx.x) * a.world + from) * 4;
-  const auto window = static_cast<ncclWindow_t>(a.window);
-  return static_cast<std::uint32_t*>(at == a.rank ? ncclGetLocalPointer(window, offset)
-                                                  : ncclGetLsaPointer(window, offset, at));
+  return static_cast<std::uint32_t*>(at == a.rank ? window.local(offset, at) : window.peer(offset, at));
 }
 
 /// Block b of this rank meets block b of every other rank. False when a peer did not come
 /// within the deadline or the host raised `stop` (then `gave_up` and `stop` are raised).
-__device__ inline bool meet(const CompressedReduceKernelArgs& a, std::size_t flags_offset, std::uint32_t& epoch,
-                            std::uint64_t deadline) {
+template <class Window>
+__device__ inline bool meet(const CompressedReduceKernelArgs& a, const Window& window, std::size_t flags_offset,
+                            std::uint32_t& epoch, std::uint64_t deadline) {
   __syncthreads();  // the block's stores come before the flag (cumulativity of the release)
   int ok = 1;
   if (threadIdx.x == 0) {
     ++epoch;
     for (int peer = 0; peer < a.world; ++peer) {
       if (peer == a.rank) continue;
-      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, flags_offset, a.rank, peer));
+      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, window, flags_offset, a.rank, peer));
       flag.store(epoch, cuda::memory_order_release);
     }
     for (int peer = 0; peer < a.world && ok; ++peer) {
       if (peer == a.rank) continue;
-      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, flags_offset, peer, a.rank));
+      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, window, flags_offset, peer, a.rank));
       for (unsigned spins = 0;; ++spins) {
         if (static_cast<std::int32_t>(flag.load(cuda::memory_order_acquire) - epoch) >= 0) break;
         // The host raises `stop` before it aborts the communicator (CommHandle's
@@ -181,10 +202,10 @@ __device__ inline unsigned decode8(const WirePack<Wire>& pack, float decode, std
 /// and a block must never wait for a place while its partners wait at a barrier). A GPU test
 /// reads each variant's count (tests/gpu/test_nccl_kernels.cu); launch bounds of 2 blocks per SM
 /// would force it, but change the code of the variants that need fewer.
-template <class Wire, bool kUpdate>
+template <class Wire, bool kUpdate, class Window = LsaWindow>
 __global__ void __launch_bounds__(kCompressedReduceThreads)
     compressed_reduce_kernel(CompressedReduceKernelArgs a, FusedUpdate u) {
-  const auto window = static_cast<ncclWindow_t>(a.window);
+  const Window window(a);
   const std::size_t vectors = a.shard / 8;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t first = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -209,7 +230,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
   // 1. The others' shards, encoded, into their reduce-scatter inbox, slot `rank`.
   for (int step = 1; step < a.world; ++step) {
     const int peer = (a.rank + step) % a.world;
-    auto* inbox = static_cast<uint4*>(ncclGetLsaPointer(window, static_cast<std::size_t>(a.rank) * slot_bytes, peer));
+    auto* inbox = static_cast<uint4*>(window.peer(static_cast<std::size_t>(a.rank) * slot_bytes, peer));
     for (std::size_t v = first; v < vectors; v += stride) {
       float x[8];
       load8(a.data, a.count, static_cast<std::size_t>(peer) * shard + v * 8, x);
@@ -219,7 +240,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
       inbox[v] = pack.word;
     }
   }
-  if (!meet(a, flags_offset, epoch, deadline)) return;
+  if (!meet(a, window, flags_offset, epoch, deadline)) return;
 
   // 2. This rank's shard: its own float32 values plus the others' 16-bit ones, rounded once.
   for (std::size_t v = first; v < vectors; v += stride) {
@@ -231,7 +252,7 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
     for (int q = 0; q < a.world; ++q) {
       if (q == a.rank) continue;
       WirePack<Wire> in;
-      in.word = static_cast<const uint4*>(ncclGetLocalPointer(window, static_cast<std::size_t>(q) * slot_bytes))[v];
+      in.word = static_cast<const uint4*>(window.local(static_cast<std::size_t>(q) * slot_bytes, a.rank))[v];
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] += Convert<Wire>::widen(in.v[k]);
     }
@@ -240,8 +261,8 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
     for (int k = 0; k < 8; ++k) out.v[k] = Convert<Wire>::narrow(acc[k]);
     for (int step = 1; step < a.world; ++step) {
       const int peer = (a.rank + step) % a.world;
-      static_cast<uint4*>(
-          ncclGetLsaPointer(window, gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes, peer))[v] = out.word;
+      static_cast<uint4*>(window.peer(gather_offset + static_cast<std::size_t>(a.rank) * slot_bytes, peer))[v] =
+          out.word;
     }
     float r[8];
     bad += decode8(out, a.decode, e < a.count ? a.count - e : 0, r);
@@ -251,13 +272,13 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
       store8(a.data, a.count, e, r);
     }
   }
-  if (!meet(a, flags_offset, epoch, deadline)) return;
+  if (!meet(a, window, flags_offset, epoch, deadline)) return;
 
   // 3. The others' shards, decoded from the all-gather inbox.
   for (int q = 0; q < a.world; ++q) {
     if (q == a.rank) continue;
-    const auto* inbox = static_cast<const uint4*>(
-        ncclGetLocalPointer(window, gather_offset + static_cast<std::size_t>(q) * slot_bytes));
+    const auto* inbox =
+        static_cast<const uint4*>(window.local(gather_offset + static_cast<std::size_t>(q) * slot_bytes, a.rank));
     for (std::size_t v = first; v < vectors; v += stride) {
       const std::size_t e = static_cast<std::size_t>(q) * shard + v * 8;
       WirePack<Wire> in;
@@ -281,20 +302,23 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
   }
 }
 
-template <class Wire>
+template <class Wire, class Window>
 void launch_compressed_reduce_of(const CompressedReduceArgs& args, cudaStream_t stream) {
   if (args.update.values != nullptr) {
-    compressed_reduce_kernel<Wire, true><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, args.update);
+    compressed_reduce_kernel<Wire, true, Window><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, args.update);
   } else {
-    compressed_reduce_kernel<Wire, false><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, FusedUpdate{});
+    compressed_reduce_kernel<Wire, false, Window>
+        <<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, FusedUpdate{});
   }
 }
 
-inline cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cudaStream_t stream) {
+/// One call of the kernel, the windows reached through `Window` (LsaWindow in a communicator).
+template <class Window = LsaWindow>
+cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cudaStream_t stream) {
   if (args.wire == DataType::kFloat16) {
-    launch_compressed_reduce_of<__half>(args, stream);
+    launch_compressed_reduce_of<__half, Window>(args, stream);
   } else if (args.wire == DataType::kBFloat16) {
-    launch_compressed_reduce_of<__nv_bfloat16>(args, stream);
+    launch_compressed_reduce_of<__nv_bfloat16, Window>(args, stream);
   } else {
     return cudaErrorInvalidValue;  // the workspace admits only these two
   }
@@ -303,7 +327,7 @@ inline cudaError_t launch_compressed_reduce(const CompressedReduceArgs& args, cu
 
 /// Registers the launcher for the whole program (see kernel_hooks.hpp).
 inline const bool kCompressedReduceLauncherRegistered =
-    (compressed_reduce_launcher() = &launch_compressed_reduce, true);
+    (compressed_reduce_launcher() = &launch_compressed_reduce<LsaWindow>, true);
 
 /// What the kernel's pointer arithmetic makes of `window` for this rank's byte 0 (kernel_hooks.hpp,
 /// WindowProbeLauncher): read the way the kernel reads it, so that the check tests this build's
