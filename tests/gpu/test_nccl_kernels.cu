@@ -1,19 +1,22 @@
-// The element-wise kernels of ncclkit/nccl/kernels.cuh (scale, fill) against the host, for every
-// element type, and collectives without a stream between kernels of the test's own. The only
-// GPU test source nvcc compiles: the other GPU tests are host code.
-// Including the kernels here registers the scale launcher for the whole GPU test executable.
+// The kernels of ncclkit/nccl/kernels.cuh against the host: scale and fill for every element
+// type, the update kernel for every rule, and the fused 16-bit kernel's registers and its ranks
+// (2 to 4 of them as launches on one GPU: bits, the fused update, a missing rank, the host's
+// stop); and collectives without a stream between kernels of the test's own. Including the
+// kernels here registers their launchers for the whole GPU test executable.
 // ncclkit-test: labels=nccl timeout=300
 #include <doctest/doctest.h>
 
-#include <algorithm>  // std::all_of
-#include <chrono>     // std::chrono
-#include <cmath>      // std::nearbyint
-#include <limits>     // std::numeric_limits
-#include <memory>     // std::shared_ptr
-#include <cstdio>     // std::printf
-#include <cstring>    // std::memcmp
-#include <string>     // std::string
-#include <vector>     // std::vector
+#include <algorithm>   // std::all_of
+#include <chrono>      // std::chrono
+#include <cmath>       // std::nearbyint
+#include <limits>      // std::numeric_limits
+#include <memory>      // std::shared_ptr
+#include <cstdio>      // std::printf
+#include <cstring>     // std::memcmp
+#include <functional>  // std::function
+#include <string>      // std::string
+#include <thread>      // std::this_thread
+#include <vector>      // std::vector
 
 #include "gpu/nccl_support.hpp"
 #include "ncclkit/core/detail/update_on_host.hpp"
@@ -47,10 +50,10 @@ TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at m
     Checker checker(world.rank);
     using ncclkit::nccl::detail::compressed_reduce_kernel;
     int device = 0, per_sm = 0;
-    if (!checker.expect(cudaGetDevice(&device) == cudaSuccess &&
-                            cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) ==
-                                cudaSuccess,
-                        "the GPU's registers per SM")) {
+    if (!checker.expect(
+            cudaGetDevice(&device) == cudaSuccess &&
+                cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxRegistersPerMultiprocessor, device) == cudaSuccess,
+            "the GPU's registers per SM")) {
       return checker.finish("the fused kernel's registers");
     }
     const struct {
@@ -64,11 +67,13 @@ TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at m
     };
     for (const auto& v : variants) {
       cudaFuncAttributes attributes{};
-      if (!checker.expect(cudaFuncGetAttributes(&attributes, v.kernel) == cudaSuccess, v.name + ": attributes")) continue;
+      if (!checker.expect(cudaFuncGetAttributes(&attributes, v.kernel) == cudaSuccess, v.name + ": attributes"))
+        continue;
       std::printf("the fused kernel, %s: %d registers a thread\n", v.name.c_str(), attributes.numRegs);
       checker.expect(attributes.numRegs <= 64 &&
                          2 * ncclkit::nccl::detail::kCompressedReduceThreads * attributes.numRegs <= per_sm,
-                     v.name + ": " + std::to_string(attributes.numRegs) + " registers a thread, more than two blocks of " +
+                     v.name + ": " + std::to_string(attributes.numRegs) +
+                         " registers a thread, more than two blocks of " +
                          std::to_string(ncclkit::nccl::detail::kCompressedReduceThreads) + " threads per SM allow");
     }
     return checker.finish("the fused kernel's registers");
@@ -98,12 +103,17 @@ struct TableRanks {
   std::vector<cudaStream_t> streams;
 
   TableRanks(int world_size, std::size_t n, int block_count)
-      : world(world_size), blocks(block_count), count(n),
+      : world(world_size),
+        blocks(block_count),
+        count(n),
         shard((n + static_cast<std::size_t>(world_size) * 8 - 1) / (static_cast<std::size_t>(world_size) * 8) * 8),
-        slot(shard), window_bytes(2 * static_cast<std::size_t>(world_size) * shard * 2 +
-                                  static_cast<std::size_t>(block_count) * world_size * 4),
-        windows(world_size * window_bytes, 0), bases(world_size, 0),
-        epochs(static_cast<std::size_t>(world_size) * (block_count + 1), 0), nonfinite(world_size, 0) {
+        slot(shard),
+        window_bytes(2 * static_cast<std::size_t>(world_size) * shard * 2 +
+                     static_cast<std::size_t>(block_count) * world_size * 4),
+        windows(world_size * window_bytes, 0),
+        bases(world_size, 0),
+        epochs(static_cast<std::size_t>(world_size) * (block_count + 1), 0),
+        nonfinite(world_size, 0) {
     NCCLKIT_CUDA_CHECK(cudaMemset(windows.data(), 0, windows.size()));
     NCCLKIT_CUDA_CHECK(cudaMemset(epochs.data(), 0, epochs.size() * sizeof(std::uint32_t)));
     std::vector<char*> table;
@@ -123,9 +133,11 @@ struct TableRanks {
   TableRanks(const TableRanks&) = delete;
   TableRanks& operator=(const TableRanks&) = delete;
 
-  /// One call on every rank in `launched` (all when empty), each the same arguments but its own.
+  /// One call on every rank in `launched` (all when empty), each the same arguments but its own;
+  /// `while_running` runs on the host after the launches, before the wait for them.
   void reduce(ncclkit::DataType wire, float encode, float decode, const std::vector<ncclkit::FusedUpdate>& updates,
-              std::chrono::nanoseconds timeout, std::vector<int> launched = {}) {
+              std::chrono::nanoseconds timeout, std::vector<int> launched = {},
+              const std::function<void()>& while_running = {}) {
     if (launched.empty()) {
       for (int r = 0; r < world; ++r) launched.push_back(r);
     }
@@ -154,6 +166,7 @@ struct TableRanks {
       NCCLKIT_CUDA_CHECK((ncclkit::nccl::detail::launch_compressed_reduce<ncclkit::nccl::detail::PointerTableWindow>(
           a, streams[static_cast<std::size_t>(r)])));
     }
+    if (while_running) while_running();
     NCCLKIT_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
@@ -202,29 +215,32 @@ TEST_CASE("the fused kernel's ranks on one GPU: every rank the reference's bits,
             for (std::size_t i = 0; i < count; ++i) {
               in[static_cast<std::size_t>(r)][i] = static_cast<float>(8 * unit(50 + call, r, i) - 4);
             }
-            NCCLKIT_CUDA_CHECK(cudaMemcpy(t.data[static_cast<std::size_t>(r)].data(), in[static_cast<std::size_t>(r)].data(),
-                                          count * sizeof(float), cudaMemcpyHostToDevice));
+            NCCLKIT_CUDA_CHECK(cudaMemcpy(t.data[static_cast<std::size_t>(r)].data(),
+                                          in[static_cast<std::size_t>(r)].data(), count * sizeof(float),
+                                          cudaMemcpyHostToDevice));
           }
           t.reduce(wire, 0.5f, 0.25f, {}, std::chrono::seconds(20));
           std::size_t wrong = 0, gave_up = 0;
           std::uint64_t counted[4] = {};
-          NCCLKIT_CUDA_CHECK(cudaMemcpy(counted, t.nonfinite.data(), ranks * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+          NCCLKIT_CUDA_CHECK(
+              cudaMemcpy(counted, t.nonfinite.data(), ranks * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
           for (int r = 0; r < ranks; ++r) {
             std::vector<float> got(count);
             NCCLKIT_CUDA_CHECK(cudaMemcpy(got.data(), t.data[static_cast<std::size_t>(r)].data(), count * sizeof(float),
                                           cudaMemcpyDeviceToHost));
             for (std::size_t i = 0; i < count; ++i) {
-              const float want = wire == DataType::kFloat16 ? fused_reference<__half>(in, t.shard, i, 0.5f, 0.25f)
-                                                            : fused_reference<__nv_bfloat16>(in, t.shard, i, 0.5f, 0.25f);
+              const float want = wire == DataType::kFloat16
+                                     ? fused_reference<__half>(in, t.shard, i, 0.5f, 0.25f)
+                                     : fused_reference<__nv_bfloat16>(in, t.shard, i, 0.5f, 0.25f);
               wrong += std::memcmp(&got[i], &want, sizeof(float)) != 0 ? 1 : 0;
             }
             gave_up += t.gave_up[r] != 0 ? 1 : 0;
             checker.expect(counted[r] == 0, what + ", call " + std::to_string(call) + ": rank " + std::to_string(r) +
                                                 " counted " + std::to_string(counted[r]) + " non-finite values");
           }
-          checker.expect(wrong == 0 && gave_up == 0, what + ", call " + std::to_string(call) + ": " +
-                                                         std::to_string(wrong) + " values differ from the reference's, " +
-                                                         std::to_string(gave_up) + " ranks gave up");
+          checker.expect(wrong == 0 && gave_up == 0,
+                         what + ", call " + std::to_string(call) + ": " + std::to_string(wrong) +
+                             " values differ from the reference's, " + std::to_string(gave_up) + " ranks gave up");
         }
         // Non-finite results are counted over the whole tensor, alike on every rank: one inf in
         // each shard, in its owner's float32 value.
@@ -236,7 +252,8 @@ TEST_CASE("the fused kernel's ranks on one GPU: every rank the reference's bits,
         }
         t.reduce(wire, 0.5f, 0.25f, {}, std::chrono::seconds(20));
         std::uint64_t counted[4] = {};
-        NCCLKIT_CUDA_CHECK(cudaMemcpy(counted, t.nonfinite.data(), ranks * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+        NCCLKIT_CUDA_CHECK(
+            cudaMemcpy(counted, t.nonfinite.data(), ranks * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
         for (int r = 0; r < ranks; ++r) {
           checker.expect(counted[r] == static_cast<std::uint64_t>(ranks),
                          what + ": rank " + std::to_string(r) + " counted " + std::to_string(counted[r]) + " of " +
@@ -272,7 +289,8 @@ TEST_CASE("the fused kernel's ranks on one GPU: the fused update gives reducing,
       device_momentum.emplace_back(count, 0);
       device_copy.emplace_back(count, 0);
       NCCLKIT_CUDA_CHECK(cudaMemcpy(t.data[k].data(), in[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
-      NCCLKIT_CUDA_CHECK(cudaMemcpy(device_param[k].data(), param[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      NCCLKIT_CUDA_CHECK(
+          cudaMemcpy(device_param[k].data(), param[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
       NCCLKIT_CUDA_CHECK(
           cudaMemcpy(device_momentum[k].data(), momentum[k].data(), count * sizeof(float), cudaMemcpyHostToDevice));
       updates.push_back({rule, device_param[k].data(), device_momentum[k].data(), nullptr, device_copy[k].data()});
@@ -290,7 +308,8 @@ TEST_CASE("the fused kernel's ranks on one GPU: the fused update gives reducing,
       const auto k = static_cast<std::size_t>(r);
       std::vector<float> got_param(count), got_momentum(count), got_in(count);
       std::vector<ncclkit::BFloat16> got_copy(count);
-      NCCLKIT_CUDA_CHECK(cudaMemcpy(got_param.data(), device_param[k].data(), count * sizeof(float), cudaMemcpyDeviceToHost));
+      NCCLKIT_CUDA_CHECK(
+          cudaMemcpy(got_param.data(), device_param[k].data(), count * sizeof(float), cudaMemcpyDeviceToHost));
       NCCLKIT_CUDA_CHECK(
           cudaMemcpy(got_momentum.data(), device_momentum[k].data(), count * sizeof(float), cudaMemcpyDeviceToHost));
       NCCLKIT_CUDA_CHECK(cudaMemcpy(got_copy.data(), device_copy[k].data(), count * sizeof(ncclkit::BFloat16),
@@ -332,8 +351,33 @@ TEST_CASE("the fused kernel's ranks on one GPU: a rank that never launches makes
     return checker.finish("a missing rank at the fused kernel's barrier");
   });
 }
-#endif
 
+TEST_CASE(
+    "the fused kernel's ranks on one GPU: the host's stop ends a wait for a missing rank long before its deadline") {
+  // What a communicator's abort does first (CommHandle::stop_window_kernels): it raises the stop
+  // word from a stream of its own while the kernel waits at a barrier, and the kernel must leave
+  // the window before the abort unmaps it.
+  run_workers(1, [](const WorldInfo& world, const std::shared_ptr<Store>&) {
+    Checker checker(world.rank);
+    TableRanks t(2, 4096, 4);
+    cudaStream_t stopper = nullptr;
+    NCCLKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stopper, cudaStreamNonBlocking));
+    const auto start = std::chrono::steady_clock::now();
+    t.reduce(ncclkit::DataType::kFloat16, 1.0f, 1.0f, {}, std::chrono::seconds(30), {0}, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // rank 0 is waiting by now
+      NCCLKIT_CUDA_CHECK(cudaMemsetAsync(t.epochs.data() + t.blocks, 1, sizeof(int), stopper));
+    });
+    const auto took = std::chrono::steady_clock::now() - start;
+    NCCLKIT_CUDA_CHECK(cudaStreamDestroy(stopper));
+    checker.expect(took < std::chrono::seconds(10),
+                   "rank 0 waited " +
+                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+                       " ms after a stop raised at 200 ms (its deadline: 30 s)");
+    checker.expect(t.gave_up[0] == 1, "rank 0 did not report that it gave up");
+    return checker.finish("the host's stop at the fused kernel's barrier");
+  });
+}
+#endif
 
 TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or not, a tail, a bfloat16 copy") {
   // 4-element vectors where every buffer is aligned (a count that is no multiple of 4 leaves a
@@ -350,8 +394,12 @@ TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or 
     } rules[] = {
         {"sgd, weight decay", {.lr = 0.1f, .weight_decay = 0.01f, .grad_scale = 0.5f}},
         {"sgd, momentum, nesterov", {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.1f, .nesterov = true}},
-        {"adamw", {.kind = UpdateRule::Kind::kAdamW, .lr = 0.01f, .weight_decay = 0.01f, .bias_correction1 = 0.19f,
-                   .bias_correction2 = 0.002f}},
+        {"adamw",
+         {.kind = UpdateRule::Kind::kAdamW,
+          .lr = 0.01f,
+          .weight_decay = 0.01f,
+          .bias_correction1 = 0.19f,
+          .bias_correction2 = 0.002f}},
     };
     std::vector<std::vector<float>> start(4, std::vector<float>(count + 1));
     for (std::size_t k = 0; k < start.size(); ++k) {
@@ -361,8 +409,8 @@ TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or 
     for (const auto& r : rules) {
       for (std::size_t offset : {0, 1}) {
         for (bool with_copy : {false, true}) {
-          const std::string what = r.name + (offset != 0 ? ", offset by one element" : ", aligned") +
-                                   (with_copy ? ", with a copy" : "");
+          const std::string what =
+              r.name + (offset != 0 ? ", offset by one element" : ", aligned") + (with_copy ? ", with a copy" : "");
           std::vector<DeviceBuffer<float>> device;
           for (const auto& host : start) {
             device.emplace_back(count + 1, comm.device());
@@ -370,8 +418,7 @@ TEST_CASE("the update kernel gives the host loop's bits: every rule, aligned or 
           }
           DeviceBuffer<ncclkit::BFloat16> copy(count + 1, comm.device());
           // count elements of `type` from element `offset` of `base`, device or host memory.
-          const auto view = [&](void* base, DataType type,
-                                ncclkit::MemoryKind where = ncclkit::MemoryKind::kDevice) {
+          const auto view = [&](void* base, DataType type, ncclkit::MemoryKind where = ncclkit::MemoryKind::kDevice) {
             return ncclkit::TensorView{static_cast<char*>(base) + offset * ncclkit::size_of(type), count, type, where};
           };
           const int states = r.rule.state_count();

@@ -123,12 +123,14 @@ __device__ inline bool meet(const CompressedReduceKernelArgs& a, const Window& w
     ++epoch;
     for (int peer = 0; peer < a.world; ++peer) {
       if (peer == a.rank) continue;
-      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, window, flags_offset, a.rank, peer));
+      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(
+          *barrier_flag(a, window, flags_offset, a.rank, peer));
       flag.store(epoch, cuda::memory_order_release);
     }
     for (int peer = 0; peer < a.world && ok; ++peer) {
       if (peer == a.rank) continue;
-      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(*barrier_flag(a, window, flags_offset, peer, a.rank));
+      cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> flag(
+          *barrier_flag(a, window, flags_offset, peer, a.rank));
       for (unsigned spins = 0;; ++spins) {
         if (static_cast<std::int32_t>(flag.load(cuda::memory_order_acquire) - epoch) >= 0) break;
         // The host raises `stop` before it aborts the communicator (CommHandle's
@@ -305,7 +307,8 @@ __global__ void __launch_bounds__(kCompressedReduceThreads)
 template <class Wire, class Window>
 void launch_compressed_reduce_of(const CompressedReduceArgs& args, cudaStream_t stream) {
   if (args.update.values != nullptr) {
-    compressed_reduce_kernel<Wire, true, Window><<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, args.update);
+    compressed_reduce_kernel<Wire, true, Window>
+        <<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, args.update);
   } else {
     compressed_reduce_kernel<Wire, false, Window>
         <<<args.blocks, kCompressedReduceThreads, 0, stream>>>(args, FusedUpdate{});
