@@ -40,8 +40,9 @@
 #                 8 x 4096, SGD, batch 64 and 256 per GPU) at 1 GPU, 2 GPUs (and 4 where there
 #                 are 4), float32 and fp16 gradients, beside PyTorch DDP on the same model
 #                 (bench/ddp_mlp_bench.py: no DDP at 1 GPU, DDP and DDP's fp16 hook), and the
-#                 table of both (scripts/mlp_table.py) in the summary: about 40 s on 2 GPUs,
-#                 60 s on 4.
+#                 table of both (scripts/mlp_table.py) in the summary, and at 2 GPUs
+#                 bench_split_step (the step with the 16-bit exchange cut in two, modelled):
+#                 about 45 s on 2 GPUs, 65 s on 4.
 #   mlp-ablation  mlp-bench, then train_mlp at 2 GPUs with each overlap lever changed alone
 #                 (rows "ncclkit/NAME" of the same table; define_phases lists them).
 # GPU_RUN_PHASES="name ..." runs the named phases instead of a set.
@@ -64,7 +65,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${BUILD_DIR:-$ROOT/build-gpu}"
 CARRY="$BUILD/carry"
 TESTS=(tests_gpu tests_gpu_grouped)
-BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks fusion_nccl bench_symmetric_windows)
+BENCHES=(perf_nccl bench_nccl_enqueue gbench_nccl_enqueue bench_completion_marks fusion_nccl bench_symmetric_windows
+  bench_split_step)
 
 # "2.28.9" from an nccl.h; nothing where there is none.
 nccl_header_version() {
@@ -156,7 +158,7 @@ set_phases() {
         loose-copies-p$n-c0-k128"
       ;;
     mlp-bench | mlp-ablation)
-      names="train-mlp-p1 torch-mlp-p1 train-mlp-p2 train-mlp-defer-p2 torch-mlp-p2"
+      names="train-mlp-p1 torch-mlp-p1 train-mlp-p2 train-mlp-defer-p2 torch-mlp-p2 split-step-p2"
       ((n >= 4)) && names+=" train-mlp-p4 train-mlp-defer-p4 torch-mlp-p4"
       [[ $2 == mlp-ablation ]] && names+=" $MLP_ABLATION"
       ;;
@@ -341,6 +343,9 @@ define_phases() {
     needs torch-mlp-p$g $g && CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((g - 1))) phase torch-mlp-p$g 120 python3 \
       "$ROOT/bench/ddp_mlp_bench.py" --nprocs $g "${mlp[@]}" --csv "$data/mlp_torch_p$g.csv"
   done
+  # Where to cut the fused 16-bit exchange across two steps, modelled (bench/bench_split_step.cu
+  # says how); its step times are in its log.
+  needs split-step-p2 2 && CUDA_VISIBLE_DEVICES=0,1 phase split-step-p2 60 "$bin/bench_split_step" 64,256 198
 
   # ---- mlp-ablation: mlp-bench, then each overlap lever of train_mlp changed alone at 2 GPUs
   # (rows "ncclkit/NAME" in the same table): no overlap (one flat all-reduce after backward), the

@@ -80,7 +80,9 @@ TEST_CASE("the mlp-bench set runs train_mlp and PyTorch's DDP at 1 and 2 GPUs, a
   const ShellRun two = dry_run("GPU_RUN_FAKE_GPUS=2 GPU_RUN_SET=mlp-bench");
   CHECK(two.status == 0);
   CHECK(contains(line_of(two.output, "GPUs used:"),
-                 "train-mlp-p1 torch-mlp-p1 train-mlp-p2 train-mlp-defer-p2 torch-mlp-p2; budget"));
+                 "train-mlp-p1 torch-mlp-p1 train-mlp-p2 train-mlp-defer-p2 torch-mlp-p2 split-step-p2; budget"));
+  CHECK(contains(line_of(two.output, "split-step-p2 (limit"), "CUDA_VISIBLE_DEVICES=0,1 "));
+  CHECK(contains(line_of(two.output, "split-step-p2 (limit"), "bench_split_step 64,256 198"));
   // float32 gradients in two halves: their own row, against ncclkit's 1-GPU step.
   CHECK(contains(line_of(two.output, "train-mlp-defer-p2 (limit"), "--codec none --defer-gather --label defer"));
   CHECK(contains(line_of(two.output, "train-mlp-p1 (limit"), "CUDA_VISIBLE_DEVICES=0 "));

@@ -61,7 +61,7 @@ inline CopyBatchLauncher& copy_batch_launcher() {
 /// `blocks` values, then the word `stop` points at) carry each block's barrier count from one
 /// call to the next.
 struct CompressedReduceKernelArgs {
-  void* window;  // an ncclWindow_t (NCCL 2.28's device API)
+  void* window;  // an ncclWindow_t (NCCL 2.28's device API); in a test, a table (PointerTableWindow)
   float* data;
   std::size_t count;
   std::size_t slot;   // wire values per rank in each inbox (fixed by the workspace)
