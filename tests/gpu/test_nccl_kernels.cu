@@ -86,7 +86,9 @@ TEST_CASE("every variant of the fused 16-bit kernel fits two blocks per SM: at m
 // other's windows through a table of pointers (PointerTableWindow): the exchange, the barriers and
 // their epochs from call to call, the fused update and the timeout run at 2, 3 and 4 ranks on a
 // machine with one GPU. (The kernel's code is the same template; only the two lines that turn an
-// offset into an address differ.)
+// offset into an address differ.) Each rank runs few blocks (4 or 8), so that every rank's blocks
+// are on the GPU at once, as the barriers need: a block that waited for a place while its partners
+// wait for it would end the call at its deadline, a failure here, never a hang.
 
 /// `world` ranks of the fused kernel, each with its own window, data, epochs and counters, all in
 /// this GPU's memory.
