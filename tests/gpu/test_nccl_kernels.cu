@@ -174,30 +174,18 @@ struct TableRanks {
 };
 
 /// What the fused kernel makes of element i with the ranks' inputs `in`: the owner's float32
-/// value plus the others' 16-bit ones, in rank order, rounded once to 16 bits, decoded.
+/// value plus the others' 16-bit ones, in rank order, rounded once to 16 bits, decoded. `Wire`:
+/// ncclkit::Half or ncclkit::BFloat16, the library's host rounding (to nearest, ties to even).
 template <class Wire>
 float fused_reference(const std::vector<std::vector<float>>& in, std::size_t shard, std::size_t i, float encode,
                       float decode) {
-  const auto narrow = [](float v) {
-    if constexpr (std::is_same_v<Wire, __half>) {
-      return __float2half_rn(v);
-    } else {
-      return __float2bfloat16_rn(v);
-    }
-  };
-  const auto widen = [](Wire v) {
-    if constexpr (std::is_same_v<Wire, __half>) {
-      return __half2float(v);
-    } else {
-      return __bfloat162float(v);
-    }
-  };
+  const auto round = [](float v) { return static_cast<float>(Wire(v)); };
   const std::size_t owner = i / shard;
   float acc = in[owner][i] * encode;
   for (std::size_t q = 0; q < in.size(); ++q) {
-    if (q != owner) acc += widen(narrow(in[q][i] * encode));
+    if (q != owner) acc += round(in[q][i] * encode);
   }
-  return widen(narrow(acc)) * decode;
+  return round(acc) * decode;
 }
 
 TEST_CASE("the fused kernel's ranks on one GPU: every rank the reference's bits, three calls in a row, 2 to 4 ranks") {
@@ -232,8 +220,8 @@ TEST_CASE("the fused kernel's ranks on one GPU: every rank the reference's bits,
                                           cudaMemcpyDeviceToHost));
             for (std::size_t i = 0; i < count; ++i) {
               const float want = wire == DataType::kFloat16
-                                     ? fused_reference<__half>(in, t.shard, i, 0.5f, 0.25f)
-                                     : fused_reference<__nv_bfloat16>(in, t.shard, i, 0.5f, 0.25f);
+                                     ? fused_reference<ncclkit::Half>(in, t.shard, i, 0.5f, 0.25f)
+                                     : fused_reference<ncclkit::BFloat16>(in, t.shard, i, 0.5f, 0.25f);
               wrong += std::memcmp(&got[i], &want, sizeof(float)) != 0 ? 1 : 0;
             }
             gave_up += t.gave_up[r] != 0 ? 1 : 0;
@@ -299,7 +287,8 @@ TEST_CASE("the fused kernel's ranks on one GPU: the fused update gives reducing,
     }
     t.reduce(DataType::kBFloat16, 1.0f, 0.5f, updates, std::chrono::seconds(20));
     std::vector<float> averaged(count);
-    for (std::size_t i = 0; i < count; ++i) averaged[i] = fused_reference<__nv_bfloat16>(in, t.shard, i, 1.0f, 0.5f);
+    for (std::size_t i = 0; i < count; ++i)
+      averaged[i] = fused_reference<ncclkit::BFloat16>(in, t.shard, i, 1.0f, 0.5f);
     std::vector<float> want_param = param[0], want_momentum = momentum[0];
     std::vector<ncclkit::BFloat16> want_copy(count);
     const auto host = ncclkit::MemoryKind::kHost;

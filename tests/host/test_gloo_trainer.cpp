@@ -1,11 +1,11 @@
 // Tests of ncclkit/trainer/data_parallel.hpp over the Gloo backend in real processes, on the
 // digits classifier of examples/digits (real data): N processes with a global batch B reach the
-// parameters of one process with batch B (N = 2, 4), also with defer_gather; the example trains past 95% test accuracy
-// on four processes with a loss that falls epoch after epoch; a resume from a mid-epoch
-// checkpoint continues the uninterrupted run bit for bit, and at another world size trains on
-// with the samples not seen yet; a rank given fewer samples makes every rank fail at once with
-// an error naming the ranks and step counts, not a hang. Workers send their parameters and
-// findings back to the parent as files in a temp folder.
+// parameters of one process with batch B (N = 2, 4), also with defer_gather; the example trains
+// past 95% test accuracy on four processes with a loss that falls epoch after epoch; a resume
+// from a mid-epoch checkpoint continues the uninterrupted run bit for bit, and at another world
+// size trains on with the samples not seen yet; a rank given fewer samples makes every rank fail
+// at once with an error naming the ranks and step counts, not a hang. Workers send their
+// parameters and findings back to the parent as files in a temp folder.
 #include <doctest/doctest.h>
 
 #include <array>       // std::array
