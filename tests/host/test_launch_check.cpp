@@ -7,6 +7,7 @@
 
 #include "launch/check.hpp"
 #include "launch/launch_test_support.hpp"
+#include "support/closed_port.hpp"
 
 using namespace ncclkit::launch;
 using namespace launch_test;
@@ -212,20 +213,23 @@ TEST_CASE("--check with two local launchers, over a TCP store (with and without 
 
 TEST_CASE("--check when the store cannot be reached, and with a --master-addr that is not node 0's") {
   TempDir dir;
-  const int port = free_port();
-  Process lost = start({kLauncher, "--check", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                        "--master-port", std::to_string(port), "--rdzv-timeout", "1"},
-                       dir.path(), "lost");
-  REQUIRE(lost.wait(60s));
-  CHECK(lost.status == 1);
-  CHECK_MESSAGE(contains(lost.out(), "store: unreachable"), lost.output());
-  CHECK(contains(lost.out(), "[node 1] cannot reach the launchers' store"));
-  CHECK(contains(lost.out(), "127.0.0.1:" + std::to_string(port)));
-  CHECK(contains(lost.out(), "Connection refused"));
+  {
+    const ncclkit_test::ClosedPort closed;  // nobody listens there until the block ends
+    const int port = closed.port();
+    Process lost = start({kLauncher, "--check", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                          "--master-port", std::to_string(port), "--rdzv-timeout", "1"},
+                         dir.path(), "lost");
+    REQUIRE(lost.wait(60s));
+    CHECK(lost.status == 1);
+    CHECK_MESSAGE(contains(lost.out(), "store: unreachable"), lost.output());
+    CHECK(contains(lost.out(), "[node 1] cannot reach the launchers' store"));
+    CHECK(contains(lost.out(), "127.0.0.1:" + std::to_string(port)));
+    CHECK(contains(lost.out(), "Connection refused"));
+  }
 
-  // 198.51.100.123 (TEST-NET-2) is nobody's address here.
+  // 198.51.100.123 (TEST-NET-2) is nobody's address here. Node 0 still opens its store on the port.
   Process wrong = start({kLauncher, "--check", "--nnodes", "2", "--node-rank", "0", "--master-addr", "198.51.100.123",
-                         "--master-port", std::to_string(port), "--rdzv-timeout", "1"},
+                         "--master-port", std::to_string(free_port()), "--rdzv-timeout", "1"},
                         dir.path(), "wrong");
   REQUIRE(wrong.wait(60s));
   CHECK(wrong.status == 1);

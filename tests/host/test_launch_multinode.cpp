@@ -6,6 +6,7 @@
 #include <set>
 
 #include "launch/launch_test_support.hpp"
+#include "support/closed_port.hpp"
 
 using namespace launch_test;
 
@@ -178,7 +179,8 @@ TEST_CASE("a node that never comes: the rendezvous timeout names it") {
 
 TEST_CASE("a node that cannot reach node 0's store says where it looked") {
   TempDir dir;
-  const int port = free_port();  // nobody listens there
+  const ncclkit_test::ClosedPort closed;  // nobody listens there until the case ends
+  const int port = closed.port();
   std::vector<std::string> args = tcp_args(port, 1, 1);
   args.back() = "1";
   Process node1 = run_launcher(args, {"exit=0"}, dir.path());

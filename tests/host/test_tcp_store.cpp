@@ -23,6 +23,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/tcp_store.hpp"
+#include "support/closed_port.hpp"
 #include "support/raw_tcp_peer.hpp"
 #include "support/text.hpp"
 
@@ -239,11 +240,8 @@ TEST_CASE("when the server never answers a wait, the client times out within bou
 }
 
 TEST_CASE("connecting to a port with no server fails with TimeoutError naming host:port, on time") {
-  int port = 0;
-  {
-    auto probe = ncclkit::detail::listen_tcp("127.0.0.1", 0);
-    port = ncclkit::detail::local_port(probe.get());
-  }  // closed: nothing listens there now
+  const ClosedPort closed;  // nobody listens there until the case ends
+  const int port = closed.port();
   const auto start = Clock::now();
   std::string message;
   try {

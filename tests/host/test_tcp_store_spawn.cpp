@@ -15,6 +15,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/tcp_store.hpp"
+#include "support/closed_port.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -197,6 +198,8 @@ TEST_CASE("spawn's TcpStore server is gone once spawn returns") {
   REQUIRE(::read(fds[0], &port, sizeof port) == sizeof port);
   ::close(fds[0]);
   ::close(fds[1]);
+  // Holding the port keeps another test's server from taking it before the connect below.
+  const ncclkit_test::ClosedPort closed(port);
   CHECK_THROWS_WITH_AS(TcpStore({.port = port, .timeout = 300ms}), doctest::Contains("Connection refused"),
                        ncclkit::TimeoutError);
 }
