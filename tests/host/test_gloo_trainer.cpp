@@ -4,9 +4,9 @@
 // past 95% test accuracy on four processes with a loss that falls epoch after epoch; a resume
 // from a mid-epoch checkpoint continues the uninterrupted run bit for bit, and at another world
 // size trains on with the samples not seen yet; a rank given fewer samples makes every rank fail
-// at once with an error naming the ranks and step counts, not a hang; a rank that dies mid-fit
-// makes the others raise CommError naming it within seconds, leaves the checkpoints whole, and the
-// restarted job ends as the uninterrupted run bit for bit. Workers send their parameters and
+// at once with an error naming the ranks and step counts, not a hang; a rank that dies or hangs
+// mid-fit makes the others raise CommError (naming it within seconds, or at their timeout), leaves
+// the checkpoints whole, and the restarted job ends as the uninterrupted run bit for bit. Workers send their parameters and
 // findings back to the parent as files in a temp folder.
 #include <doctest/doctest.h>
 
@@ -22,6 +22,7 @@
 #include <fstream>     // std::ifstream, std::ofstream
 #include <span>        // std::span
 #include <string>      // std::string
+#include <thread>      // std::this_thread: the hung rank waits
 #include <vector>      // std::vector
 
 #include "digits/data.hpp"
@@ -343,21 +344,36 @@ TEST_CASE("over Gloo a rank given fewer samples makes every rank fail at once, n
 
 namespace gloo_trainer_tests {
 
-// A model whose process exits at the start of its `die_at`-th forward_backward (0-based, so after
-// `die_at` whole steps without accumulation) on rank `victim`, after writing the time of death
-// (steady_clock, which every process of the machine shares) to `death_file`. The exit status is
-// 0, so that spawn lets the other ranks run on and show what they do about it.
+enum class Failure { kDies, kHangs };
+
+// A model that fails at the start of its `fail_at`-th forward_backward (0-based, so after
+// `fail_at` whole steps without accumulation) on rank `victim`: it writes the time (steady_clock,
+// which every process of the machine shares) to `time_file`, then exits (kDies), or stops calling
+// anything until every other rank has written a file into `heard_folder` (kHangs, at most 60 s)
+// and exits then. The exit status is 0, so that spawn lets the other ranks run on and show what
+// they do about it.
 template <class Base>
-struct DiesAt : Base {
+struct FailsAt : Base {
   using Base::Base;
   int rank = -1;
   int victim = -1;
-  std::size_t die_at = 0;
-  std::string death_file;
+  int world = 0;
+  Failure failure = Failure::kDies;
+  std::size_t fail_at = 0;
+  std::string time_file;
+  std::string heard_prefix;  // + rank + ".heard": what the others write
   std::size_t calls = 0;
   void forward_backward(const typename Base::Batch& batch, ncclkit::trainer::StepContext<Communicator>& step) {
-    if (rank == victim && calls == die_at) {
-      std::ofstream(death_file) << std::chrono::steady_clock::now().time_since_epoch().count();
+    if (rank == victim && calls == fail_at) {
+      std::ofstream(time_file) << std::chrono::steady_clock::now().time_since_epoch().count();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      const auto all_heard = [&] {
+        for (int r = 0; r < world; ++r)
+          if (r != victim && !fs::exists(heard_prefix + std::to_string(r) + ".heard")) return false;
+        return true;
+      };
+      while (failure == Failure::kHangs && !all_heard() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       ::_exit(0);
     }
     ++calls;
@@ -367,70 +383,89 @@ struct DiesAt : Base {
 
 }  // namespace gloo_trainer_tests
 
-TEST_CASE("over Gloo a rank that dies mid-fit: the others raise CommError naming it within seconds, the checkpoints "
-          "stay whole, and the restarted job ends as the uninterrupted run bit for bit") {
+TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommError naming it or the timeout, the "
+          "checkpoints stay whole, and the restarted job ends as the uninterrupted run bit for bit") {
   gloo_digits();
   TempDir dir("gloo-trainer-drill");
   const digits::HostData train(gloo_digits()[0]);
   constexpr int kWorld = 4;
   constexpr int kVictim = 3;
-  constexpr std::size_t kDieAt = 25;  // 5 steps after the checkpoint of step 20
+  constexpr std::size_t kFailAt = 25;  // 5 steps after the checkpoint of step 20
+  // The communicators' timeout in the hang drill: what the others wait before they give up.
+  constexpr std::chrono::seconds kHangTimeout{3};
   for (const bool deferred : {false, true}) {
     CAPTURE(deferred);
     const std::string tag = deferred ? "deferred" : "plain";
-    TrainerOptions options{.global_batch = 64,
-                           .bucket_bytes = 4096,  // several buckets in flight when the peer goes
-                           .optimizer = {.momentum = 0.9},
-                           .schedule = {.lr = 0.05, .warmup_steps = 5},
-                           .defer_gather = deferred,
-                           .seed = 3,
-                           .log_interval = 0,
-                           .print_progress = false,
-                           .checkpoint_interval = 10,
-                           .keep_checkpoints = 5};
-    // Trains 2 epochs (44 steps) from the checkpoints in `folder`, `victim` dying as DiesAt says
-    // (-1: nobody dies); every rank that finishes writes its parameters and the step it started
-    // from as run `run`, and every survivor of a death writes how long it took to hear of it.
-    const auto attempt = [&]<class Model>(const std::string& folder, const std::string& run, int victim) {
+    const TrainerOptions options{.global_batch = 64,
+                                 .bucket_bytes = 4096,  // several buckets in flight when the peer fails
+                                 .optimizer = {.momentum = 0.9},
+                                 .schedule = {.lr = 0.05, .warmup_steps = 5},
+                                 .defer_gather = deferred,
+                                 .seed = 3,
+                                 .log_interval = 0,
+                                 .print_progress = false,
+                                 .checkpoint_interval = 10,
+                                 .keep_checkpoints = 5};
+    // Trains 2 epochs (44 steps) from the checkpoints in `folder`, `victim` failing as FailsAt
+    // says (-1: nobody fails); every rank that finishes writes its parameters and the step it
+    // started from as run `run`, and every other rank writes how long it took to hear of the
+    // failure.
+    const auto attempt = [&]<class Model>(const std::string& folder, const std::string& run, int victim,
+                                          Failure failure) {
+      const auto timeout = victim >= 0 && failure == Failure::kHangs ? kHangTimeout : kGlooTimeout;
       return run_gloo(
           kWorld,
           [&](Communicator& comm, const WorldInfo& info, Checker& check) {
-            DiesAt<Model> model(32, 7);
+            FailsAt<Model> model(32, 7);
             model.rank = info.rank;
             model.victim = victim;
-            model.die_at = kDieAt;
-            model.death_file = dir.path + "/" + run + ".death";
+            model.world = info.world_size;
+            model.failure = failure;
+            model.fail_at = kFailAt;
+            model.time_file = dir.path + "/" + run + ".failed";
+            model.heard_prefix = dir.path + "/" + run + ".rank";
             TrainerOptions o = options;
             o.checkpoint_folder = folder;
-            DataParallelTrainer<DiesAt<Model>, Communicator> trainer(comm, model, o);
+            DataParallelTrainer<FailsAt<Model>, Communicator> trainer(comm, model, o);
             const std::uint64_t started = trainer.steps();
             try {
               trainer.fit(train, 2);
             } catch (const ncclkit::CommError& e) {
               const auto heard = std::chrono::steady_clock::now().time_since_epoch().count();
-              std::int64_t died = 0;
-              std::ifstream(model.death_file) >> died;
-              check.expect(died != 0, "CommError, but rank " + std::to_string(victim) + " wrote no time of death: " +
-                                          e.what());
-              const double seconds = static_cast<double>(heard - died) * 1e-9;
-              check.expect(seconds < 5, "heard of the death after " + std::to_string(seconds) + " s: " + e.what());
               const std::string message = e.what();
-              check.expect(message.find("rank " + std::to_string(victim)) != std::string::npos,
-                           "the message does not name rank " + std::to_string(victim) + ": " + message);
-              check.expect(trainer.steps() == kDieAt, "the survivor stopped at step " + std::to_string(trainer.steps()));
-              std::ofstream(dir.path + "/" + run + ".rank" + std::to_string(info.rank) + ".heard") << seconds;
+              std::int64_t failed = 0;
+              std::ifstream(model.time_file) >> failed;
+              check.expect(failed != 0, "CommError, but rank " + std::to_string(victim) + " did not fail: " + message);
+              const double seconds = static_cast<double>(heard - failed) * 1e-9;
+              const std::string after = "heard after " + std::to_string(seconds) + " s: " + message;
+              if (failure == Failure::kDies) {
+                check.expect(seconds < 5, after);
+                check.expect(message.find("connection to rank " + std::to_string(victim)) != std::string::npos,
+                             "the message does not name rank " + std::to_string(victim) + ": " + message);
+              } else {
+                const double limit = std::chrono::duration<double>(timeout).count();
+                check.expect(seconds > limit - 0.5 && seconds < limit + 5, after);
+                check.expect(message.find("Timed out") != std::string::npos, "not a timeout: " + message);
+              }
+              // With defer_gather a step returns with its second half still on the comm queue: a
+              // failure there (the hang's timeout comes late) is met by the next step's need.
+              const bool stopped_right =
+                  trainer.steps() == kFailAt || (deferred && trainer.steps() == kFailAt + 1);
+              check.expect(stopped_right, "stopped at step " + std::to_string(trainer.steps()));
+              std::ofstream(model.heard_prefix + std::to_string(info.rank) + ".heard") << seconds;
               return;  // the trainer and the communicator go out of scope with the peer gone
             }
-            check.expect(victim < 0, "fit finished although rank " + std::to_string(victim) + " died");
+            check.expect(victim < 0, "fit finished although rank " + std::to_string(victim) + " failed");
             check.expect(trainer.steps() == 44, "44 steps in 2 epochs, not " + std::to_string(trainer.steps()));
             write_floats(parameters_file(dir, run, info.rank), parameters_of(trainer));
             std::ofstream(dir.path + "/" + run + ".rank" + std::to_string(info.rank) + ".started") << started;
           },
-          {.timeout = kGlooTimeout});
+          {.timeout = timeout});
     };
-    const auto run_attempt = [&](const std::string& folder, const std::string& run, int victim) {
-      if (deferred) return attempt.template operator()<ncclkit_test::WaitingMlp<Communicator>>(folder, run, victim);
-      return attempt.template operator()<Mlp>(folder, run, victim);
+    const auto run_attempt = [&](const std::string& folder, const std::string& run, int victim, Failure failure) {
+      if (deferred)
+        return attempt.template operator()<ncclkit_test::WaitingMlp<Communicator>>(folder, run, victim, failure);
+      return attempt.template operator()<Mlp>(folder, run, victim, failure);
     };
     const auto started_at = [&](const std::string& run, int rank) {
       std::uint64_t step = ~std::uint64_t{0};
@@ -438,34 +473,40 @@ TEST_CASE("over Gloo a rank that dies mid-fit: the others raise CommError naming
       return step;
     };
 
-    const auto whole_result = run_attempt(dir.path + "/" + tag + "-whole", tag + "-whole", -1);
+    const auto whole_result = run_attempt(dir.path + "/" + tag + "-whole", tag + "-whole", -1, Failure::kDies);
     REQUIRE_MESSAGE(whole_result.ok(), whole_result.describe());
     const std::vector<float> whole = read_floats(parameters_file(dir, tag + "-whole", 0));
 
-    // The drill. Spawn's own limit is far away: a survivor that hung would show as a timeout.
-    const auto start = std::chrono::steady_clock::now();
-    const std::string folder = dir.path + "/" + tag + "-drill";
-    const auto drill = run_attempt(folder, tag + "-drill", kVictim);
-    CHECK_MESSAGE(drill.ok(), drill.describe());
-    CHECK(std::chrono::steady_clock::now() - start < kGlooTimeout / 2);
-    for (int rank = 0; rank < kWorld; ++rank) {
-      if (rank == kVictim) continue;
-      CAPTURE(rank);
-      CHECK(fs::exists(dir.path + "/" + tag + "-drill.rank" + std::to_string(rank) + ".heard"));
-    }
-    // Rank 0 wrote steps 10 and 20, whole, and nothing after the death.
-    std::vector<std::string> files;
-    for (const auto& entry : fs::directory_iterator(folder)) files.push_back(entry.path().filename().string());
-    std::sort(files.begin(), files.end());
-    CHECK(files == std::vector<std::string>{"step-00000010.ckpt", "step-00000020.ckpt"});
+    for (const Failure failure : {Failure::kDies, Failure::kHangs}) {
+      const std::string run = tag + (failure == Failure::kDies ? "-dies" : "-hangs");
+      CAPTURE(run);
+      // Spawn's own limit is far away: a rank that hung would show as a spawn timeout.
+      const auto start = std::chrono::steady_clock::now();
+      const std::string folder = dir.path + "/" + run;
+      const auto drill = run_attempt(folder, run, kVictim, failure);
+      CHECK_MESSAGE(drill.ok(), drill.describe());
+      CHECK(std::chrono::steady_clock::now() - start < kGlooTimeout / 2);
+      for (int rank = 0; rank < kWorld; ++rank) {
+        if (rank == kVictim) continue;
+        CAPTURE(rank);
+        CHECK(fs::exists(dir.path + "/" + run + ".rank" + std::to_string(rank) + ".heard"));
+      }
+      // Rank 0 wrote steps 10 and 20, whole, and nothing after the failure.
+      std::vector<std::string> files;
+      for (const auto& entry : fs::directory_iterator(folder)) files.push_back(entry.path().filename().string());
+      std::sort(files.begin(), files.end());
+      CHECK(files == std::vector<std::string>{"step-00000010.ckpt", "step-00000020.ckpt"});
 
-    // The restart, as a launcher's --max-restarts would do it: the same job from the same folder.
-    const auto restart = run_attempt(folder, tag + "-restart", -1);
-    REQUIRE_MESSAGE(restart.ok(), restart.describe());
-    for (int rank = 0; rank < kWorld; ++rank) {
-      CAPTURE(rank);
-      CHECK(started_at(tag + "-restart", rank) == 20);
-      CHECK(read_floats(parameters_file(dir, tag + "-restart", rank)) == whole);
+      // The restart, as a launcher's --max-restarts would do it: the same job from the same folder
+      // (after the death only: the hang left the same checkpoints).
+      if (failure == Failure::kHangs) continue;
+      const auto restart = run_attempt(folder, run + "-restart", -1, failure);
+      REQUIRE_MESSAGE(restart.ok(), restart.describe());
+      for (int rank = 0; rank < kWorld; ++rank) {
+        CAPTURE(rank);
+        CHECK(started_at(run + "-restart", rank) == 20);
+        CHECK(read_floats(parameters_file(dir, run + "-restart", rank)) == whole);
+      }
     }
   }
 }
