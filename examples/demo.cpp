@@ -7,8 +7,9 @@
 // Run directly, it forks N workers that rendezvous through a private FileStore. Run under a
 // launcher (RANK and WORLD_SIZE set: ncclkit-run, torchrun, srun), it is one of the workers.
 // --backend gloo trains on CPUs (plain loops); --backend nccl (a build with CUDA and NCCL:
-// the target demo_gpu) trains on one GPU per worker. Exit status 0 when the test accuracy
-// reaches 95%.
+// the target demo_gpu) trains on one GPU per worker. --checkpoints DIR: rank 0 writes a
+// checkpoint there after every epoch, and a run started with the same DIR (a launcher's restart,
+// or by hand) goes on from the newest. Exit status 0 when the test accuracy reaches 95%.
 #include <cstdio>
 #include <string>
 #include <string_view>

@@ -21,7 +21,8 @@ struct RunOptions {
 template <class Backend, class Model, class Data>
 double train(Backend& comm, Model& model, const Data& train, const Data& test, const RunOptions& run) {
   using namespace ncclkit::trainer;
-  const std::size_t steps = run.epochs * (train.size() / run.global_batch);
+  const std::size_t epoch_steps = train.size() / run.global_batch;
+  const std::size_t steps = run.epochs * epoch_steps;
   DataParallelTrainer<Model, Backend> trainer(
       comm, model,
       {.global_batch = run.global_batch,
@@ -29,9 +30,10 @@ double train(Backend& comm, Model& model, const Data& train, const Data& test, c
        .optimizer = {.weight_decay = 1e-4, .momentum = 0.9, .nesterov = true},
        .schedule = {.lr = 0.1, .decay = Decay::kCosine, .warmup_steps = 20, .total_steps = steps},
        .seed = 42,
-       .log_interval = train.size() / run.global_batch,  // one progress line per epoch
+       .log_interval = epoch_steps,  // one progress line per epoch
        .metrics_file = run.metrics_file,
-       .checkpoint_folder = run.checkpoints});
+       .checkpoint_folder = run.checkpoints,
+       .checkpoint_interval = epoch_steps});  // a restart redoes one epoch at most
   const FitReport report = trainer.fit(train, run.epochs, &test);
   if (comm.rank() == 0) {
     std::printf("test accuracy %.2f%% (%.0f of %.0f) after %zu epochs, %llu steps, in %.1f s on %d ranks\n",
