@@ -7,7 +7,6 @@
 
 #include "launch/check.hpp"
 #include "launch/launch_test_support.hpp"
-#include "support/closed_port.hpp"
 
 using namespace ncclkit::launch;
 using namespace launch_test;

@@ -1,15 +1,21 @@
 // The demo (examples/demo.cpp) under ncclkit-run, as a user restarts a job: a worker killed in
 // the middle of training makes the launcher restart the group (--max-restarts 1), which goes on
-// from the newest checkpoint and ends where an uninterrupted run ends. Present where the
-// examples are built (the demo needs Gloo).
+// from the newest checkpoint and ends where an uninterrupted run ends. Skipped (exit 77) where
+// the examples are not built (the demo needs Gloo).
+// ncclkit-test: skip_code=77
 #include <doctest/doctest.h>
 
-#include <signal.h>  // kill, SIGKILL
+#include <signal.h>     // kill, SIGKILL, SIGTERM
+#include <sys/types.h>  // pid_t
 
-#include <filesystem>  // std::filesystem
-#include <regex>       // std::regex: the resume line
-#include <string>      // std::string
-#include <vector>      // std::vector
+#include <cstdio>        // std::fprintf
+#include <cstdlib>       // std::_Exit
+#include <filesystem>    // std::filesystem
+#include <fstream>       // std::ifstream: /proc, the metrics
+#include <regex>         // std::regex: the resume line
+#include <string>        // std::string
+#include <system_error>  // std::error_code
+#include <vector>        // std::vector
 
 #include "launch/launch_test_support.hpp"
 
@@ -46,6 +52,17 @@ std::string last_line(const std::string& path, const std::string& kind) {
   return last;
 }
 
+// Stops a launcher still running when the case ends early (a failed REQUIRE), so that it and its
+// workers do not run on beside the next tests; the launcher stops its workers on SIGTERM.
+struct StopsLauncher {
+  Process& launcher;
+  ~StopsLauncher() {
+    if (launcher.status >= 0) return;
+    ::kill(launcher.pid, SIGTERM);
+    launcher.wait(30s);
+  }
+};
+
 // A metrics line without its timing fields, which differ from run to run.
 std::string without_times(std::string line) {
   return std::regex_replace(line, std::regex(", \"(samples_per_s|elapsed_s)\": [0-9.e+-]+"), "");
@@ -64,12 +81,14 @@ TEST_CASE("the demo under ncclkit-run --max-restarts 1: a worker killed mid-trai
                  dir.path(), run);
   };
   Process whole = demo("whole");
+  const StopsLauncher stops_whole{whole};
   REQUIRE(whole.wait(180s));
   REQUIRE_MESSAGE(whole.status == 0, whole.output());
   CHECK_FALSE(contains(whole.out(), "resuming from"));
 
   // Rank 3 is killed once the checkpoint of epoch 2 (22 steps an epoch) is there: 6 epochs remain.
   Process cut = demo("cut");
+  const StopsLauncher stops_cut{cut};
   const auto checkpoint = dir / "cut/step-00000044.ckpt";
   REQUIRE(wait_until([&] { return fs::exists(checkpoint) || !alive(cut.pid); }, 180s));
   REQUIRE_MESSAGE(fs::exists(checkpoint), "the demo wrote no checkpoint at step 44\n", cut.output());
@@ -100,6 +119,14 @@ TEST_CASE("the demo under ncclkit-run --max-restarts 1: a worker killed mid-trai
     REQUIRE_FALSE(expected.empty());
     CHECK(without_times(last_line(dir / "cut.jsonl", kind)) == expected);
   }
+}
+
+#else
+
+TEST_CASE("the demo under ncclkit-run --max-restarts 1 (skipped: this build has no demo)") {
+  std::fprintf(stderr, "SKIPPED test_launch_demo: the demo is built with the examples and Gloo\n");
+  std::fflush(stderr);
+  std::_Exit(77);
 }
 
 #endif  // NCCLKIT_DEMO_EXE

@@ -6,7 +6,6 @@
 #include <set>
 
 #include "launch/launch_test_support.hpp"
-#include "support/closed_port.hpp"
 
 using namespace launch_test;
 

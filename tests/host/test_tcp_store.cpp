@@ -23,7 +23,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/tcp_store.hpp"
-#include "support/closed_port.hpp"
+#include "support/ports.hpp"
 #include "support/raw_tcp_peer.hpp"
 #include "support/text.hpp"
 
@@ -256,11 +256,7 @@ TEST_CASE("connecting to a port with no server fails with TimeoutError naming ho
 }
 
 TEST_CASE("a client started before its server connects once the server is up") {
-  int port = 0;
-  {
-    auto probe = ncclkit::detail::listen_tcp("127.0.0.1", 0);
-    port = ncclkit::detail::local_port(probe.get());
-  }
+  const int port = free_port();  // outside the ephemeral range: no stranger's, nor the client's own
   std::atomic<bool> connected{false};
   std::string error;
   std::thread client([&] {

@@ -15,7 +15,7 @@
 #include "ncclkit/core/log.hpp"
 #include "ncclkit/store/barrier.hpp"
 #include "ncclkit/store/tcp_store.hpp"
-#include "support/closed_port.hpp"
+#include "support/ports.hpp"
 
 using namespace std::chrono_literals;
 using ncclkit::Bytes;
@@ -198,7 +198,8 @@ TEST_CASE("spawn's TcpStore server is gone once spawn returns") {
   REQUIRE(::read(fds[0], &port, sizeof port) == sizeof port);
   ::close(fds[0]);
   ::close(fds[1]);
-  // Holding the port keeps another test's server from taking it before the connect below.
+  // The kernel handed the server this port from its ephemeral range: holding it keeps another
+  // test's port-0 server from being given it before the connect below.
   const ncclkit_test::ClosedPort closed(port);
   CHECK_THROWS_WITH_AS(TcpStore({.port = port, .timeout = 300ms}), doctest::Contains("Connection refused"),
                        ncclkit::TimeoutError);

@@ -14,19 +14,18 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "support/ports.hpp"
 #include "support/temp_dir.hpp"
 #include "support/text.hpp"
 
@@ -205,33 +204,6 @@ inline std::vector<std::string> lines_starting_with(const std::string& text, con
 
 using ncclkit_test::contains;
 
-/// A TCP port free on the loopback address, for a launcher to listen on.
-///
-/// It is drawn below the kernel's ephemeral range, so that the sockets other tests bind to port 0
-/// and their outgoing connections, which the kernel places inside that range, cannot take it before
-/// the launcher binds it. Another test's `free_port` could still draw the same port, one time in
-/// thousands of ports.
-inline int free_port() {
-  int ephemeral_low = 32768;
-  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
-  const int low = 10000;
-  REQUIRE_MESSAGE(ephemeral_low > low + 1000, "the ephemeral port range starts at ", ephemeral_low);
-  std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
-  std::uniform_int_distribution<int> draw(low, ephemeral_low - 1);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);  // the launcher's store listens on every address
-    const int port = draw(random);
-    address.sin_port = htons(static_cast<std::uint16_t>(port));
-    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-    ::close(fd);
-    if (free) return port;
-  }
-  FAIL("no free TCP port below ", ephemeral_low, " after 200 draws");
-  return 0;
-}
+using ncclkit_test::free_port;
 
 }  // namespace launch_test
