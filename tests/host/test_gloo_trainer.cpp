@@ -355,8 +355,8 @@ std::int64_t now_ns() {
 // A model that fails at the start of its `fail_at`-th forward_backward (0-based, so after
 // `fail_at` whole steps without accumulation) on rank `victim`: it writes the time (steady_clock,
 // which every process of the machine shares) to `time_file`, then exits (kDies), or stops calling
-// anything until every other rank has written a file into `heard_folder` (kHangs, at most 60 s)
-// and exits then. The exit status is 0, so that spawn lets the other ranks run on and show what
+// anything until every other rank has written its file `heard_prefix` + rank + ".heard" (kHangs,
+// at most 60 s) and exits then. The exit status is 0, so that spawn lets the other ranks run on and show what
 // they do about it.
 template <class Base>
 struct FailsAt : Base {
