@@ -397,8 +397,10 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
   constexpr int kWorld = 4;
   constexpr int kVictim = 3;
   constexpr std::size_t kFailAt = 25;  // 5 steps after the checkpoint of step 20
-  // The communicators' timeout in the hang drill: what the others wait before they give up.
-  constexpr std::chrono::seconds kHangTimeout{3};
+  // The communicators' timeout in the hang drill: what the others wait before they give up. It
+  // also bounds the communicators' set-up and every step before the hang, which must fit in it
+  // on 2 loaded cores under ASan.
+  constexpr std::chrono::seconds kHangTimeout{4};
   for (const bool deferred : {false, true}) {
     CAPTURE(deferred);
     const std::string tag = deferred ? "deferred" : "plain";
@@ -492,12 +494,12 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
       const std::string run = tag + (failure == Failure::kDies ? "-dies" : "-hangs");
       CAPTURE(run);
       // run_gloo's own limit (120 s) is far away: the check of the time taken is what catches a rank
-      // that waited for the hung one beyond its timeout.
+      // that waited for the hung one beyond its timeout (until the hung rank's 60 s are up).
       const auto start = std::chrono::steady_clock::now();
       const std::string folder = dir.path + "/" + run;
       const auto drill = run_attempt(folder, run, kVictim, failure);
       CHECK_MESSAGE(drill.ok(), drill.describe());
-      CHECK(std::chrono::steady_clock::now() - start < kGlooTimeout / 2);
+      CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(40));
       for (int rank = 0; rank < kWorld; ++rank) {
         if (rank == kVictim) continue;
         CAPTURE(rank);

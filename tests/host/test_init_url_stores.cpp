@@ -3,11 +3,12 @@
 #include <doctest/doctest.h>
 
 // ncclkit-test: timeout=120
-#include <arpa/inet.h>   // htonl, ntohs
+#include <arpa/inet.h>   // htonl, htons
 #include <netinet/in.h>  // sockaddr_in, sockaddr_in6, in6addr_loopback
-#include <sys/socket.h>  // socket, bind, getsockname
+#include <sys/socket.h>  // socket, bind
 #include <unistd.h>      // close
 
+#include <cerrno>      // errno, EADDRINUSE
 #include <chrono>      // std::chrono::milliseconds
 #include <cstdint>     // std::int64_t
 #include <cstdio>      // std::fopen
@@ -23,6 +24,7 @@
 #include "ncclkit/bootstrap/init_url.hpp"
 #include "ncclkit/bootstrap/spawn.hpp"
 #include "ncclkit/store/barrier.hpp"
+#include "support/ports.hpp"
 
 using ncclkit::ConfigError;
 using namespace std::chrono_literals;
@@ -35,32 +37,36 @@ void expect(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error("check failed: " + what);
 }
 
-// A port that was free a moment ago (bound to port 0, read back, closed). Another process could
-// take it before rank 0 binds it; on a test machine that race is rare and shows as "port in use".
+// A port for rank 0's server: drawn outside the kernel's ephemeral range (support/ports.hpp), so
+// that no other test's port-0 socket takes it before rank 0 binds it, and free on `family`'s
+// loopback; -1 where that family has no loopback address.
 int free_loopback_port(int family = AF_INET) {
-  int fd = ::socket(family, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_storage address{};
-  socklen_t length = 0;
-  if (family == AF_INET) {
-    auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
-    v4->sin_family = AF_INET;
-    v4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    length = sizeof(sockaddr_in);
-  } else {
-    auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
-    v6->sin6_family = AF_INET6;
-    v6->sin6_addr = in6addr_loopback;
-    length = sizeof(sockaddr_in6);
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const int port = ncclkit_test::free_port();
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_storage address{};
+    socklen_t length = 0;
+    if (family == AF_INET) {
+      auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
+      v4->sin_family = AF_INET;
+      v4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      v4->sin_port = htons(static_cast<std::uint16_t>(port));
+      length = sizeof(sockaddr_in);
+    } else {
+      auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
+      v6->sin6_family = AF_INET6;
+      v6->sin6_addr = in6addr_loopback;
+      v6->sin6_port = htons(static_cast<std::uint16_t>(port));
+      length = sizeof(sockaddr_in6);
+    }
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0;
+    const int error = errno;
+    ::close(fd);
+    if (bound) return port;
+    if (error != EADDRINUSE) return -1;  // no such loopback address
   }
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&address)->sin_port
-                                   : reinterpret_cast<sockaddr_in6*>(&address)->sin6_port);
-  }
-  ::close(fd);
-  return port;
+  return -1;
 }
 
 // Every rank publishes a random value, waits for all through a barrier, checks every other
