@@ -86,8 +86,21 @@ std::vector<float> read_floats(const std::string& path) {
   in.read(reinterpret_cast<char*>(values.data()), static_cast<std::streamsize>(bytes));
   return values;
 }
+// The file in which rank `rank` of run `run` reports to the parent, named by `suffix`.
+std::string rank_file(const std::string& dir, const std::string& run, int rank, const std::string& suffix) {
+  return dir + "/" + run + ".rank" + std::to_string(rank) + suffix;
+}
 std::string parameters_file(const TempDir& dir, const std::string& run, int rank) {
-  return dir.path + "/" + run + ".rank" + std::to_string(rank) + ".f32";
+  return rank_file(dir.path, run, rank, ".f32");
+}
+// A rank reports the step its trainer started from (a resume's); the parent reads it back.
+void write_started(const TempDir& dir, const std::string& run, int rank, std::uint64_t step) {
+  std::ofstream(rank_file(dir.path, run, rank, ".started")) << step;
+}
+std::uint64_t started_at(const TempDir& dir, const std::string& run, int rank) {
+  std::uint64_t step = ~std::uint64_t{0};
+  std::ifstream(rank_file(dir.path, run, rank, ".started")) >> step;
+  return step;
 }
 
 // ‖a − b‖ / ‖b‖.
@@ -267,19 +280,14 @@ TEST_CASE("over Gloo a resume from a mid-epoch checkpoint equals the uninterrupt
           check.expect(trainer.steps() == 44, "44 steps in 2 epochs, not " + std::to_string(trainer.steps()));
           check.expect(trainer.sampler()->position() == SamplerPosition{2, 0}, "the sampler at the start of epoch 2");
           write_floats(parameters_file(dir, run, info.rank), parameters_of(trainer));
-          std::ofstream(dir.path + "/" + run + ".rank" + std::to_string(info.rank) + ".started") << started;
+          write_started(dir, run, info.rank, started);
         },
         {.timeout = kGlooTimeout});
     REQUIRE_MESSAGE(result.ok(), result.describe());
   };
-  const auto started_at = [&](const std::string& run, int rank) {
-    std::uint64_t step = ~std::uint64_t{0};
-    std::ifstream(dir.path + "/" + run + ".rank" + std::to_string(rank) + ".started") >> step;
-    return step;
-  };
 
   run_two_epochs(2, dir.path + "/whole", "whole", 30, 4);
-  CHECK(started_at("whole", 0) == 0);
+  CHECK(started_at(dir, "whole", 0) == 0);
   const std::vector<float> whole = read_floats(parameters_file(dir, "whole", 0));
   CHECK(read_floats(parameters_file(dir, "whole", 1)) == whole);
   const fs::path checkpoint = fs::path(dir.path) / "whole" / "step-00000030.ckpt";
@@ -292,7 +300,7 @@ TEST_CASE("over Gloo a resume from a mid-epoch checkpoint equals the uninterrupt
   run_two_epochs(2, dir.path + "/cut", "cut", 30, 99);
   for (int rank = 0; rank < 2; ++rank) {
     CAPTURE(rank);
-    CHECK(started_at("cut", rank) == 30);
+    CHECK(started_at(dir, "cut", rank) == 30);
     CHECK(read_floats(parameters_file(dir, "cut", rank)) == whole);
   }
 
@@ -304,7 +312,7 @@ TEST_CASE("over Gloo a resume from a mid-epoch checkpoint equals the uninterrupt
   const std::vector<float> four = read_floats(parameters_file(dir, "four", 0));
   for (int rank = 0; rank < 4; ++rank) {
     CAPTURE(rank);
-    CHECK(started_at("four", rank) == 30);
+    CHECK(started_at(dir, "four", rank) == 30);
     CHECK(read_floats(parameters_file(dir, "four", rank)) == four);
   }
   CHECK(norm_relative(four, whole) <= 1e-6);
@@ -355,9 +363,9 @@ std::int64_t now_ns() {
 // A model that fails at the start of its `fail_at`-th forward_backward (0-based, so after
 // `fail_at` whole steps without accumulation) on rank `victim`: it writes the time (steady_clock,
 // which every process of the machine shares) to `time_file`, then exits (kDies), or stops calling
-// anything until every other rank has written its file `heard_prefix` + rank + ".heard" (kHangs,
-// at most 60 s) and exits then. The exit status is 0, so that spawn lets the other ranks run on and show what
-// they do about it.
+// anything until every other rank has written its ".heard" file of run `run` in `dir` (kHangs, at
+// most 60 s) and exits then. The exit status is 0, so that spawn lets the other ranks run on and
+// show what they do about it.
 template <class Base>
 struct FailsAt : Base {
   using Base::Base;
@@ -367,7 +375,8 @@ struct FailsAt : Base {
   Failure failure = Failure::kDies;
   std::size_t fail_at = 0;
   std::string time_file;
-  std::string heard_prefix;  // + rank + ".heard": what the others write
+  std::string dir;
+  std::string run;
   std::size_t calls = 0;
   void forward_backward(const typename Base::Batch& batch, ncclkit::trainer::StepContext<Communicator>& step) {
     if (rank == victim && calls == fail_at) {
@@ -375,7 +384,7 @@ struct FailsAt : Base {
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       const auto all_heard = [&] {
         for (int r = 0; r < world; ++r)
-          if (r != victim && !fs::exists(heard_prefix + std::to_string(r) + ".heard")) return false;
+          if (r != victim && !fs::exists(rank_file(dir, run, r, ".heard"))) return false;
         return true;
       };
       while (failure == Failure::kHangs && !all_heard() && std::chrono::steady_clock::now() < deadline)
@@ -431,7 +440,8 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
             model.failure = failure;
             model.fail_at = kFailAt;
             model.time_file = dir.path + "/" + run + ".failed";
-            model.heard_prefix = dir.path + "/" + run + ".rank";
+            model.dir = dir.path;
+            model.run = run;
             TrainerOptions o = options;
             o.checkpoint_folder = folder;
             DataParallelTrainer<FailsAt<Model>, Communicator> trainer(comm, model, o);
@@ -458,20 +468,20 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
                 const bool timed_out = message.find("Timed out") != std::string::npos;
                 check.expect(timed_out || message.find("connection to rank") != std::string::npos,
                              "neither a timeout nor a broken connection: " + message);
-                if (timed_out) std::ofstream(model.heard_prefix + std::to_string(info.rank) + ".timed_out");
+                if (timed_out) std::ofstream(rank_file(dir.path, run, info.rank, ".timed_out"));
               }
               // With defer_gather a step returns with its second half still on the comm queue: a
               // failure there (the hang's timeout comes late) is met by the next step's need.
               const bool stopped_right =
                   trainer.steps() == kFailAt || (deferred && trainer.steps() == kFailAt + 1);
               check.expect(stopped_right, "stopped at step " + std::to_string(trainer.steps()));
-              std::ofstream(model.heard_prefix + std::to_string(info.rank) + ".heard") << seconds;
+              std::ofstream(rank_file(dir.path, run, info.rank, ".heard")) << seconds;
               return;  // the trainer and the communicator go out of scope with the peer gone
             }
             check.expect(victim < 0, "fit finished although rank " + std::to_string(victim) + " failed");
             check.expect(trainer.steps() == 44, "44 steps in 2 epochs, not " + std::to_string(trainer.steps()));
             write_floats(parameters_file(dir, run, info.rank), parameters_of(trainer));
-            std::ofstream(dir.path + "/" + run + ".rank" + std::to_string(info.rank) + ".started") << started;
+            write_started(dir, run, info.rank, started);
           },
           {.timeout = timeout});
     };
@@ -479,11 +489,6 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
       if (deferred)
         return attempt.template operator()<ncclkit_test::WaitingMlp<Communicator>>(folder, run, victim, failure);
       return attempt.template operator()<Mlp>(folder, run, victim, failure);
-    };
-    const auto started_at = [&](const std::string& run, int rank) {
-      std::uint64_t step = ~std::uint64_t{0};
-      std::ifstream(dir.path + "/" + run + ".rank" + std::to_string(rank) + ".started") >> step;
-      return step;
     };
 
     const auto whole_result = run_attempt(dir.path + "/" + tag + "-whole", tag + "-whole", -1, Failure::kDies);
@@ -503,12 +508,12 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
       for (int rank = 0; rank < kWorld; ++rank) {
         if (rank == kVictim) continue;
         CAPTURE(rank);
-        CHECK(fs::exists(dir.path + "/" + run + ".rank" + std::to_string(rank) + ".heard"));
+        CHECK(fs::exists(rank_file(dir.path, run, rank, ".heard")));
       }
       if (failure == Failure::kHangs) {
         int timed_out = 0;
         for (int rank = 0; rank < kWorld; ++rank)
-          timed_out += fs::exists(dir.path + "/" + run + ".rank" + std::to_string(rank) + ".timed_out") ? 1 : 0;
+          timed_out += fs::exists(rank_file(dir.path, run, rank, ".timed_out")) ? 1 : 0;
         CHECK_MESSAGE(timed_out >= 1, "no rank said that it timed out");
       }
       // Rank 0 wrote steps 10 and 20, whole, and nothing after the failure.
@@ -524,7 +529,7 @@ TEST_CASE("over Gloo a rank that dies or hangs mid-fit: the others raise CommErr
       REQUIRE_MESSAGE(restart.ok(), restart.describe());
       for (int rank = 0; rank < kWorld; ++rank) {
         CAPTURE(rank);
-        CHECK(started_at(run + "-restart", rank) == 20);
+        CHECK(started_at(dir, run + "-restart", rank) == 20);
         CHECK(read_floats(parameters_file(dir, run + "-restart", rank)) == whole);
       }
     }

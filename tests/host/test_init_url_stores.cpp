@@ -3,8 +3,8 @@
 #include <doctest/doctest.h>
 
 // ncclkit-test: timeout=120
-#include <arpa/inet.h>   // htonl, htons
-#include <netinet/in.h>  // sockaddr_in, sockaddr_in6, in6addr_loopback
+#include <arpa/inet.h>   // htons
+#include <netinet/in.h>  // sockaddr_in6, in6addr_loopback
 #include <sys/socket.h>  // socket, bind
 #include <unistd.h>      // close
 
@@ -38,33 +38,23 @@ void expect(bool condition, const std::string& what) {
 }
 
 // A port for rank 0's server: drawn outside the kernel's ephemeral range (support/ports.hpp), so
-// that no other test's port-0 socket takes it before rank 0 binds it, and free on `family`'s
-// loopback; -1 where that family has no loopback address.
+// that no other test's port-0 socket takes it before rank 0 binds it. For IPv6, also free on
+// ::1; -1 where this machine has no IPv6 loopback.
 int free_loopback_port(int family = AF_INET) {
+  if (family == AF_INET) return ncclkit_test::free_port();
   for (int attempt = 0; attempt < 20; ++attempt) {
     const int port = ncclkit_test::free_port();
-    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    sockaddr_storage address{};
-    socklen_t length = 0;
-    if (family == AF_INET) {
-      auto* v4 = reinterpret_cast<sockaddr_in*>(&address);
-      v4->sin_family = AF_INET;
-      v4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      v4->sin_port = htons(static_cast<std::uint16_t>(port));
-      length = sizeof(sockaddr_in);
-    } else {
-      auto* v6 = reinterpret_cast<sockaddr_in6*>(&address);
-      v6->sin6_family = AF_INET6;
-      v6->sin6_addr = in6addr_loopback;
-      v6->sin6_port = htons(static_cast<std::uint16_t>(port));
-      length = sizeof(sockaddr_in6);
-    }
-    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0;
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_addr = in6addr_loopback;
+    address.sin6_port = htons(static_cast<std::uint16_t>(port));
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
     const int error = errno;
     ::close(fd);
     if (bound) return port;
-    if (error != EADDRINUSE) return -1;  // no such loopback address
+    if (error != EADDRINUSE) return -1;  // no ::1 here
   }
   return -1;
 }

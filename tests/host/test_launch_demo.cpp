@@ -97,11 +97,10 @@ TEST_CASE("the demo under ncclkit-run --max-restarts 1: a worker killed mid-trai
   REQUIRE(::kill(victim, SIGKILL) == 0);
   REQUIRE(cut.wait(180s));
   CHECK_MESSAGE(cut.status == 0, cut.output());
-  const std::string output = cut.out() + cut.err();
-  CHECK(contains(output, "restarting the worker group (restart 1 of 1)"));
+  const std::string out = cut.out();
+  CHECK(contains(out + cut.err(), "restarting the worker group (restart 1 of 1)"));
   // The restarted group went on from a checkpoint of epoch 2 or later, not from the start.
   std::smatch resumed;
-  const std::string out = cut.out();
   REQUIRE_MESSAGE(std::regex_search(out, resumed, std::regex("resuming from .*step-([0-9]+)\\.ckpt at step ([0-9]+)")),
                   cut.output());
   CHECK(std::stoi(resumed[2].str()) >= 44);
